@@ -1,0 +1,147 @@
+"""The ``kvsim`` command line: kv-size, run, report, calibrate.
+
+Any `KvsimError` (and argparse's own complaints) becomes one line on stderr and exit code 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise KvsimError(message, source=self.prog)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _context(text: str) -> int:
+    t = text.strip().upper()
+    mult = 1
+    if t.endswith("K"):
+        mult, t = 1024, t[:-1]
+    elif t.endswith("M"):
+        mult, t = 1024 * 1024, t[:-1]
+    return _positive_int(t) * mult
+
+
+def cmd_kv_size(args: argparse.Namespace) -> int:
+    from kvsim.formats import make_format
+    from kvsim.hardware import load_gpu
+    from kvsim.kvsize import kv_size_rows, rows_to_json
+    from kvsim.models import load_model
+
+    model = load_model(args.model, base_dir=Path.cwd(), source="--model")
+    gpu = load_gpu(args.gpu, source="--gpu")
+    notes: list[str] = []
+    formats = []
+    for name in args.format or ["bf16", "fp8", "int4", "kvquant4"]:
+        try:
+            fmt, note = make_format(name, group_size=args.group_size, outlier_fraction=args.outlier_fraction)
+        except KvsimError as exc:
+            raise KvsimError(exc.message, source="--format") from None
+        formats.append(fmt)
+        if note:
+            notes.append(note)
+    contexts = args.context or [4096, 32768, 131072, 1048576]
+    over = [c for c in contexts if c > model.max_context]
+    if over:
+        notes.append(f"context {over[0]:,} exceeds {model.name}'s max context {model.max_context:,}")
+    rows = kv_size_rows(model, formats, contexts, batch=args.batch, gpu=gpu, num_gpus=args.gpus)
+    if args.json:
+        print(json.dumps(rows_to_json(model, rows, notes), indent=2))
+        return 0
+    from kvsim.render import print_kv_size
+
+    print_kv_size(model, gpu, args.gpus, rows, notes)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kvsim.run import run_command
+
+    return run_command(args)
+
+
+def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
+    """Runs ``python -m calibrate`` in a child process: kvsim itself never imports torch."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "calibrate", *rest], env=env, check=False)
+    return proc.returncode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvsim", description="KV-cache-centred LLM inference cluster simulator")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    k = sub.add_parser("kv-size", help="KV-cache memory per sequence and batch, and whether it fits")
+    k.add_argument("--model", default="llama-3.1-8b", help="preset name or path to config.json")
+    k.add_argument("--format", action="append", help="KV format (repeatable); default bf16,fp8,int4,kvquant4")
+    k.add_argument("--context", action="append", type=_context, help="context length, e.g. 131072 or 128K")
+    k.add_argument("--batch", type=_positive_int, default=1)
+    k.add_argument("--gpu", default="h100-sxm")
+    k.add_argument("--gpus", type=_positive_int, default=8, help="GPUs the model is spread over")
+    k.add_argument("--group-size", type=_positive_int, default=64)
+    k.add_argument("--outlier-fraction", type=float, default=0.01)
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(func=cmd_kv_size)
+
+    r = sub.add_parser("run", help="simulate a scenario and write summary.json, requests.csv, report.html")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--out", required=True, help="output directory")
+    r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=cmd_run)
+
+    sub.add_parser(
+        "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if (argv and argv[0] == "calibrate") or (
+        len(argv) > 1 and argv[0] == "--debug" and argv[1] == "calibrate"
+    ):
+        i = argv.index("calibrate")
+        return cmd_calibrate(argparse.Namespace(), argv[i + 1 :])
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "func", None):
+            build_parser().print_help()
+            return 2
+        return int(args.func(args))
+    except KvsimError as exc:
+        if debug:
+            raise
+        print(f"kvsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""Model specs: attention design, exact KV bytes per token, parameter counts and weight bytes.
+
+Presets are data copied from each model's Hugging Face ``config.json`` (named beside each one); a
+user can point at any ``config.json`` instead. What is modelled: MHA/MQA/GQA (by ``num_kv_heads``),
+MLA (a latent of ``kv_lora_rank + qk_rope_head_dim`` per layer), sliding-window layers (with global
+"sink" tokens kept), cross-layer KV sharing (``kv_layer_group`` layers share one KV), dense and MoE
+FFNs (total and active parameters). Left out: vision towers, multi-token-prediction heads
+(DeepSeek-V3's MTP module is not counted: 671B total, as DeepSeek reports), LoRA adapters.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from kvsim.errors import KvsimError
+from kvsim.formats import KVFormat
+
+
+class Attention(str, Enum):
+    MHA = "mha"
+    MQA = "mqa"
+    GQA = "gqa"
+    MLA = "mla"
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as memory and cost are concerned. Units in names."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_context: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    weight_dtype: str = "bfloat16"
+    # MLA (DeepSeek-V2/V3): the cache holds kv_lora_rank + qk_rope_head_dim values per layer.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    # Sliding window: `sliding_window_layers` layers keep only the last `sliding_window` tokens
+    # plus `global_tokens` sink tokens; the rest attend to everything.
+    sliding_window: int = 0
+    sliding_window_layers: int = 0
+    global_tokens: int = 0
+    # Cross-layer KV sharing (e.g. CLA): each group of this many layers stores one K/V.
+    kv_layer_group: int = 1
+    # MoE: routed experts, experts per token, shared experts, expert width, dense leading layers.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    first_dense_layers: int = 0
+    source: str = ""
+
+    # ---- attention design -------------------------------------------------------------------
+    @property
+    def attention(self) -> Attention:
+        if self.kv_lora_rank:
+            return Attention.MLA
+        if self.num_kv_heads == self.num_heads:
+            return Attention.MHA
+        if self.num_kv_heads == 1:
+            return Attention.MQA
+        return Attention.GQA
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that store their own K/V (cross-layer sharing divides them)."""
+        return math.ceil(self.num_layers / self.kv_layer_group)
+
+    @property
+    def kv_vector_dim(self) -> int:
+        """Elements per cached vector: head_dim, or the MLA latent width."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.attention is Attention.MLA else self.head_dim
+
+    @property
+    def kv_vectors_per_layer(self) -> int:
+        """Cached vectors per token per layer: K and V per KV head, or one MLA latent."""
+        return 1 if self.attention is Attention.MLA else 2 * self.num_kv_heads
+
+    # ---- KV bytes -------------------------------------------------------------------------------
+    def kv_bytes_per_token_layer(self, fmt: KVFormat) -> int:
+        return self.kv_vectors_per_layer * fmt.bytes_per_vector(self.kv_vector_dim)
+
+    def kv_bytes_per_token(self, fmt: KVFormat) -> int:
+        """Bytes one token adds to the cache across all layers (no window cap applied)."""
+        return self.kv_layers * self.kv_bytes_per_token_layer(fmt)
+
+    def kv_static_bytes(self, fmt: KVFormat) -> int:
+        heads = 1 if self.attention is Attention.MLA else self.num_kv_heads
+        return self.kv_layers * fmt.static_bytes_per_layer(heads)
+
+    def windowed_kv_layers(self) -> int:
+        if not self.sliding_window:
+            return 0
+        return math.ceil(self.sliding_window_layers / self.kv_layer_group)
+
+    def resident_tokens(self, context: int) -> float:
+        """Layer-averaged tokens the cache must hold for one sequence of `context` tokens."""
+        win = self.windowed_kv_layers()
+        if not win:
+            return float(context)
+        capped = min(context, self.sliding_window + self.global_tokens)
+        return ((self.kv_layers - win) * context + win * capped) / self.kv_layers
+
+    def kv_bytes(self, context: int, fmt: KVFormat) -> int:
+        """Exact KV bytes of one sequence of `context` tokens (window caps applied)."""
+        per_layer = self.kv_bytes_per_token_layer(fmt)
+        win = self.windowed_kv_layers()
+        full = self.kv_layers - win
+        capped = min(context, self.sliding_window + self.global_tokens) if win else 0
+        return per_layer * (full * context + win * capped)
+
+    # ---- parameters -----------------------------------------------------------------------------
+    def attention_params_per_layer(self) -> int:
+        h = self.hidden_size
+        if self.attention is Attention.MLA:
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_head
+            else:
+                q = h * self.num_heads * qk_head
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+            kv_b = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+            o = self.num_heads * self.v_head_dim * h
+            return q + kv_a + kv_b + o
+        q = h * self.num_heads * self.head_dim
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        o = self.num_heads * self.head_dim * h
+        bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
+        return q + kv + o + bias
+
+    def _ffn_params(self, width: int) -> int:
+        return 3 * self.hidden_size * width  # gated MLP: gate, up, down
+
+    def _layer_params(self, active: bool) -> list[int]:
+        out = []
+        for i in range(self.num_layers):
+            p = self.attention_params_per_layer() + 2 * self.hidden_size  # two RMSNorms
+            if self.is_moe and i >= self.first_dense_layers:
+                routed = self.experts_per_token if active else self.num_experts
+                p += (routed + self.num_shared_experts) * self._ffn_params(self.moe_intermediate_size)
+                p += self.hidden_size * self.num_experts  # router
+            else:
+                p += self._ffn_params(self.intermediate_size)
+            out.append(p)
+        return out
+
+    def _embedding_params(self) -> int:
+        emb = self.vocab_size * self.hidden_size
+        return emb + (0 if self.tie_embeddings else emb) + self.hidden_size  # + final norm
+
+    @property
+    def num_params(self) -> int:
+        return sum(self._layer_params(active=False)) + self._embedding_params()
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters touched per token (MoE: routed experts per token + shared)."""
+        return sum(self._layer_params(active=True)) + self._embedding_params()
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.num_params * self.weight_bytes_per_param)
+
+    def matmul_params_active(self) -> int:
+        """Parameters in GEMMs per token (embeddings lookups excluded, LM head included)."""
+        return self.num_active_params - self.vocab_size * self.hidden_size * (0 if self.tie_embeddings else 1)
+
+
+# ---- presets ------------------------------------------------------------------------------------
+_HF = "Hugging Face config.json of "
+PRESETS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec(
+        name="llama-3.1-8b",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_context=131072,
+        source=_HF + "meta-llama/Llama-3.1-8B",
+    ),
+    "llama-3.1-70b": ModelSpec(
+        name="llama-3.1-70b",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_context=131072,
+        source=_HF + "meta-llama/Llama-3.1-70B",
+    ),
+    "llama-3.1-405b": ModelSpec(
+        name="llama-3.1-405b",
+        num_layers=126,
+        hidden_size=16384,
+        num_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=53248,
+        vocab_size=128256,
+        max_context=131072,
+        source=_HF + "meta-llama/Llama-3.1-405B",
+    ),
+    "qwen2.5-7b": ModelSpec(
+        name="qwen2.5-7b",
+        num_layers=28,
+        hidden_size=3584,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        vocab_size=152064,
+        max_context=131072,
+        qkv_bias=True,
+        source=_HF + "Qwen/Qwen2.5-7B-Instruct (131,072 with YaRN, per its card)",
+    ),
+    "qwen2.5-72b": ModelSpec(
+        name="qwen2.5-72b",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=29568,
+        vocab_size=152064,
+        max_context=131072,
+        qkv_bias=True,
+        source=_HF + "Qwen/Qwen2.5-72B-Instruct (131,072 with YaRN, per its card)",
+    ),
+    "mistral-7b": ModelSpec(
+        name="mistral-7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        max_context=32768,
+        sliding_window=4096,
+        sliding_window_layers=32,
+        source=_HF + "mistralai/Mistral-7B-v0.1 (sliding_window 4096 on every layer)",
+    ),
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3",
+        num_layers=61,
+        hidden_size=7168,
+        num_heads=128,
+        num_kv_heads=128,
+        head_dim=192,
+        intermediate_size=18432,
+        vocab_size=129280,
+        max_context=163840,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        q_lora_rank=1536,
+        num_experts=256,
+        experts_per_token=8,
+        num_shared_experts=1,
+        moe_intermediate_size=2048,
+        first_dense_layers=3,
+        source=_HF + "deepseek-ai/DeepSeek-V3 (MTP module not counted)",
+    ),
+    # The design documents' running example: a 70B Llama-shaped model with full multi-head KV
+    # (64 KV heads x 128), 2,621,440 bytes/token in fp16 (../shared/REFERENCE.md). Hypothetical.
+    "llama-70b-mha": ModelSpec(
+        name="llama-70b-mha",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=64,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=32000,
+        max_context=2_097_152,
+        source="design documents' example (Llama-2-70B shape with MHA; hypothetical max context)",
+    ),
+}
+ALIASES = {"llama-3-8b": "llama-3.1-8b", "llama-3-70b": "llama-3.1-70b", "mistral-7b-v0.1": "mistral-7b"}
+
+
+def _int(cfg: dict[str, Any], key: str, source: str, default: int | None = None) -> int:
+    if key not in cfg or cfg[key] is None:
+        if default is None:
+            raise KvsimError(f"missing required field {key!r}", source=source)
+        return default
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise KvsimError(f"{key}: expected a non-negative integer, got {v!r}", source=source)
+    return v
+
+
+def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
+    """Build a spec from a Hugging Face ``config.json`` dict (text models; ``text_config`` too)."""
+    if not isinstance(cfg, dict):
+        raise KvsimError("expected a JSON object", source=source)
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"]}
+    layers = _int(cfg, "num_hidden_layers", source)
+    hidden = _int(cfg, "hidden_size", source)
+    heads = _int(cfg, "num_attention_heads", source)
+    if layers == 0 or hidden == 0 or heads == 0:
+        raise KvsimError("num_hidden_layers, hidden_size and num_attention_heads must be > 0", source=source)
+    kv_heads = _int(cfg, "num_key_value_heads", source, default=heads)
+    if kv_heads == 0 or heads % kv_heads:
+        raise KvsimError(
+            f"num_key_value_heads: {kv_heads} must be > 0 and divide num_attention_heads ({heads})",
+            source=source,
+        )
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        raise KvsimError(f"head_dim: expected a positive integer, got {head_dim!r}", source=source)
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    if dtype not in DTYPE_BYTES:
+        raise KvsimError(
+            f"torch_dtype: unsupported {dtype!r}; expected one of {sorted(DTYPE_BYTES)}", source=source
+        )
+    n_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    window = cfg.get("sliding_window") or 0
+    if cfg.get("use_sliding_window") is False:
+        window = 0
+    win_layers = 0
+    if window:
+        max_window_layers = cfg.get("max_window_layers")
+        layer_types = cfg.get("layer_types")
+        if isinstance(layer_types, list):
+            win_layers = sum(1 for t in layer_types if "sliding" in str(t))
+        elif isinstance(max_window_layers, int) and cfg.get("use_sliding_window"):
+            win_layers = max(0, layers - max_window_layers)
+        else:
+            win_layers = layers
+    spec = ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=_int(cfg, "intermediate_size", source, default=4 * hidden),
+        vocab_size=_int(cfg, "vocab_size", source, default=32000),
+        max_context=_int(cfg, "max_position_embeddings", source, default=4096),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", False) or cfg.get("model_type", "").startswith("qwen2")),
+        weight_dtype=dtype,
+        kv_lora_rank=_int(cfg, "kv_lora_rank", source, default=0),
+        qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", source, default=0),
+        qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", source, default=0),
+        v_head_dim=_int(cfg, "v_head_dim", source, default=0),
+        q_lora_rank=_int(cfg, "q_lora_rank", source, default=0),
+        sliding_window=int(window) if isinstance(window, int) else 0,
+        sliding_window_layers=win_layers,
+        num_experts=int(n_experts) if isinstance(n_experts, int) else 0,
+        experts_per_token=_int(cfg, "num_experts_per_tok", source, default=0),
+        num_shared_experts=_int(cfg, "n_shared_experts", source, default=0),
+        moe_intermediate_size=_int(cfg, "moe_intermediate_size", source, default=0)
+        or _int(cfg, "intermediate_size", source, default=4 * hidden),
+        first_dense_layers=_int(cfg, "first_k_dense_replace", source, default=0),
+        source=f"config.json {source}",
+    )
+    if spec.kv_lora_rank and not spec.qk_rope_head_dim:
+        raise KvsimError("kv_lora_rank is set (MLA) but qk_rope_head_dim is missing", source=source)
+    if spec.num_experts and not spec.experts_per_token:
+        raise KvsimError("an MoE config needs num_experts_per_tok", source=source)
+    return spec
+
+
+def load_model(ref: str, *, base_dir: Path | None = None, source: str | None = None) -> ModelSpec:
+    """A preset name, or a path to a Hugging Face ``config.json`` (relative to `base_dir`)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise KvsimError(f"expected a model preset name or a path to config.json, got {ref!r}", source=source)
+    key = ref.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    looks_like_path = ref.endswith(".json") or "/" in ref or "\\" in ref
+    if looks_like_path:
+        path = Path(ref)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise KvsimError(f"model config file not found: {path}", source=source)
+        try:
+            cfg = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise KvsimError(f"malformed JSON: {exc}", source=str(path)) from None
+        return from_hf_config(cfg, name=path.parent.name or path.stem, source=str(path))
+    close = difflib.get_close_matches(key, list(PRESETS) + list(ALIASES), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; presets: {', '.join(PRESETS)}"
+    raise KvsimError(f"unknown model {ref!r}{hint}", source=source)
+
+
+def with_weight_dtype(spec: ModelSpec, dtype: str) -> ModelSpec:
+    if dtype not in DTYPE_BYTES:
+        raise KvsimError(f"unknown weight dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+    return replace(spec, weight_dtype=dtype)

@@ -1,0 +1,94 @@
+"""Terminal rendering with rich: the kv-size table and the run summary. No numbers computed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvsim.hardware import GPUSpec
+from kvsim.kvsize import KVSizeRow
+from kvsim.models import ModelSpec
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f} GB"
+
+
+def print_kv_size(
+    model: ModelSpec, gpu: GPUSpec, num_gpus: int, rows: list[KVSizeRow], notes: list[str]
+) -> None:
+    con = Console()
+    title = (
+        f"{model.name}: {model.attention.value.upper()}, {model.num_layers} layers, "
+        f"{model.num_kv_heads} KV heads x {model.kv_vector_dim}; weights {_gb(model.weight_bytes)} "
+        f"({model.num_params / 1e9:.1f}B params"
+        + (f", {model.num_active_params / 1e9:.1f}B active" if model.is_moe else "")
+        + f"); {num_gpus} x {gpu.name} = {_gb(gpu.hbm_bytes * num_gpus)}"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in (
+        "format",
+        "context",
+        "bytes/token",
+        "KV per sequence",
+        f"KV x batch {rows[0].batch}",
+        "weights + KV",
+        "fits",
+        "vs fp16",
+    ):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            r.format,
+            f"{r.context:,}",
+            f"{r.bytes_per_token:,}",
+            _gb(r.kv_bytes_per_sequence),
+            _gb(r.total_bytes),
+            _gb(r.memory_needed_bytes),
+            "[green]yes[/]" if r.fits else "[red]no[/]",
+            f"{r.compression_vs_fp16:.2f}x",
+        )
+    con.print(t)
+    for n in notes:
+        con.print(f"note: {n}")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    con = Console()
+    req = summary["requests"]
+    t = Table(title=f"kvsim run: {summary['scenario']}", title_justify="left")
+    t.add_column("metric")
+    t.add_column("p50", justify="right")
+    t.add_column("p90", justify="right")
+    t.add_column("p99", justify="right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queueing")):
+        d = summary.get(key) or {}
+        t.add_row(label, *(_ms(d.get(q)) for q in ("p50", "p90", "p99")))
+    con.print(t)
+    con.print(
+        f"requests: {req['total']:,} arrived, {req['completed']:,} completed, {req['rejected']:,} rejected, "
+        f"{req['unfinished']:,} unfinished"
+    )
+    con.print(
+        f"throughput {summary['throughput_tok_s']:,.0f} tok/s (output {summary['output_throughput_tok_s']:,.0f}); "
+        f"goodput {summary['goodput_req_s']:.2f} req/s; prefix hit rate {summary['prefix_hit_rate']:.1%}; "
+        f"preemptions {summary['preemptions']:,}"
+    )
+    con.print(
+        f"KV blocks per replica {summary['kv_blocks_per_replica']:,}; HBM peak {summary['hbm_peak_bytes'] / 2**30:,.1f} GiB; "
+        f"cost ${summary['cost_per_mtok_usd']:.3f}/M tokens (${summary['cost_per_output_mtok_usd']:.3f}/M output)"
+    )
+    con.print(
+        f"simulated {summary['simulated_s']:,.1f} s in {summary['wall_s']:.2f} s wall "
+        f"({summary['simulated_s'] / max(summary['wall_s'], 1e-9):,.0f}x real time)"
+    )
+    for w in summary.get("warnings", []):
+        con.print(f"[yellow]warning:[/] {w}")
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1e3:,.1f} ms"

@@ -1,0 +1,465 @@
+"""The scenario: YAML validated once into frozen, typed objects (SI units inside).
+
+``load_scenario(path, overrides)`` reads the file with ``yaml.safe_load``, applies ``--set a.b=v``
+overrides (values parsed as YAML scalars, same paths, same validation) and returns a `Scenario`.
+Every field is documented in ``scenarios/README.md``; defaults name their source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvsim.errors import KvsimError
+from kvsim.formats import KVFormat, make_format
+from kvsim.hardware import GPUSpec, load_gpu
+from kvsim.models import DTYPE_BYTES, ModelSpec, load_model, with_weight_dtype
+from kvsim.schema import Section
+from kvsim.units import (
+    parse_bandwidth,
+    parse_duration,
+    parse_flops,
+    parse_price_per_hour,
+    parse_size,
+)
+
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
+ROUTERS = ("round_robin", "least_outstanding_tokens", "prefix_affinity")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    gpu: GPUSpec
+    nodes: int
+    gpus_per_node: int
+    tensor_parallel: int
+    host_dram_bytes: int  # per node
+    gpu_memory_utilization: float  # vLLM's knob: share of HBM the engine may plan with
+    activation_reserve_bytes: int | None  # None = estimated from the model and scheduler
+    router: str
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def num_replicas(self) -> int:
+        return self.num_gpus // self.tensor_parallel
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    policy: str = "none"  # none | h2o | streaming
+    budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
+    sink_tokens: int = 4
+    recent_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    enabled: bool = False
+    host_bytes: int = 0  # host DRAM per node given to KV (0 = all of cluster.host_dram)
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    block_size: int
+    format: KVFormat
+    format_note: str | None
+    prefix_cache: str  # none | local | global
+    eviction: EvictionConfig
+    offload: OffloadConfig
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    kind: str  # constant | uniform | lognormal | exponential
+    mean: float
+    stdev: float = 0.0
+    lo: int = 1
+    hi: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    num_requests: int
+    rate_per_s: float
+    arrival: str  # poisson | gamma
+    cv: float  # coefficient of variation of inter-arrival gaps (gamma)
+    input: LengthDist
+    output: LengthDist
+    shared_prefix_tokens: int = 0
+    shared_prefix_count: int = 1  # distinct system prompts
+    session_turns: int = 1  # multi-turn sessions: each turn's prompt extends the previous one
+    think_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    trace: Path | None
+    format: str
+    synthetic: SyntheticConfig | None
+    rate_scale: float
+    start_s: float
+    duration_s: float | None
+    max_requests: int | None
+    skip_bad_lines: bool
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    ttft_s: float
+    tpot_s: float
+    percentile: float
+
+
+@dataclass(frozen=True)
+class CostsConfig:
+    kind: str  # analytic | profile
+    profile: Path | None
+    force: bool
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int
+    max_time_s: float | None
+    fast_forward: bool
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    source: str
+    model: ModelSpec
+    cluster: ClusterConfig
+    kv: KVConfig
+    scheduler: SchedulerConfig
+    workload: WorkloadConfig
+    slo: SLOConfig
+    gpu_hour_usd: float
+    costs: CostsConfig
+    sim: SimConfig
+    overrides: tuple[str, ...] = field(default=())
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+def _read_gpu(root: Section) -> GPUSpec:
+    raw = root.raw("gpu")
+    if isinstance(raw, str):
+        return root.parsed("gpu", lambda v: load_gpu(v))
+    s = Section(raw, source=root.source, path=root._p("gpu"))
+    base = s.parsed("preset", load_gpu)
+    changes: dict[str, Any] = {}
+    if s.has("hbm"):
+        changes["hbm_bytes"] = s.parsed("hbm", parse_size)
+    if s.has("hbm_bw"):
+        changes["hbm_bw_bytes_per_s"] = s.parsed("hbm_bw", parse_bandwidth)
+    if s.has("bf16_flops"):
+        changes["bf16_flops"] = s.parsed("bf16_flops", parse_flops)
+    if s.has("fp8_flops"):
+        changes["fp8_flops"] = s.parsed("fp8_flops", parse_flops)
+    if s.has("host_h2d"):
+        changes["host_h2d_bytes_per_s"] = s.parsed("host_h2d", parse_bandwidth)
+    if s.has("host_d2h"):
+        changes["host_d2h_bytes_per_s"] = s.parsed("host_d2h", parse_bandwidth)
+    if s.has("nvlink"):
+        changes["nvlink_bytes_per_s"] = s.parsed("nvlink", parse_bandwidth)
+    for k in ("hbm", "hbm_bw", "bf16_flops", "fp8_flops", "host_h2d", "host_d2h", "nvlink"):
+        s.raw(k, None)
+    s.done()
+    if changes:
+        src = tuple(base.sources) + tuple((k, "scenario override") for k in changes)
+        return dataclasses.replace(base, name=f"{base.name}*", sources=src, **changes)
+    return base
+
+
+def _read_cluster(root: Section) -> ClusterConfig:
+    s = root.section("cluster", required=True)
+    gpu = _read_gpu(s)
+    nodes = s.int("nodes", 1, lo=1, hi=100_000)
+    gpn = s.int("gpus_per_node", 8, lo=1, hi=64)
+    tp = s.int("tensor_parallel", 1, lo=1, hi=64)
+    if gpn % tp:
+        raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
+    dram = s.parsed("host_dram", parse_size, "2TiB")
+    util = s.float("gpu_memory_utilization", 0.9, lo=0.0, hi=1.0, lo_open=True)
+    reserve_raw = s.raw("activation_reserve", "auto")
+    reserve = None
+    if reserve_raw != "auto":
+        reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
+    router = s.choice("router", ROUTERS, "least_outstanding_tokens")
+    s.done()
+    return ClusterConfig(gpu, nodes, gpn, tp, dram, util, reserve, router)
+
+
+def _read_kv(root: Section) -> KVConfig:
+    s = root.section("kv")
+    bs = s.int("block_size", 16, lo=1, hi=4096)
+    if not _pow2(bs):
+        raise s.err("block_size", f"must be a power of two, got {bs}")
+    fmt_raw = s.raw("format", "bf16")
+    group = s.int("group_size", 64, lo=1, hi=4096)
+    scale = s.choice("scale", ("per_tensor", "per_head"), "per_tensor")
+    out_frac = s.float("outlier_fraction", 0.01, lo=0.0, hi=0.5)
+    if not isinstance(fmt_raw, str):
+        raise s.err("format", f"expected a format name, got {fmt_raw!r}")
+    try:
+        fmt, note = make_format(fmt_raw, group_size=group, scale=scale, outlier_fraction=out_frac)
+    except KvsimError as exc:
+        raise s.err("format", exc.message) from None
+    pc_raw = s.raw("prefix_cache", {"scope": "local"})
+    if isinstance(pc_raw, bool):
+        scope = "local" if pc_raw else "none"
+    else:
+        pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
+        scope = pc.choice("scope", ("none", "local", "global"), "local")
+        pc.done()
+    ev = s.section("eviction")
+    policy = ev.choice("policy", ("none", "h2o", "streaming"), "none")
+    budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
+    sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
+    recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
+    if policy != "none" and budget <= sinks:
+        raise ev.err("budget_tokens", f"must exceed sink_tokens ({sinks}) when policy is {policy}")
+    ev.done()
+    off = s.section("offload")
+    offload = OffloadConfig(
+        enabled=off.bool("enabled", False),
+        host_bytes=off.parsed("host_bytes", lambda v: parse_size(v, allow_zero=True), 0),
+    )
+    off.done()
+    s.done()
+    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload)
+
+
+def _read_scheduler(root: Section) -> SchedulerConfig:
+    # Defaults: vLLM EngineArgs (max_num_seqs 256; max_num_batched_tokens 8192 for the V1 server).
+    s = root.section("scheduler")
+    cfg = SchedulerConfig(
+        max_num_seqs=s.int("max_num_seqs", 256, lo=1, hi=1 << 20),
+        max_batched_tokens=s.int("max_batched_tokens", 8192, lo=1, hi=1 << 24),
+        chunked_prefill=s.bool("chunked_prefill", True),
+    )
+    s.done()
+    return cfg
+
+
+def _read_length(parent: Section, key: str, default: dict[str, Any]) -> LengthDist:
+    s = Section(parent.raw(key, default), source=parent.source, path=parent._p(key))
+    kind = s.choice("dist", ("constant", "uniform", "lognormal", "exponential"), "lognormal")
+    mean = s.float("mean", lo=1.0, hi=1e8)
+    stdev = s.float("stdev", 0.0, lo=0.0, hi=1e8)
+    lo = s.int("min", 1, lo=1, hi=1 << 30)
+    hi = s.int("max", 1 << 30, lo=1, hi=1 << 30)
+    if hi < lo:
+        raise s.err("max", f"must be >= min ({lo}), got {hi}")
+    s.done()
+    return LengthDist(kind, mean, stdev, lo, hi)
+
+
+def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
+    s = root.section("workload", required=True)
+    trace = s.raw("trace", None)
+    syn_raw = s.raw("synthetic", None)
+    if (trace is None) == (syn_raw is None):
+        raise s.err("trace", "give exactly one of workload.trace (a file) or workload.synthetic")
+    synthetic = None
+    path = None
+    fmt = s.choice("format", TRACE_FORMATS, "generic") if trace is not None else "synthetic"
+    if trace is not None:
+        if not isinstance(trace, str) or not trace.strip():
+            raise s.err("trace", f"expected a file path, got {trace!r}")
+        path = Path(trace)
+        if not path.is_absolute():
+            path = base_dir / path
+        if not path.is_file():
+            raise s.err("trace", f"trace file not found: {path}")
+    else:
+        y = Section(syn_raw, source=s.source, path=s._p("synthetic"))
+        synthetic = SyntheticConfig(
+            num_requests=y.int("num_requests", lo=1, hi=10_000_000),
+            rate_per_s=y.float("rate", lo=0.0, hi=1e6, lo_open=True),
+            arrival=y.choice("arrival", ("poisson", "gamma"), "poisson"),
+            cv=y.float("cv", 1.0, lo=0.0, hi=100.0, lo_open=True),
+            input=_read_length(y, "input", {"dist": "lognormal", "mean": 1024, "stdev": 512}),
+            output=_read_length(y, "output", {"dist": "lognormal", "mean": 256, "stdev": 128}),
+            shared_prefix_tokens=y.int("shared_prefix_tokens", 0, lo=0, hi=1 << 24),
+            shared_prefix_count=y.int("shared_prefix_count", 1, lo=1, hi=1 << 20),
+            session_turns=y.int("session_turns", 1, lo=1, hi=1000),
+            think_time_s=y.parsed("think_time", lambda v: parse_duration(v, allow_zero=True), 0.0),
+        )
+        y.done()
+    duration = s.raw("duration", None)
+    cfg = WorkloadConfig(
+        trace=path,
+        format=fmt,
+        synthetic=synthetic,
+        rate_scale=s.float("rate_scale", 1.0, lo=0.0, hi=1e4, lo_open=True),
+        start_s=s.parsed("start", lambda v: parse_duration(v, allow_zero=True), 0.0),
+        duration_s=None if duration is None else s.parsed("duration", parse_duration),
+        max_requests=s.raw("max_requests", None) and s.int("max_requests", lo=1, hi=1 << 40),
+        skip_bad_lines=s.bool("skip_bad_lines", False),
+    )
+    s.done()
+    return cfg
+
+
+def _read_slo(root: Section) -> SLOConfig:
+    s = root.section("slo")
+    cfg = SLOConfig(
+        ttft_s=s.parsed("ttft", parse_duration, 2.0),
+        tpot_s=s.parsed("tpot", parse_duration, 0.1),
+        percentile=s.float("percentile", 99.0, lo=0.0, hi=100.0, lo_open=True),
+    )
+    s.done()
+    return cfg
+
+
+def _read_costs(root: Section, base_dir: Path) -> CostsConfig:
+    s = root.section("costs")
+    kind = s.choice("kind", ("analytic", "profile"), "analytic")
+    prof = s.raw("profile", None)
+    path = None
+    if kind == "profile":
+        if not isinstance(prof, str):
+            raise s.err("profile", "a profile file is required when kind is profile")
+        path = Path(prof) if Path(prof).is_absolute() else base_dir / prof
+        if not path.is_file():
+            raise s.err("profile", f"profile file not found: {path}")
+    elif prof is not None:
+        raise s.err("profile", "only allowed with kind: profile")
+    cfg = CostsConfig(kind, path, s.bool("force", False))
+    s.done()
+    return cfg
+
+
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts, creating mappings; a scalar in the way is replaced."""
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {} if nxt is None or not isinstance(nxt, str) else {"preset" if k == "gpu" else "name": nxt}
+            cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise KvsimError(f"expected PATH=VALUE, got {text!r}", source="--set")
+    key, _, val = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise KvsimError(f"expected PATH=VALUE with a dotted path, got {text!r}", source="--set")
+    try:
+        value = yaml.safe_load(val) if val.strip() else ""
+    except yaml.YAMLError:
+        value = val
+    return key, value
+
+
+def read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise KvsimError("file not found", source=str(path))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"cannot read: {exc}", source=str(path)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise KvsimError(f"invalid YAML: {problem}", source=str(path), path=where) from None
+
+
+def scenario_from_dict(
+    data: Any, *, source: str, base_dir: Path, overrides: tuple[str, ...] = ()
+) -> Scenario:
+    root = Section(data, source=source, path="")
+    name = root.str("name", Path(source).stem)
+    model_raw = root.raw("model")
+    if isinstance(model_raw, dict):
+        m = Section(model_raw, source=source, path="model")
+        model = m.parsed("name", lambda v: load_model(v, base_dir=base_dir))
+        wd = m.raw("weight_dtype", None)
+        if wd is not None:
+            model = m.parsed("weight_dtype", lambda v: with_weight_dtype(model, v))
+            if wd not in DTYPE_BYTES:  # pragma: no cover - with_weight_dtype raises first
+                raise m.err("weight_dtype", "unknown")
+        m.done()
+    else:
+        model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
+    cluster = _read_cluster(root)
+    kv = _read_kv(root)
+    scheduler = _read_scheduler(root)
+    workload = _read_workload(root, base_dir)
+    slo = _read_slo(root)
+    cost = root.section("cost")
+    gpu_hour = cost.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
+    cost.done()
+    costs = _read_costs(root, base_dir)
+    sm = root.section("sim")
+    max_time = sm.raw("max_time", None)
+    sim = SimConfig(
+        seed=sm.int("seed", 1, lo=0, hi=2**63 - 1),
+        max_time_s=None if max_time is None else sm.parsed("max_time", parse_duration),
+        fast_forward=sm.bool("fast_forward", True),
+    )
+    sm.done()
+    root.done()
+    if model.num_heads % cluster.tensor_parallel and model.num_kv_heads % cluster.tensor_parallel:
+        raise KvsimError(
+            f"tensor_parallel {cluster.tensor_parallel} divides neither the model's "
+            f"{model.num_heads} query heads nor its {model.num_kv_heads} KV heads",
+            source=source,
+            path="cluster.tensor_parallel",
+        )
+    if scheduler.max_batched_tokens < scheduler.max_num_seqs and not scheduler.chunked_prefill:
+        raise KvsimError(
+            "must be >= scheduler.max_num_seqs", source=source, path="scheduler.max_batched_tokens"
+        )
+    return Scenario(
+        name, source, model, cluster, kv, scheduler, workload, slo, gpu_hour, costs, sim, overrides
+    )
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read, override and validate a scenario file. Raises `KvsimError` on any mistake."""
+    p = Path(path)
+    data = read_yaml(p)
+    if data is None:
+        raise KvsimError("the file is empty", source=str(p))
+    if not isinstance(data, dict):
+        raise KvsimError("expected a mapping at the top level", source=str(p))
+    touched = []
+    for text in overrides:
+        key, value = parse_override(text)
+        set_path(data, key, value)
+        touched.append(key)
+    try:
+        return scenario_from_dict(data, source=str(p), base_dir=p.parent, overrides=tuple(overrides))
+    except KvsimError as exc:
+        if exc.path and any(
+            exc.path == t or exc.path.startswith(t + ".") or t.startswith(exc.path + ".") for t in touched
+        ):
+            raise KvsimError(exc.message, source=f"{p} (--set)", path=exc.path) from None
+        raise

@@ -1,0 +1,122 @@
+"""A strict reader over parsed YAML: typed field access with paths, unknown keys rejected.
+
+Every error names the file and the dotted field path (``scenario.yaml: cluster.gpu.hbm: ...``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kvsim.errors import KvsimError
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class Section:
+    """One mapping of the scenario, read field by field; `done()` rejects whatever was not read."""
+
+    def __init__(self, data: object, *, source: str, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise KvsimError(f"expected a mapping, got {_show(data)}", source=source, path=path or None)
+        self.data: dict[str, Any] = data
+        self.source = source
+        self.path = path
+        self.read: set[str] = set()
+        self.allowed: list[str] = []
+
+    def _p(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def err(self, key: str, message: str) -> KvsimError:
+        return KvsimError(message, source=self.source, path=self._p(key))
+
+    def raw(self, key: str, default: object = _MISSING) -> Any:
+        self.allowed.append(key)
+        self.read.add(key)
+        if key in self.data:
+            return self.data[key]
+        if default is _MISSING:
+            raise self.err(key, "required field is missing")
+        return default
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def parsed(self, key: str, parse: Callable[[Any], T], default: object = _MISSING) -> T:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value  # type: ignore[return-value]
+        try:
+            return parse(value)
+        except KvsimError as exc:
+            raise KvsimError(exc.message, source=self.source, path=self._p(key)) from None
+
+    def int(self, key: str, default: object = _MISSING, *, lo: int = 0, hi: int = 2**62) -> int:
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise self.err(key, f"expected an integer, got {_show(v)}")
+        if not lo <= v <= hi:
+            raise self.err(key, f"expected an integer in [{lo}, {hi}], got {v}")
+        return v
+
+    def float(
+        self,
+        key: str,
+        default: object = _MISSING,
+        *,
+        lo: float = 0.0,
+        hi: float = math.inf,
+        lo_open: bool = False,
+    ) -> float:
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
+            raise self.err(key, f"expected a number, got {_show(v)}")
+        if v < lo or v > hi or (lo_open and v == lo):
+            bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+            raise self.err(key, f"expected a number in {bound}, got {v}")
+        return float(v)
+
+    def bool(self, key: str, default: object = _MISSING) -> bool:
+        v = self.raw(key, default)
+        if not isinstance(v, bool):
+            raise self.err(key, f"expected true or false, got {_show(v)}")
+        return v
+
+    def str(self, key: str, default: object = _MISSING) -> str:
+        v = self.raw(key, default)
+        if not isinstance(v, str) or not v.strip():
+            raise self.err(key, f"expected a non-empty string, got {_show(v)}")
+        return v
+
+    def choice(self, key: str, choices: list[str] | tuple[str, ...], default: object = _MISSING) -> str:
+        v = self.raw(key, default)
+        if v not in choices:
+            raise self.err(key, f"expected one of {', '.join(choices)}; got {_show(v)}")
+        return v  # type: ignore[no-any-return]
+
+    def section(self, key: str, *, required: bool = False) -> Section:
+        v = self.raw(key, _MISSING if required else None)
+        return Section(v, source=self.source, path=self._p(key))
+
+    def done(self) -> None:
+        unknown = [k for k in self.data if k not in self.read]
+        if unknown:
+            k = unknown[0]
+            allowed = ", ".join(sorted(set(self.allowed))) or "(none)"
+            raise self.err(str(k), f"unknown key; allowed here: {allowed}")
+
+
+def _show(v: object) -> str:
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, (dict, list)):
+        return type(v).__name__
+    return repr(v)
