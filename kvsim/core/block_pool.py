@@ -1,0 +1,162 @@
+"""Paged KV block pool with reference counts, prefix-cache LRU and copy-on-write.
+
+Blocks are fungible except for the content they cache, so the pool keeps counts, not block ids:
+``free`` empty blocks, cached entries (key -> reference count), an LRU of cached entries no request
+references (reusable by key until reallocated), and a count of private (unhashed) blocks.
+
+A cached entry covers ``size`` consecutive blocks of one prompt that always come and go together:
+the engine blocks inside one trace hash block (Mooncake: 512 / 16 = 32). Bookkeeping per entry
+instead of per block keeps an hour of 12K-token prompts fast; the cost is eviction granularity
+(a whole entry at a time, its surplus blocks returning to the free pool).
+
+Eviction: a cached-but-free entry is only reclaimed when no empty block is left, oldest first.
+vLLM v1 instead pops the head of one free queue that mixes empty and cached blocks, so it can
+evict a cached block while empty ones exist; SGLang's radix cache, like this pool, evicts only
+under pressure. With ample free memory the two agree; under pressure vLLM evicts earlier.
+
+Copy-on-write (parallel sampling / beam forks): `fork` adds references to a sequence's blocks;
+the first write into a shared, not-yet-full block copies it (`write_shared_tail`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.free = num_blocks  # empty blocks
+        self.refs: dict[int, int] = {}  # cached entry key -> reference count (>= 0)
+        self.size: dict[int, int] = {}  # cached entry key -> blocks it covers
+        self.lru: OrderedDict[int, int] = OrderedDict()  # unreferenced entries, oldest first -> size
+        self.lru_blocks = 0  # blocks held by unreferenced cached entries
+        self.private = 0  # referenced unhashed blocks, all owners together
+        self.evictions = 0  # cached blocks reclaimed for new allocations
+
+    # ---- queries ----------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can take: empty plus cached-but-unreferenced."""
+        return self.free + self.lru_blocks
+
+    @property
+    def num_cached_free(self) -> int:
+        return self.lru_blocks
+
+    @property
+    def num_used(self) -> int:
+        """Blocks some request references (private or cached)."""
+        return self.num_blocks - self.free - self.lru_blocks
+
+    def num_prefix_hits(self, keys: Sequence[int]) -> int:
+        """Length of the leading run of `keys` whose entries are cached."""
+        refs = self.refs
+        n = 0
+        for k in keys:
+            if k not in refs:
+                break
+            n += 1
+        return n
+
+    def unreferenced_blocks(self, keys: Iterable[int]) -> int:
+        """Blocks among cached `keys` that sit in the LRU (taking them shrinks num_free)."""
+        lru = self.lru
+        return sum(lru[k] for k in keys if k in lru)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free
+
+    # ---- mutations --------------------------------------------------------------------------------
+    def acquire_cached(self, keys: Iterable[int]) -> None:
+        """Reference cached entries (prefix hits); unreferenced ones leave the LRU."""
+        refs, lru = self.refs, self.lru
+        for k in keys:
+            r = refs[k]
+            if r == 0:
+                self.lru_blocks -= lru.pop(k)
+            refs[k] = r + 1
+
+    def allocate(self, n: int) -> None:
+        """Take `n` private blocks: empty ones first, then evict the oldest cached-free entries."""
+        if n > self.free + self.lru_blocks:
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
+        if n > self.free:
+            lru, refs, size = self.lru, self.refs, self.size
+            while n > self.free:
+                k, s = lru.popitem(last=False)
+                del refs[k]
+                del size[k]
+                self.lru_blocks -= s
+                self.free += s
+                self.evictions += s
+        self.free -= n
+        self.private += n
+
+    def register(self, keys: Sequence[int], sizes: Sequence[int] | None = None) -> list[int]:
+        """Turn private blocks that just became full into cached entries under `keys`.
+
+        A key already cached (another request computed the same content meanwhile) is not
+        registered twice. Returns the keys registered; the caller decides what to do with the rest.
+        """
+        out = []
+        refs, size = self.refs, self.size
+        moved = 0
+        for i, k in enumerate(keys):
+            if k in refs:
+                continue
+            s = 1 if sizes is None else sizes[i]
+            refs[k] = 1
+            size[k] = s
+            moved += s
+            out.append(k)
+        self.private -= moved
+        assert self.private >= 0
+        return out
+
+    def release(self, private: int, keys: Sequence[int]) -> None:
+        """Drop an owner's blocks: private ones become empty, cached ones lose a reference.
+
+        Keys are released tail first, so the end of a prompt is evicted before its shared start.
+        """
+        assert 0 <= private <= self.private
+        self.private -= private
+        self.free += private
+        refs, lru, size = self.refs, self.lru, self.size
+        for k in reversed(keys):
+            r = refs[k] - 1
+            refs[k] = r
+            if r == 0:
+                s = size[k]
+                lru[k] = s
+                self.lru_blocks += s
+
+    def fork(self, keys: Sequence[int]) -> None:
+        """A child sequence shares the parent's cached blocks (one more reference each)."""
+        self.acquire_cached(keys)
+
+    def write_shared_tail(self, tail_key: int) -> bool:
+        """Copy-on-write of a shared, partially filled block before writing into it.
+
+        `tail_key` names the shared tail (cached with a reference per sharer). If others still
+        reference it, the writer gets a private copy and drops its reference; the last sharer
+        writes in place. Returns True when a copy was made.
+        """
+        r = self.refs[tail_key]
+        if r > 1:
+            self.allocate(self.size[tail_key])
+            self.refs[tail_key] = r - 1
+            return True
+        return False
+
+    def check(self) -> None:
+        """Invariants (used by property tests)."""
+        assert self.free >= 0 and self.private >= 0
+        assert all(r >= 0 for r in self.refs.values())
+        assert all(self.refs[k] == 0 and self.size[k] == s for k, s in self.lru.items())
+        assert self.lru_blocks == sum(self.lru.values())
+        referenced = sum(self.size[k] for k, r in self.refs.items() if r > 0)
+        assert self.free + self.lru_blocks + referenced + self.private == self.num_blocks

@@ -1,0 +1,328 @@
+"""The scheduler's batch decision, vLLM-v1 style, with no clock in it.
+
+Each step: running sequences first, in order, each asking for its remaining tokens (one while
+decoding, a chunk while prefilling) within the token budget; when blocks run out the newest running
+sequence is preempted (recompute: its blocks are released and it rejoins the front of the queue,
+to recompute prompt and generated tokens, re-using whatever its prompt left in the prefix cache).
+Then, if nothing was preempted, waiting sequences are admitted first-come-first-served while the
+sequence cap, the token budget and free blocks allow; an admitted sequence first takes its prefix-
+cache hits (at least one token is always computed, as in vLLM). A sequence samples a token when
+its computed tokens reach its token count; the first sampled token is its first token.
+
+Token accounting: a request with P prompt and O output tokens computes P + O - 1 tokens (the last
+sampled token is never fed back), which is what ``outstanding_tokens`` counts down.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from kvsim.core.block_pool import BlockPool
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "completed"
+    REJECTED = "rejected"
+
+
+class Sequence:
+    """One request inside an engine. Times are filled in by the time shell."""
+
+    __slots__ = (
+        "arrival_s",
+        "finish_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "held_keys",
+        "id",
+        "key_cum",
+        "keys",
+        "nblocks",
+        "num_cached_tokens",
+        "num_computed",
+        "num_generated",
+        "num_private",
+        "num_tokens",
+        "output_len",
+        "preemptions",
+        "prompt_len",
+        "reason",
+        "replica",
+        "status",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        arrival_s: float,
+        prompt_len: int,
+        output_len: int,
+        keys: list[int],
+        key_sizes: list[int],
+    ) -> None:
+        self.id = id
+        self.arrival_s = arrival_s
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.keys = keys  # prefix-cache entries of the prompt's full blocks, in order
+        cum = [0]
+        for size in key_sizes:
+            cum.append(cum[-1] + size)
+        self.key_cum = cum  # blocks covered by the first i entries
+        self.nblocks = 0  # blocks held: the entries' blocks plus private ones
+        self.num_tokens = prompt_len  # prompt + generated so far
+        self.num_computed = 0  # tokens whose KV is in the cache
+        self.num_generated = 0
+        self.held_keys: list[int] = []  # cached entries referenced, in block order (a prefix)
+        self.num_private = 0  # unhashed blocks after them
+        self.num_cached_tokens = -1  # prefix-hit tokens at first admission (-1: never admitted)
+        self.preemptions = 0
+        self.status = Status.WAITING
+        self.reason = ""
+        self.replica = -1
+        self.first_scheduled_s = float("nan")
+        self.first_token_s = float("nan")
+        self.finish_s = float("nan")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.nblocks
+
+
+@dataclass
+class StepPlan:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+    ctx_before: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def decode_only(self) -> bool:
+        """Every scheduled sequence is decoding one token and nothing joined or left."""
+        return (
+            not self.admitted
+            and not self.preempted
+            and all(
+                n == 1 and s.num_generated > 0 and s.num_tokens - s.num_computed == 1
+                for s, n in zip(self.seqs, self.num_new, strict=True)
+            )
+        )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        chunked_prefill: bool,
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.outstanding_tokens = 0
+        self.preemptions = 0
+
+    # ---- admission --------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+        self.outstanding_tokens += seq.prompt_len + seq.output_len - 1
+
+    def _release(self, seq: Sequence) -> None:
+        self.pool.release(seq.num_private, seq.held_keys)
+        seq.held_keys = []
+        seq.num_private = 0
+        seq.nblocks = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        self.outstanding_tokens += seq.num_computed
+        seq.num_computed = 0
+        seq.preemptions += 1
+        seq.status = Status.WAITING
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        pool = self.pool
+        budget = self.max_batched_tokens
+        running = self.running
+        bs = self.block_size
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = seq.num_tokens - seq.num_computed
+            if num_new > budget:
+                num_new = budget
+            need = -(-(seq.num_computed + num_new) // bs) - seq.nblocks
+            preempted_self = False
+            while need > pool.num_free:
+                victim = running.pop()
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is seq:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            if need > 0:
+                pool.allocate(need)
+                seq.num_private += need
+                seq.nblocks += need
+            plan.seqs.append(seq)
+            plan.num_new.append(num_new)
+            plan.ctx_before.append(seq.num_computed)
+            budget -= num_new
+            i += 1
+        if plan.preempted:
+            return plan
+        while self.waiting and len(running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            hits = pool.num_prefix_hits(seq.keys) if seq.keys else 0
+            held_blocks = seq.key_cum[hits]
+            # At least one token is computed (vLLM): a fully cached prompt recomputes its last
+            # block's tokens into the block it already holds.
+            hit_blocks = min(held_blocks, (seq.num_tokens - 1) // bs)
+            num_new = seq.num_tokens - hit_blocks * bs
+            if not self.chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            hit_keys = seq.keys[:hits]
+            need = max(0, _cdiv(hit_blocks * bs + num_new, bs) - held_blocks)
+            if need + pool.unreferenced_blocks(hit_keys) > pool.num_free:
+                break
+            self.waiting.popleft()
+            pool.acquire_cached(hit_keys)
+            pool.allocate(need)
+            seq.held_keys = hit_keys
+            seq.num_private = need
+            seq.nblocks = held_blocks + need
+            seq.num_computed = hit_blocks * bs
+            self.outstanding_tokens -= hit_blocks * bs
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = hit_blocks * bs
+            seq.status = Status.RUNNING
+            running.append(seq)
+            plan.admitted.append(seq)
+            plan.seqs.append(seq)
+            plan.num_new.append(num_new)
+            plan.ctx_before.append(seq.num_computed)
+            budget -= num_new
+        return plan
+
+    # ---- after the step ---------------------------------------------------------------------------
+    def complete(self, plan: StepPlan) -> tuple[list[Sequence], list[Sequence]]:
+        """Apply a finished step. Returns (sequences that sampled their first token, finished)."""
+        first: list[Sequence] = []
+        done: list[Sequence] = []
+        bs = self.block_size
+        for seq, n in zip(plan.seqs, plan.num_new, strict=True):
+            seq.num_computed += n
+            self.outstanding_tokens -= n
+            if seq.keys and len(seq.held_keys) < len(seq.keys):
+                full = bisect_right(seq.key_cum, seq.num_computed // bs) - 1  # entries fully computed
+                start = len(seq.held_keys)
+                if full > start:
+                    self._promote(seq, start, full)
+            if seq.num_computed == seq.num_tokens:
+                seq.num_generated += 1
+                seq.num_tokens += 1
+                if seq.num_generated == 1:
+                    first.append(seq)
+                if seq.num_generated >= seq.output_len:
+                    done.append(seq)
+        if done:
+            self._finish(done)
+        return first, done
+
+    def _finish(self, done: list[Sequence]) -> None:
+        for seq in done:
+            self._release(seq)
+            seq.status = Status.FINISHED
+        gone = {id(s) for s in done}
+        self.running = [s for s in self.running if id(s) not in gone]
+
+    def _promote(self, seq: Sequence, start: int, end: int) -> None:
+        """Entries start..end-1 just became full: they join the prefix cache, or, where equal
+        content is already cached (computed meanwhile by another request), share it and free ours."""
+        pool = self.pool
+        keys = seq.keys[start:end]
+        cum = seq.key_cum
+        sizes = [cum[i + 1] - cum[i] for i in range(start, end)]
+        registered = pool.register(keys, sizes)
+        if len(registered) != len(keys):
+            fresh = set(registered)
+            dup = [k for k in keys if k not in fresh]
+            dup_blocks = sum(s for k, s in zip(keys, sizes, strict=True) if k not in fresh)
+            pool.acquire_cached(dup)
+            pool.private -= dup_blocks
+            pool.free += dup_blocks
+        seq.num_private -= cum[end] - cum[start]
+        seq.held_keys = seq.held_keys + keys if seq.held_keys else keys
+
+    # ---- fast-forward -----------------------------------------------------------------------------
+    def decode_horizon(self, plan: StepPlan, max_steps: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """How many decode-only steps (the planned one included) can run with no event between.
+
+        Bounded by the first completion and by free blocks (no preemption may be needed). Returns
+        (k_max, sum of contexts before each step j < k_max, new blocks needed through step j).
+        """
+        seqs = plan.seqs
+        m = len(seqs)
+        c = np.fromiter((s.num_computed for s in seqs), dtype=np.int64, count=m)
+        have = np.fromiter((s.nblocks for s in seqs), dtype=np.int64, count=m)
+        rem = np.fromiter((s.output_len - s.num_generated for s in seqs), dtype=np.int64, count=m)
+        k = int(min(rem.min(), max_steps))
+        j = np.arange(k, dtype=np.int64)
+        # blocks needed through step j: ceil((c + j + 1) / B) - have, summed over sequences.
+        need = (-(-(c[:, None] + j[None, :] + 1) // self.block_size) - have[:, None]).clip(min=0).sum(axis=0)
+        ok = int(np.searchsorted(need, self.pool.num_free, side="right"))
+        k = max(1, min(k, ok))
+        sum_ctx = int(c.sum()) + j[:k] * m
+        return k, sum_ctx, need[:k]
+
+    def advance_decode(self, plan: StepPlan, k: int) -> list[Sequence]:
+        """Apply k decode-only steps at once (the first already has its blocks). Returns finished."""
+        bs = self.block_size
+        extra = 0
+        done = []
+        for seq in plan.seqs:
+            seq.num_computed += k
+            seq.num_generated += k
+            seq.num_tokens += k
+            new_blocks = -(-seq.num_computed // bs) - seq.nblocks
+            if new_blocks > 0:
+                seq.num_private += new_blocks
+                seq.nblocks += new_blocks
+                extra += new_blocks
+            if seq.num_generated >= seq.output_len:
+                done.append(seq)
+        if extra:
+            self.pool.allocate(extra)
+        self.outstanding_tokens -= k * len(plan.seqs)
+        if done:
+            self._finish(done)
+        return done

@@ -1,0 +1,168 @@
+"""Per-request records and the run summary (pure functions over finished sequences).
+
+Definitions (also in scenarios/README.md):
+- TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1), per request,
+  requests with one output token have none; E2E = finish - arrival; queueing = first scheduled -
+  arrival. Percentiles are numpy's linear interpolation over completed requests.
+- Prefix hit rate (token-weighted) = sum of prompt tokens served from the prefix cache at each
+  request's first admission / sum of prompt tokens of requests admitted at least once.
+- Throughput = (prompt + output tokens of completed requests) / simulated seconds.
+- Goodput = completed requests per second whose TTFT <= slo.ttft and TPOT <= slo.tpot.
+- Cost per million tokens = GPUs x simulated hours x $/GPU-hour / (tokens / 1e6), for all tokens
+  and for output tokens only.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.core.scheduler import Sequence, Status
+
+QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
+
+
+def dist(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"mean": None, **{k: None for k in QUANTILES}}
+    out: dict[str, float | None] = {"mean": float(values.mean())}
+    for k, q in QUANTILES.items():
+        out[k] = float(np.percentile(values, q))
+    return out
+
+
+def status_of(seq: Sequence) -> str:
+    if seq.status is Status.FINISHED:
+        return "completed"
+    if seq.status is Status.REJECTED:
+        return "rejected"
+    return "unfinished"
+
+
+def summarize(
+    seqs: list[Sequence],
+    *,
+    simulated_s: float,
+    num_gpus: int,
+    gpu_hour_usd: float,
+    ttft_slo_s: float,
+    tpot_slo_s: float,
+    percentile: float,
+) -> dict[str, Any]:
+    done = [s for s in seqs if s.status is Status.FINISHED]
+    rejected = [s for s in seqs if s.status is Status.REJECTED]
+    arr = np.array([s.arrival_s for s in done])
+    first = np.array([s.first_token_s for s in done])
+    fin = np.array([s.finish_s for s in done])
+    sched = np.array([s.first_scheduled_s for s in done])
+    out_tok = np.array([s.output_len for s in done], dtype=np.int64)
+    in_tok = np.array([s.prompt_len for s in done], dtype=np.int64)
+    ttft = first - arr
+    multi = out_tok > 1
+    tpot_all = np.full(len(done), np.nan)
+    tpot_all[multi] = (fin[multi] - first[multi]) / (out_tok[multi] - 1)
+    tpot = tpot_all[multi]
+    e2e = fin - arr
+    queue = sched - arr
+    tokens = int(in_tok.sum() + out_tok.sum())
+    out_tokens = int(out_tok.sum())
+    span = max(simulated_s, 1e-12)
+    good = (ttft <= ttft_slo_s) & ((tpot_all <= tpot_slo_s) | ~multi)
+    admitted = [s for s in seqs if s.num_cached_tokens >= 0]
+    hit_tokens = sum(s.num_cached_tokens for s in admitted)
+    prompt_tokens = sum(s.prompt_len for s in admitted)
+    gpu_hours = num_gpus * simulated_s / 3600.0
+    cost = gpu_hours * gpu_hour_usd
+    ttft_p = float(np.percentile(ttft, percentile)) if ttft.size else math.inf
+    tpot_p = float(np.percentile(tpot, percentile)) if tpot.size else 0.0
+    return {
+        "requests": {
+            "total": len(seqs),
+            "completed": len(done),
+            "rejected": len(rejected),
+            "unfinished": len(seqs) - len(done) - len(rejected),
+            "rejected_reasons": dict(sorted(Counter(s.reason for s in rejected).items())),
+        },
+        "ttft_s": dist(ttft),
+        "tpot_s": dist(tpot),
+        "e2e_s": dist(e2e),
+        "queue_s": dist(queue),
+        "throughput_tok_s": tokens / span,
+        "output_throughput_tok_s": out_tokens / span,
+        "goodput_req_s": float(good.sum()) / span,
+        "slo": {
+            "ttft_s": ttft_slo_s,
+            "tpot_s": tpot_slo_s,
+            "percentile": percentile,
+            "ttft_at_percentile_s": ttft_p if ttft.size else None,
+            "tpot_at_percentile_s": tpot_p if tpot.size else None,
+            "ttft_met": bool(ttft.size and ttft_p <= ttft_slo_s and len(done) == len(seqs)),
+            "tpot_met": bool(tpot_p <= tpot_slo_s and len(done) == len(seqs)),
+            "good_fraction": float(good.sum()) / max(1, len(seqs)),
+        },
+        "prefix_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "preemptions": int(sum(s.preemptions for s in seqs)),
+        "tokens": {"prompt": int(in_tok.sum()), "output": out_tokens},
+        "gpu_hours": gpu_hours,
+        "cost_usd": cost,
+        "cost_per_mtok_usd": cost / (tokens / 1e6) if tokens else None,
+        "cost_per_output_mtok_usd": cost / (out_tokens / 1e6) if out_tokens else None,
+    }
+
+
+REQUEST_COLUMNS = (
+    "id",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "preemptions",
+    "status",
+    "reason",
+)
+
+
+def _t(x: float) -> str:
+    return "" if x != x else repr(round(x, 9))
+
+
+def write_requests_csv(path: Path, seqs: list[Sequence]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        for s in seqs:
+            w.writerow(
+                (
+                    s.id,
+                    s.replica,
+                    _t(s.arrival_s),
+                    _t(s.first_scheduled_s),
+                    _t(s.first_token_s),
+                    _t(s.finish_s),
+                    s.prompt_len,
+                    s.output_len,
+                    max(s.num_cached_tokens, 0),
+                    s.preemptions,
+                    status_of(s),
+                    s.reason,
+                )
+            )
+
+
+def write_timeseries_csv(path: Path, samples: list[tuple[float, int, int, int, int, int, int]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ("t_s", "replica", "kv_used_blocks", "kv_cached_blocks", "kv_free_blocks", "running", "waiting")
+        )
+        for row in sorted(samples):
+            w.writerow((repr(round(row[0], 6)), *row[1:]))

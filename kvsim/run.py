@@ -1,0 +1,288 @@
+"""One simulation run: scenario -> workload, memory plan, cost model, engines -> results on disk.
+
+`run_scenario` returns a `RunResult` (sequences, per-replica stats, summary dict); `write_run`
+writes ``summary.json``, ``requests.csv``, ``timeseries.csv`` and ``report.html``. Everything random
+comes from the scenario's seed, so one seed gives one summary (``wall_s`` aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from kvsim.accuracy import accuracy_note
+from kvsim.core.prefix import block_keys
+from kvsim.core.scheduler import Sequence, Status
+from kvsim.costs import AnalyticCostModel, CostModel
+from kvsim.engine import ArrivalFeed, Replica, ReplicaStats, Router, arrival_process, make_pool_and_scheduler
+from kvsim.errors import KvsimError
+from kvsim.memory import MemoryPlan, plan_memory
+from kvsim.metrics import summarize, write_requests_csv, write_timeseries_csv
+from kvsim.scenario import Scenario, load_scenario
+from kvsim.workload import Workload, load_workload
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    seqs: list[Sequence]
+    stats: list[ReplicaStats]
+    plan: MemoryPlan
+    summary: dict[str, Any]
+
+
+def _refuse_unsimulated(sc: Scenario) -> None:
+    kv = sc.kv
+    if kv.eviction.policy != "none":
+        raise KvsimError(
+            f"policy {kv.eviction.policy!r} is not simulated yet (kv-size models it; the engine keeps full KV)",
+            source=sc.source,
+            path="kv.eviction.policy",
+        )
+    if kv.offload.enabled:
+        raise KvsimError(
+            "CPU offload is not simulated yet; set enabled: false",
+            source=sc.source,
+            path="kv.offload.enabled",
+        )
+    if kv.prefix_cache == "global":
+        raise KvsimError(
+            "a cluster-wide prefix pool is not simulated yet; use local or none",
+            source=sc.source,
+            path="kv.prefix_cache.scope",
+        )
+
+
+def make_cost_model(sc: Scenario) -> CostModel:
+    if sc.costs.kind == "analytic":
+        return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+    from kvsim.profile import load_profile_cost_model
+
+    assert sc.costs.profile is not None
+    return load_profile_cost_model(sc)
+
+
+def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | None = None) -> RunResult:
+    t0 = time.perf_counter()
+    _refuse_unsimulated(sc)
+    wl = workload if workload is not None else load_workload(sc.workload, seed=sc.sim.seed)
+    plan = plan_memory(sc)
+    cost = make_cost_model(sc)
+    bs = sc.kv.block_size
+    use_prefix = sc.kv.prefix_cache != "none" and wl.hash_ids is not None
+    if use_prefix:
+        g = wl.hash_block_tokens
+        if g % bs and bs % g:
+            raise KvsimError(
+                f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
+                source=sc.source,
+                path="kv.block_size",
+            )
+    env = simpy.Environment()
+    end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
+    feed = ArrivalFeed(times=wl.arrival_s, end_s=end_s)
+    seqs: list[Sequence] = []
+    finished = [0]
+
+    def on_finish(seq: Sequence) -> None:
+        finished[0] += 1
+
+    span = float(wl.arrival_s[-1]) if len(wl) else 0.0
+    sample_every = max(span / 2000.0, 0.05)
+    replicas: list[Replica] = []
+    for i in range(sc.cluster.num_replicas):
+        sched = make_pool_and_scheduler(
+            plan.num_blocks,
+            bs,
+            sc.scheduler.max_num_seqs,
+            sc.scheduler.max_batched_tokens,
+            sc.scheduler.chunked_prefill,
+        )
+        replicas.append(
+            Replica(
+                env,
+                i,
+                sched,
+                cost,
+                fast_forward=sc.sim.fast_forward,
+                barrier=feed.next_time,
+                sample_every_s=sample_every,
+                on_finish=on_finish,
+            )
+        )
+    router = Router(sc.cluster.router, replicas, bs)
+    max_ctx = sc.model.max_context
+    max_batched = sc.scheduler.max_batched_tokens
+    chunked = sc.scheduler.chunked_prefill
+    prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
+
+    def make_seq(i: int) -> Sequence:
+        p, o = int(prompts[i]), int(outputs[i])
+        if use_prefix:
+            keys, sizes = block_keys(wl.hash_ids[i], p, wl.hash_block_tokens, bs)  # type: ignore[index]
+        else:
+            keys, sizes = [], []
+        seq = Sequence(i, float(arrivals[i]), p, o, keys, sizes)
+        seqs.append(seq)
+        if p + o > max_ctx:
+            seq.status, seq.reason = Status.REJECTED, "longer than the model's context"
+        elif -(-(p + o) // bs) > plan.num_blocks:
+            seq.status, seq.reason = Status.REJECTED, "needs more KV blocks than a replica has"
+        elif not chunked and p > max_batched:
+            seq.status, seq.reason = (
+                Status.REJECTED,
+                "prompt exceeds max_batched_tokens without chunked prefill",
+            )
+        return seq
+
+    env.process(arrival_process(env, feed, make_seq, router, lambda s: None))
+    _drive(env, span, end_s, progress)
+    wall = time.perf_counter() - t0
+    simulated = min(env.now, end_s) if math.isfinite(end_s) else env.now
+    summary = summarize(
+        seqs,
+        simulated_s=simulated,
+        num_gpus=sc.cluster.num_gpus,
+        gpu_hour_usd=sc.gpu_hour_usd,
+        ttft_slo_s=sc.slo.ttft_s,
+        tpot_slo_s=sc.slo.tpot_s,
+        percentile=sc.slo.percentile,
+    )
+    stats = [r.stats for r in replicas]
+    warnings = list(cost.warnings())
+    if len(seqs) < len(wl):
+        warnings.append(f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed")
+    n_ctx = summary["requests"]["rejected_reasons"].get("longer than the model's context", 0)
+    if n_ctx:
+        warnings.append(
+            f"{n_ctx:,} requests exceed {sc.model.name}'s context of {max_ctx:,} tokens and were rejected"
+        )
+    if wl.skipped_lines:
+        warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
+    for reason, n in sorted(wl.dropped.items()):
+        warnings.append(f"{n:,} trace rows dropped: {reason}")
+    if sc.kv.format_note:
+        warnings.append(sc.kv.format_note)
+    if sc.model.sliding_window:
+        warnings.append(
+            "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
+        )
+    peak_occ = max(s.peak_occupied_blocks for s in stats)
+    summary.update(
+        {
+            "scenario": sc.name,
+            "hbm_capacity_bytes": plan.hbm_bytes_per_gpu,
+            "weight_bytes_per_gpu": plan.weight_bytes_per_gpu,
+            "hbm_peak_bytes": int(
+                plan.weight_bytes_per_gpu
+                + plan.activation_reserve_bytes
+                + peak_occ * plan.block_bytes_per_gpu
+            ),
+            "kv_peak_used_blocks": max(s.peak_used_blocks for s in stats),
+            "kv_blocks_per_replica": plan.num_blocks,
+            "kv_block_bytes": plan.block_bytes_per_gpu,
+            "kv_tokens_per_replica": plan.tokens_per_replica,
+            "memory_plan": asdict(plan),
+            "prefix_cache_evictions": sum(r.sched.pool.evictions for r in replicas),
+            "steps": sum(s.steps for s in stats),
+            "engine_events": sum(s.events for s in stats),
+            "simulated_s": simulated,
+            "wall_s": time.perf_counter() - t0,
+            "warnings": warnings,
+            "accuracy": accuracy_note(sc.kv.format, sc.kv.format_note),
+            "config": _config(sc, cost, wl),
+        }
+    )
+    summary["requests"]["not_arrived"] = len(wl) - len(seqs)
+    summary["sim_speed_x"] = simulated / max(wall, 1e-9)
+    return RunResult(sc, seqs, stats, plan, summary)
+
+
+def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:
+    if not progress or span <= 0:
+        env.run(until=end_s if math.isfinite(end_s) else None)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    horizon = min(span, end_s)
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("sim", total=horizon)
+        steps = 50
+        for k in range(1, steps + 1):
+            env.run(until=horizon * k / steps)
+            bar.update(task, completed=env.now)
+    env.run(until=end_s if math.isfinite(end_s) else None)
+
+
+def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:
+    return {
+        "model": sc.model.name,
+        "attention": sc.model.attention.value,
+        "gpu": sc.cluster.gpu.name,
+        "num_gpus": sc.cluster.num_gpus,
+        "tensor_parallel": sc.cluster.tensor_parallel,
+        "replicas": sc.cluster.num_replicas,
+        "router": sc.cluster.router,
+        "kv_format": sc.kv.format.name,
+        "block_size": sc.kv.block_size,
+        "prefix_cache": sc.kv.prefix_cache,
+        "max_num_seqs": sc.scheduler.max_num_seqs,
+        "max_batched_tokens": sc.scheduler.max_batched_tokens,
+        "chunked_prefill": sc.scheduler.chunked_prefill,
+        "cost_model": cost.name,
+        "gpu_hour_usd": sc.gpu_hour_usd,
+        "trace": wl.source,
+        "trace_format": sc.workload.format,
+        "rate_scale": sc.workload.rate_scale,
+        "seed": sc.sim.seed,
+        "fast_forward": sc.sim.fast_forward,
+        "overrides": list(sc.overrides),
+        "sources": {k: v for k, v in sc.cluster.gpu.sources},
+    }
+
+
+def write_run(result: RunResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default) + "\n")
+    write_requests_csv(out / "requests.csv", result.seqs)
+    write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
+    from kvsim.report import write_report
+
+    write_report(out)
+
+
+def _json_default(o: object) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    sc = load_scenario(args.scenario, args.set)
+    result = run_scenario(sc, progress=not args.no_progress)
+    out = Path(args.out)
+    try:
+        write_run(result, out)
+    except OSError as exc:
+        raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+    from kvsim.render import print_summary
+
+    print_summary(result.summary)
+    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
+    return 0

@@ -1,0 +1,557 @@
+"""The workload: request arrivals and lengths, read from a trace or generated, as numpy arrays.
+
+A `Workload` holds, per request, its arrival time (s), prompt and output lengths (tokens) and, when the
+source has prefix information, the chained block hashes of its prompt (``hash_ids``): one int64 id per
+``hash_block_tokens``-token block, the last block possibly partial. Ids are *prefix-unique*: an equal id
+means the whole prompt prefix up to and including that block is identical, which is all a prefix cache
+needs. ``load_workload(cfg, seed=...)`` reads one of the trace formats below or runs the synthetic
+generator, then applies the window, the rate scale and the request cap, in that order.
+
+Trace formats (``workload.format``):
+
+- ``mooncake``: JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}``,
+  512-token blocks, ``len(hash_ids) == ceil(input_length / 512)``.
+- ``azure`` (2023 and 2024): CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``; wall-clock timestamps
+  (``2023-11-16 18:15:46.6805900``, any number of fractional digits, optional ``T``, ``Z`` or ``+HH:MM``)
+  taken relative to the first row. No prefix information.
+- ``burstgpt``: CSV ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`` (extra
+  columns such as ``Session ID`` ignored), timestamps in seconds. Rows with 0 response tokens are
+  BurstGPT's failed requests: dropped and counted in ``dropped["burstgpt_failed_zero_response"]``.
+- ``vidur``: CSV ``arrived_at,num_prefill_tokens,num_decode_tokens`` (seconds), extra columns ignored.
+- ``generic``: chosen by the file's extension.
+
+  * ``.csv``: header ``arrival_s,prompt_tokens,output_tokens`` (extra columns ignored), one request a
+    row: arrival time in seconds, prompt and output lengths in tokens (integers >= 1).
+  * ``.jsonl``: one JSON object a line with keys ``arrival_s`` (number, seconds), ``prompt_tokens``
+    and ``output_tokens`` (integers >= 1) and, optionally, ``hash_ids``: a list of
+    ``ceil(prompt_tokens / hash_block_tokens)`` integers, one per block of the prompt, equal for equal
+    block content. Give ``hash_ids`` on every line or on none. The block size ``hash_block_tokens``
+    (default 16) is fixed by the first line; later lines may repeat it but not change it. Other keys
+    are ignored.
+
+In both JSONL formats, if an id ever follows two different ids, all ids are renumbered along the
+chain (a block's new id names its whole prefix), so plain per-block content hashes work too; the
+bundled Mooncake traces are already chained and load unchanged.
+
+Rules for every trace: times are non-decreasing (a timestamp that goes backwards is an error, never
+silently reordered); blank lines are ignored; a malformed line is an error ``FILE:LINE: what is wrong``
+unless ``skip_bad_lines``, which skips and counts it. The window ``[start, start + duration)`` is in
+trace time (Mooncake's ms / 1000, Azure's seconds since its first row, the file's seconds otherwise)
+and rebased to 0; ``rate_scale`` k then divides the times (k = 2 replays twice as fast).
+
+Synthetic (``format == "synthetic"``): Poisson or gamma arrivals of sessions; a session's turn t arrives
+at its start + t * think_time (no wait for the previous reply, which the generator cannot know). The
+session arrival rate is ``rate / session_turns``, so the request rate is ``rate`` in the long run. Turn
+t's prompt is the previous prompt + the previous output + new sampled input tokens; with shared system
+prompts, each session starts with one of ``shared_prefix_count`` system prompts. ``input``/``output``
+distributions apply to each turn's new tokens, clipped to ``[min, max]``. Block ids are 16 tokens and
+follow content: full blocks of a system prompt are shared by every session using it, full blocks of a
+session's token stream by all its later turns; a prompt's partial last block gets an id of its own.
+
+Left out: token contents, per-request models or adapters, priorities, BurstGPT's session and model
+columns, and closed-loop clients (arrivals never depend on how fast the cluster serves).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.scenario import LengthDist, SyntheticConfig, WorkloadConfig
+
+MOONCAKE_BLOCK_TOKENS = 512
+GENERIC_BLOCK_TOKENS = 16
+SYNTHETIC_BLOCK_TOKENS = 16  # vLLM's default KV block size
+BURSTGPT_FAILED = "burstgpt_failed_zero_response"
+
+_CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+    "vidur": ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    "generic": ("arrival_s", "prompt_tokens", "output_tokens"),
+}
+_BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order; row i of every array is request i."""
+
+    arrival_s: np.ndarray  # (n,) float64, non-decreasing, s from the start of the window
+    prompt_tokens: np.ndarray  # (n,) int64 >= 1
+    output_tokens: np.ndarray  # (n,) int64 >= 1
+    hash_ids: list[np.ndarray] | None  # n arrays of ceil(prompt / G) int64 prefix-unique ids
+    hash_block_tokens: int  # G
+    source: str  # trace path or "synthetic"
+    line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
+    skipped_lines: int  # malformed lines skipped (skip_bad_lines)
+    dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+class _BadLine(Exception):
+    """A malformed line; the reader turns it into a located error or a skip."""
+
+
+class _Rows:
+    """Accumulates parsed rows; owns the bad-line policy and the ordering check."""
+
+    def __init__(self, path: Path, skip_bad: bool) -> None:
+        self.file = str(path)
+        self.skip_bad = skip_bad
+        self.t: list[float] = []
+        self.prompt: list[int] = []
+        self.output: list[int] = []
+        self.lines: list[int] = []
+        self.hashes: list[np.ndarray] = []
+        self.skipped = 0
+        self.dropped: dict[str, list[float]] = {}
+        self.prev_t = -math.inf
+        self.prev_raw: Any = None
+        self.origin = 0.0  # trace time of the first row for formats timed relative to it (Azure)
+
+    def error(self, line: int, message: str) -> KvsimError:
+        return KvsimError(message, source=f"{self.file}:{line}")
+
+    def bad(self, line: int, message: str) -> None:
+        if not self.skip_bad:
+            raise self.error(line, message)
+        self.skipped += 1
+
+    def order(self, line: int, t: float, raw: Any) -> None:
+        """Reject a timestamp before the previous one (`raw` is the value as written, for the message)."""
+        if t < self.prev_t:
+            raise self.error(line, f"timestamp goes backwards ({raw} < previous {self.prev_raw})")
+        self.prev_t = t
+        self.prev_raw = raw
+
+    def add(self, line: int, t: float, prompt: int, output: int) -> None:
+        self.t.append(t)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        self.lines.append(line)
+
+    def drop(self, reason: str, t: float) -> None:
+        self.dropped.setdefault(reason, []).append(t)
+
+
+def _int(value: Any, name: str, lo: int) -> int:
+    """An integer >= lo from a JSON value or CSV text; integral floats (``512.0``) are accepted."""
+    if type(value) is int:
+        v = value
+    elif type(value) is str:
+        try:
+            v = int(value)
+        except ValueError:
+            try:
+                f = float(value)
+            except ValueError:
+                raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}") from None
+            if not f.is_integer():
+                raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}") from None
+            v = int(f)
+    elif type(value) is float and value.is_integer():
+        v = int(value)
+    else:
+        raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}")
+    if v < lo:
+        raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}")
+    return v
+
+
+def _num(value: Any, name: str) -> float:
+    """A finite time in the file's unit, from a JSON number or CSV text."""
+    v = math.nan
+    if type(value) is int or type(value) is float:
+        v = float(value)
+    elif type(value) is str:
+        try:
+            v = float(value)
+        except ValueError:
+            pass
+    if not math.isfinite(v):
+        where = "" if name.lower() == "timestamp" else f" in {name}"
+        raise _BadLine(f"unparseable timestamp {value!r}{where}")
+    return v
+
+
+def _ids(value: Any, prompt: int, block: int) -> np.ndarray:
+    if not isinstance(value, list):
+        raise _BadLine(f"hash_ids must be a list of integers, got {type(value).__name__}")
+    want = -(-prompt // block)
+    if len(value) != want:
+        raise _BadLine(f"hash_ids has {len(value)} ids, expected ceil({prompt} / {block}) = {want}")
+    try:
+        arr = np.array(value)
+    except (ValueError, OverflowError):
+        raise _BadLine("hash_ids must be a list of integers") from None
+    if arr.dtype.kind != "i" or arr.ndim != 1:
+        raise _BadLine("hash_ids must be a list of integers")
+    return arr.astype(np.int64, copy=False)
+
+
+def _open(path: Path) -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            yield from f
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"cannot read the trace: {exc}", source=str(path)) from None
+
+
+def _json_lines(path: Path, rows: _Rows) -> Iterator[tuple[int, dict[str, Any]]]:
+    loads = json.loads
+    for n, text in enumerate(_open(path), 1):
+        if not text.strip():
+            continue
+        try:
+            obj = loads(text)
+        except json.JSONDecodeError as exc:
+            rows.bad(n, f"invalid JSON ({exc.msg}, column {exc.colno})")
+            continue
+        if type(obj) is not dict:
+            rows.bad(n, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield n, obj
+
+
+def _missing(obj: dict[str, Any], keys: Iterable[str]) -> str:
+    return ", ".join(repr(k) for k in keys if k not in obj)
+
+
+def _read_mooncake(path: Path, rows: _Rows) -> int:
+    keys = ("timestamp", "input_length", "output_length", "hash_ids")
+    g = MOONCAKE_BLOCK_TOKENS
+    for n, obj in _json_lines(path, rows):
+        try:
+            try:
+                raw_t = obj["timestamp"]
+                prompt = _int(obj["input_length"], "input_length", 1)
+                output = _int(obj["output_length"], "output_length", 1)
+                ids = _ids(obj["hash_ids"], prompt, g)
+            except KeyError:
+                raise _BadLine(f"missing field {_missing(obj, keys)}") from None
+            t = _num(raw_t, "timestamp") / 1000.0
+        except _BadLine as exc:
+            rows.bad(n, str(exc))
+            continue
+        rows.order(n, t, raw_t)
+        rows.add(n, t, prompt, output)
+        rows.hashes.append(ids)
+    return g
+
+
+def _read_generic_jsonl(path: Path, rows: _Rows) -> int | None:
+    keys = ("arrival_s", "prompt_tokens", "output_tokens")
+    block: int | None = None
+    with_ids: bool | None = None
+    for n, obj in _json_lines(path, rows):
+        try:
+            try:
+                raw_t = obj["arrival_s"]
+                prompt = _int(obj["prompt_tokens"], "prompt_tokens", 1)
+                output = _int(obj["output_tokens"], "output_tokens", 1)
+            except KeyError:
+                raise _BadLine(f"missing field {_missing(obj, keys)}") from None
+            t = _num(raw_t, "arrival_s")
+            g = _int(obj["hash_block_tokens"], "hash_block_tokens", 1) if "hash_block_tokens" in obj else None
+            has = "hash_ids" in obj
+            if with_ids is None:
+                with_ids, block = has, g or GENERIC_BLOCK_TOKENS
+            elif has != with_ids:
+                raise _BadLine("give hash_ids on every line or on none" + ("" if has else " (missing here)"))
+            if g is not None and g != block:
+                raise _BadLine(f"hash_block_tokens {g} differs from the first line's {block}")
+            assert block is not None
+            ids = _ids(obj["hash_ids"], prompt, block) if has else None
+        except _BadLine as exc:
+            rows.bad(n, str(exc))
+            continue
+        rows.order(n, t, raw_t)
+        rows.add(n, t, prompt, output)
+        if ids is not None:
+            rows.hashes.append(ids)
+    return block if with_ids else None
+
+
+class _AzureClock:
+    """Seconds since the first row's date, from ``YYYY-MM-DD HH:MM:SS[.fff...][Z|+HH:MM]``.
+
+    Hand-parsed: ``datetime.fromisoformat`` rejects 7 fractional digits before Python 3.11 and is no
+    faster; days are cached, so a row costs a few slices and one float().
+    """
+
+    def __init__(self) -> None:
+        self.days: dict[str, int] = {}
+        self.base: int | None = None
+
+    def seconds(self, text: str) -> float:
+        s = text.strip()
+        try:
+            if len(s) < 19 or s[10] not in " T" or s[13] != ":" or s[16] != ":":
+                raise ValueError
+            day = self.days.get(s[:10])
+            if day is None:
+                day = self.days[s[:10]] = date.fromisoformat(s[:10]).toordinal()
+            if self.base is None:
+                self.base = day
+            clock = s[11:]
+            offset = 0
+            if clock[-1] == "Z":
+                clock = clock[:-1]
+            elif len(clock) > 8 and clock[-6] in "+-" and clock[-3] == ":":
+                sign = 1 if clock[-6] == "+" else -1
+                offset = sign * (int(clock[-5:-3]) * 3600 + int(clock[-2:]) * 60)
+                clock = clock[:-6]
+            h, m, sec = int(clock[0:2]), int(clock[3:5]), float(clock[6:])
+            if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 61) or not clock[6:8].isdigit():
+                raise ValueError
+        except (ValueError, IndexError):
+            raise _BadLine(f"unparseable timestamp {text!r}") from None
+        return (day - self.base) * 86400 + h * 3600 + m * 60 + sec - offset
+
+
+def _read_csv(path: Path, rows: _Rows, fmt: str) -> None:
+    t_col, p_col, o_col = _CSV_COLUMNS[fmt]
+    reader = csv.reader(_open(path))
+    header = next(reader, None)
+    shown = ",".join(_CSV_COLUMNS[fmt]) if fmt != "burstgpt" else _BURSTGPT_HEADER
+    if header is None:
+        raise KvsimError(f"the trace is empty; expected a header with columns {shown}", source=rows.file)
+    names = [h.strip().lstrip("\ufeff") for h in header]
+    missing = [c for c in (t_col, p_col, o_col) if c not in names]
+    if missing:
+        raise KvsimError(
+            f"wrong header for format {fmt}: expected columns {shown}, got {','.join(names)}",
+            source=rows.file,
+        )
+    it, ip, io = names.index(t_col), names.index(p_col), names.index(o_col)
+    width = len(names)
+    clock = _AzureClock() if fmt == "azure" else None
+    burst = fmt == "burstgpt"
+    for row in reader:
+        if not row:
+            continue
+        n = reader.line_num
+        try:
+            if len(row) != width:
+                raise _BadLine(f"expected {width} fields, got {len(row)}")
+            raw_t = row[it]
+            t = clock.seconds(raw_t) if clock is not None else _num(raw_t, t_col)
+            prompt = _int(row[ip], p_col, 1)
+            output = _int(row[io], o_col, 0 if burst else 1)
+        except _BadLine as exc:
+            rows.bad(n, str(exc))
+            continue
+        if not rows.t and clock is not None:
+            rows.origin = t
+        rows.order(n, t, raw_t)
+        if output == 0:  # only BurstGPT lets 0 through: its failed requests
+            rows.drop(BURSTGPT_FAILED, t)
+            continue
+        rows.add(n, t, prompt, output)
+
+
+def _prefix_unique(hash_ids: list[np.ndarray]) -> list[np.ndarray]:
+    """Return the ids unchanged if each id always follows the same id (then equal id => equal prefix,
+    by induction along the chain); otherwise renumber every block by (parent's new id, own id)."""
+    lens = np.fromiter(map(len, hash_ids), np.int64, len(hash_ids))
+    if lens.sum() == 0:
+        return hash_ids
+    flat = np.concatenate(hash_ids)
+    parent = np.empty_like(flat)
+    parent[1:] = flat[:-1]
+    starts = (np.cumsum(lens) - lens)[lens > 0]
+    parent[starts] = np.iinfo(np.int64).min  # "no parent": a chain's first block
+    if flat.min() >= 0 and flat.max() < 4 * len(flat) + 1024:
+        dense = flat  # Mooncake: ids count up from 0
+    else:
+        dense = np.unique(flat, return_inverse=True)[1]
+    seen = np.empty(int(dense.max()) + 1, np.int64)
+    seen[dense] = parent  # one of each id's parents survives; any other differs from it
+    if np.array_equal(seen[dense], parent):
+        return hash_ids
+    table: dict[tuple[int, int], int] = {}
+    out = []
+    for h in hash_ids:
+        prev, ids = -1, []
+        for x in h.tolist():
+            nid = table.setdefault((prev, x), len(table))
+            ids.append(nid)
+            prev = nid
+        out.append(np.array(ids, np.int64))
+    return out
+
+
+def _read_trace(cfg: WorkloadConfig) -> tuple[_Rows, int | None]:
+    path = cfg.trace
+    if path is None:
+        raise KvsimError(f"format {cfg.format!r} needs a trace file", source="workload.trace")
+    if not path.is_file():
+        raise KvsimError("trace file not found", source=str(path))
+    rows = _Rows(path, cfg.skip_bad_lines)
+    block: int | None = None
+    if cfg.format == "mooncake":
+        block = _read_mooncake(path, rows)
+    elif cfg.format in ("azure", "burstgpt", "vidur"):
+        _read_csv(path, rows, cfg.format)
+    elif cfg.format == "generic":
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            block = _read_generic_jsonl(path, rows)
+        elif suffix == ".csv":
+            _read_csv(path, rows, "generic")
+        else:
+            raise KvsimError(
+                f"generic traces must end in .jsonl or .csv, got {suffix or 'no extension'!r}",
+                source=str(path),
+            )
+    else:
+        raise KvsimError(f"unknown trace format {cfg.format!r}", source="workload.format")
+    if not rows.t:
+        detail = f"all {rows.skipped} data lines were malformed and skipped" if rows.skipped else "no data"
+        dropped = sum(len(v) for v in rows.dropped.values())
+        if dropped:
+            detail = f"all {dropped} requests were dropped ({', '.join(rows.dropped)})"
+        raise KvsimError(f"the trace has no requests: {detail}", source=rows.file)
+    return rows, block
+
+
+def _lengths(rng: np.random.Generator, dist: LengthDist, n: int) -> np.ndarray:
+    """n lengths (tokens, int64) with the given arithmetic mean and stdev, rounded and clipped."""
+    mean, sd = dist.mean, dist.stdev
+    if dist.kind == "constant" or (sd == 0.0 and dist.kind in ("uniform", "lognormal")):
+        x = np.full(n, mean)
+    elif dist.kind == "uniform":
+        half = math.sqrt(3.0) * sd  # U(a, b) has stdev (b - a) / sqrt(12)
+        x = rng.uniform(mean - half, mean + half, n)
+    elif dist.kind == "lognormal":
+        sigma2 = math.log1p((sd / mean) ** 2)
+        x = rng.lognormal(math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2), n)
+    elif dist.kind == "exponential":
+        x = rng.exponential(mean, n)
+    else:
+        raise KvsimError(f"unknown length distribution {dist.kind!r}", source="workload.synthetic")
+    return np.clip(np.rint(x), max(dist.lo, 1), max(dist.hi, 1)).astype(np.int64)
+
+
+def synthetic_workload(
+    syn: SyntheticConfig, *, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
+    """Generate (arrival_s, prompt_tokens, output_tokens, hash_ids, G), sorted by arrival."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    n, turns, g = syn.num_requests, syn.session_turns, SYNTHETIC_BLOCK_TOKENS
+    num_sessions = -(-n // turns)
+    rate = syn.rate_per_s / turns  # sessions per second, so requests arrive at rate_per_s
+    if syn.arrival == "poisson":
+        gaps = rng.exponential(1.0 / rate, num_sessions)
+    elif syn.arrival == "gamma":
+        gaps = rng.gamma(1.0 / syn.cv**2, syn.cv**2 / rate, num_sessions)
+    else:
+        raise KvsimError(f"unknown arrival process {syn.arrival!r}", source="workload.synthetic")
+    session_start = np.cumsum(gaps) - gaps[0]  # the first session arrives at 0
+    new_input = _lengths(rng, syn.input, n)
+    output = _lengths(rng, syn.output, n)
+    shared = syn.shared_prefix_tokens
+    system = rng.integers(syn.shared_prefix_count, size=num_sessions) if shared else np.zeros(num_sessions)
+
+    req = np.arange(n)
+    session, turn = req // turns, req % turns
+    arrival = session_start[session] + syn.think_time_s * turn
+    # Turn t's prompt = shared + sum over earlier turns of (input + output) + its own input.
+    grown = np.cumsum(new_input + output) - (new_input + output)
+    prompt = shared + grown - grown[session * turns] + new_input
+
+    # Block ids by content. A session's token stream (system prompt, in_0, out_0, in_1, ...) is fixed,
+    # and every turn's prompt is a prefix of it, so a full block is named by (session, block index), or
+    # (system prompt, block index) while it lies inside the system prompt; a partial last block differs
+    # from every other block (the next turn fills it further), so it gets a fresh id.
+    sys_blocks = shared // g
+    full = prompt // g
+    last_full = full[np.minimum((np.arange(num_sessions) + 1) * turns, n) - 1]  # prompts grow per turn
+    span = last_full - sys_blocks
+    session_base = syn.shared_prefix_count * sys_blocks + np.cumsum(span) - span - sys_blocks
+    partial_base = syn.shared_prefix_count * sys_blocks + int(span.sum())
+
+    order = np.argsort(arrival, kind="stable")
+    arrival, prompt, output, full, session = (
+        arrival[order],
+        prompt[order],
+        output[order],
+        full[order],
+        session[order],
+    )
+    num_blocks = -(-prompt // g)
+    first = np.cumsum(num_blocks) - num_blocks
+    owner = np.repeat(req, num_blocks)  # request (in arrival order) of each block
+    pos = np.arange(int(num_blocks.sum())) - first[owner]
+    ids = np.where(
+        pos < sys_blocks,
+        system.astype(np.int64)[session[owner]] * sys_blocks + pos,
+        np.where(pos < full[owner], session_base[session[owner]] + pos, partial_base + owner),
+    ).astype(np.int64)
+    hash_ids = np.split(ids, first[1:])
+    return arrival.astype(np.float64), prompt.astype(np.int64), output.astype(np.int64), hash_ids, g
+
+
+def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
+    """Read or generate the workload, then window, rebase, rate-scale and cap it.
+
+    Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
+    """
+    lines: np.ndarray | None = None
+    skipped = 0
+    dropped_t: dict[str, list[float]] = {}
+    origin = 0.0
+    if cfg.format == "synthetic":
+        if cfg.synthetic is None:
+            raise KvsimError("format synthetic needs workload.synthetic", source="workload")
+        t, prompt, output, hashes, block = synthetic_workload(cfg.synthetic, seed=seed)
+        hash_ids: list[np.ndarray] | None = hashes
+        source = "synthetic"
+    else:
+        rows, g = _read_trace(cfg)
+        origin = rows.origin
+        t = np.array(rows.t, np.float64) - origin
+        prompt = np.array(rows.prompt, np.int64)
+        output = np.array(rows.output, np.int64)
+        lines = np.array(rows.lines, np.int64)
+        hash_ids = _prefix_unique(rows.hashes) if g is not None else None
+        block = g if g is not None else GENERIC_BLOCK_TOKENS
+        source, skipped, dropped_t = rows.file, rows.skipped, rows.dropped
+
+    start = cfg.start_s
+    end = math.inf if cfg.duration_s is None else start + cfg.duration_s
+    lo, hi = np.searchsorted(t, [start, end], side="left")
+    if cfg.max_requests is not None:
+        hi = min(hi, lo + cfg.max_requests)
+    if hi <= lo:
+        window = f"[{start:g}, {end:g}) s" if cfg.duration_s is not None else f"[{start:g} s, end)"
+        raise KvsimError(
+            f"no requests in the window {window}; the trace spans {t[0]:g} .. {t[-1]:g} s", source=source
+        )
+    dropped = {}
+    for reason, times in dropped_t.items():
+        dt = np.asarray(times) - origin
+        dropped[reason] = int(np.count_nonzero((dt >= start) & (dt < end)))
+    return Workload(
+        arrival_s=(t[lo:hi] - start) / cfg.rate_scale,
+        prompt_tokens=prompt[lo:hi],
+        output_tokens=output[lo:hi],
+        hash_ids=None if hash_ids is None else hash_ids[lo:hi],
+        hash_block_tokens=block,
+        source=source,
+        line_numbers=None if lines is None else lines[lo:hi],
+        skipped_lines=skipped,
+        dropped=dropped,
+    )

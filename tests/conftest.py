@@ -1,0 +1,55 @@
+"""Shared helpers: small scenarios built in code, and hand-made workloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvsim.scenario import Scenario, scenario_from_dict
+from kvsim.workload import Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_workload(arrivals, prompts, outputs, hash_ids=None, block_tokens: int = 16) -> Workload:
+    return Workload(
+        arrival_s=np.asarray(arrivals, dtype=np.float64),
+        prompt_tokens=np.asarray(prompts, dtype=np.int64),
+        output_tokens=np.asarray(outputs, dtype=np.int64),
+        hash_ids=None if hash_ids is None else [np.asarray(h, dtype=np.int64) for h in hash_ids],
+        hash_block_tokens=block_tokens,
+        source="test",
+        line_numbers=None,
+        skipped_lines=0,
+        dropped={},
+    )
+
+
+def small_scenario(num_blocks: int | None = None, **sections: Any) -> Scenario:
+    """Llama-3.1-8B on one H100; `num_blocks` sizes HBM so the pool has exactly that many blocks."""
+    data: dict[str, Any] = {
+        "model": "llama-3.1-8b",
+        "cluster": {"gpu": "h100-sxm", "gpus_per_node": 1},
+        "workload": {"synthetic": {"num_requests": 1, "rate": 1}},
+        "sim": {"seed": 1},
+    }
+    for k, v in sections.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
+    if num_blocks is not None:
+        block_bytes = 16 * 131072 * (data.get("kv", {}).get("block_size", 16) // 16)
+        weights = 8_030_261_248 * 2
+        data["cluster"] = {
+            **data["cluster"],
+            "gpu": {"preset": "h100-sxm", "hbm": weights + num_blocks * block_bytes + block_bytes // 2},
+            "gpu_memory_utilization": 1.0,
+            "activation_reserve": 0,
+        }
+    return scenario_from_dict(data, source="test.yaml", base_dir=ROOT)
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

@@ -1,0 +1,114 @@
+"""Property tests for the pure core: block pool invariants and prefix-key reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.core.block_pool import BlockPool
+from kvsim.core.prefix import block_keys
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["alloc", "register", "hit", "release", "cow"]),
+        st.integers(0, 12),
+        st.integers(0, 30),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(1, 40), script=ops)
+def test_pool_invariants_hold_under_any_sequence(num_blocks, script):
+    pool = BlockPool(num_blocks)
+    owners: list[tuple[int, list[int]]] = []  # (private blocks, held keys) per owner
+    for op, n, key in script:
+        if op == "alloc" and pool.can_allocate(n):
+            pool.allocate(n)
+            owners.append((n, []))
+        elif op == "register" and owners:
+            priv, held = owners.pop()
+            k = [key * 100 + i for i in range(min(n, priv))]
+            fresh = pool.register(k)
+            owners.append((priv - len(fresh), held + fresh))
+        elif op == "hit":
+            keys = [k for k in pool.refs][:n]
+            hits = pool.num_prefix_hits(keys)
+            assert hits == len(keys)
+            pool.acquire_cached(keys)
+            owners.append((0, keys))
+        elif op == "release" and owners:
+            priv, held = owners.pop(n % len(owners))
+            pool.release(priv, held)
+        elif op == "cow" and owners and owners[-1][1]:
+            priv, held = owners.pop()
+            tail = held[-1]
+            if pool.refs[tail] > 1 and not pool.can_allocate(1):
+                owners.append((priv, held))
+            else:
+                copied = pool.write_shared_tail(tail)
+                owners.append((priv + 1, held[:-1]) if copied else (priv, held))
+        pool.check()
+        # no block both free and referenced; capacity never exceeded
+        referenced = sum(1 for r in pool.refs.values() if r > 0)
+        assert referenced + pool.private <= num_blocks
+        assert pool.private == sum(p for p, _ in owners)
+    for priv, held in owners:
+        pool.release(priv, held)
+    pool.check()
+    assert pool.num_free == num_blocks
+
+
+@settings(max_examples=100, deadline=None)
+@given(n_keys=st.integers(1, 20), evict=st.integers(0, 25))
+def test_freed_cached_blocks_reusable_by_key_until_reallocated(n_keys, evict):
+    pool = BlockPool(30)
+    pool.allocate(n_keys)
+    keys = list(range(1000, 1000 + n_keys))
+    pool.register(keys)
+    pool.release(0, keys)
+    assert pool.num_prefix_hits(keys) == n_keys  # cached but free: still hits
+    take = min(evict, pool.num_free)
+    pool.allocate(take)  # empty blocks go first, then the oldest cached ones
+    evicted = max(0, take - (30 - n_keys))
+    assert pool.evictions == evicted
+    assert len(pool.lru) == n_keys - evicted
+    # Release order was tail first, so the prompt's tail is evicted before its head.
+    if evicted < n_keys:
+        assert pool.num_prefix_hits(keys) == n_keys - evicted
+    pool.check()
+
+
+def test_copy_on_write_copies_only_while_shared():
+    pool = BlockPool(4)
+    pool.allocate(1)
+    pool.register([42])
+    pool.fork([42])  # parent and child share the tail block
+    assert pool.refs[42] == 2
+    assert pool.write_shared_tail(42) is True  # child writes: gets a private copy
+    assert pool.refs[42] == 1 and pool.private == 1
+    assert pool.write_shared_tail(42) is False  # parent alone now: writes in place
+    pool.check()
+
+
+def test_block_keys_group_engine_blocks_by_trace_block():
+    ids = np.array([5, 9, 11])
+    # 512 / 16 = 32 engine blocks per trace block; 1100 tokens -> 68 full engine blocks.
+    keys, sizes = block_keys(ids, 1100, 512, 16)
+    assert keys == [5, 9, 11] and sizes == [32, 32, 4]
+    # Engine blocks larger than trace blocks take the id of the last trace block inside them.
+    assert block_keys(np.array([1, 2, 3, 4]), 64, 16, 32) == ([2, 4], [1, 1])
+
+
+def test_grouped_entries_evict_whole_and_return_surplus_to_free():
+    pool = BlockPool(10)
+    pool.allocate(8)
+    pool.register([1, 2], [4, 4])
+    pool.release(0, [1, 2])
+    assert pool.num_free == 10 and pool.num_cached_free == 8
+    pool.allocate(3)  # takes the 2 empty blocks, then evicts entry 2 (tail first) for 1 more
+    assert 2 not in pool.refs and 1 in pool.refs
+    assert pool.free == 3 and pool.evictions == 4
+    pool.check()

@@ -1,0 +1,184 @@
+"""Stories with exact expectations, on the event log of per-request records."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kvsim.costs import AnalyticCostModel, StepBatch
+from kvsim.run import run_scenario
+from tests.conftest import make_workload, small_scenario
+
+
+def cost_of(sc):
+    return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+
+
+def by_id(result):
+    return {s.id: s for s in result.seqs}
+
+
+def test_one_request_alone_ttft_is_its_prefill_step():
+    sc = small_scenario()
+    res = run_scenario(sc, workload=make_workload([0.5], [1000], [10]))
+    (s,) = res.seqs
+    step = cost_of(sc).step_time(StepBatch((1000,), (0,), 1))
+    assert s.first_token_s - s.arrival_s == pytest.approx(step, rel=0, abs=1e-12)
+    assert s.first_scheduled_s == 0.5
+    assert res.summary["requests"] == {
+        "total": 1,
+        "completed": 1,
+        "rejected": 0,
+        "unfinished": 0,
+        "rejected_reasons": {},
+        "not_arrived": 0,
+    }
+
+
+def test_chunked_prefill_splits_long_prompt_into_budgeted_steps():
+    sc = small_scenario(scheduler={"max_batched_tokens": 512})
+    res = run_scenario(sc, workload=make_workload([0.0], [1200], [2]))
+    (s,) = res.seqs
+    cm = cost_of(sc)
+    expected = cm.step_time(StepBatch((512,), (0,), 0)) + cm.step_time(StepBatch((512,), (512,), 0))
+    expected += cm.step_time(StepBatch((176,), (1024,), 1))
+    assert s.first_token_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_second_request_with_same_prefix_prefills_only_the_rest():
+    sc = small_scenario()
+    # Two prompts share their first two 512-token blocks (ids 1, 2), then differ.
+    wl = make_workload([0.0, 10.0], [1100, 1300], [5, 5], hash_ids=[[1, 2, 3], [1, 2, 4]], block_tokens=512)
+    res = run_scenario(sc, workload=wl)
+    a, b = res.seqs
+    assert a.num_cached_tokens == 0
+    assert b.num_cached_tokens == 1024
+    step = cost_of(sc).step_time(StepBatch((1300 - 1024,), (1024,), 1))
+    assert b.first_token_s - b.arrival_s == pytest.approx(step, abs=1e-12)
+    assert res.summary["prefix_hit_rate"] == pytest.approx(1024 / (1100 + 1300))
+
+
+def test_identical_prompt_recomputes_last_token_only():
+    sc = small_scenario()
+    wl = make_workload([0.0, 10.0], [1024, 1024], [3, 3], hash_ids=[[7, 8], [7, 8]], block_tokens=512)
+    res = run_scenario(sc, workload=wl)
+    b = res.seqs[1]
+    assert b.num_cached_tokens == 1008  # all but the last block: at least one token is computed
+
+
+def test_memory_pressure_preempts_and_everyone_completes():
+    # 40 blocks of 16 tokens = 640 tokens of KV; two requests that together need ~2 x 420.
+    sc = small_scenario(num_blocks=40)
+    wl = make_workload([0.0, 0.0], [300, 300], [120, 120])
+    res = run_scenario(sc, workload=wl)
+    assert res.plan.num_blocks == 40
+    assert res.summary["preemptions"] >= 1
+    assert res.summary["requests"]["completed"] == 2
+    victim = max(res.seqs, key=lambda s: s.preemptions)
+    assert victim.id == 1  # the newest running sequence is preempted first
+    assert victim.finish_s > res.seqs[0].finish_s
+
+
+def test_request_that_can_never_fit_is_rejected_with_reason():
+    sc = small_scenario(num_blocks=10)
+    res = run_scenario(sc, workload=make_workload([0.0, 1.0], [100, 500], [10, 10]))
+    r = res.summary["requests"]
+    assert (r["completed"], r["rejected"]) == (1, 1)
+    assert r["rejected_reasons"] == {"needs more KV blocks than a replica has": 1}
+
+
+def test_longer_than_context_is_rejected_and_warned():
+    sc = small_scenario()
+    res = run_scenario(sc, workload=make_workload([0.0], [131000], [500]))
+    assert res.summary["requests"]["rejected"] == 1
+    assert any("exceed llama-3.1-8b's context" in w for w in res.summary["warnings"])
+
+
+def _synthetic(max_time=None, **kw):
+    syn = {
+        "num_requests": 300,
+        "rate": 20,
+        "arrival": "gamma",
+        "cv": 2.0,
+        "input": {"dist": "lognormal", "mean": 600, "stdev": 400, "max": 3000},
+        "output": {"dist": "lognormal", "mean": 150, "stdev": 120, "max": 800},
+        "shared_prefix_tokens": 256,
+        "shared_prefix_count": 3,
+        "session_turns": 2,
+        "think_time": "3s",
+    }
+    sim = {"seed": 3}
+    if max_time:
+        sim["max_time"] = max_time
+    return small_scenario(num_blocks=600, workload={"synthetic": syn}, sim=sim, **kw)
+
+
+@pytest.mark.parametrize("max_time", [None, "8s"])
+def test_nothing_is_lost(max_time):
+    res = run_scenario(_synthetic(max_time))
+    r = res.summary["requests"]
+    assert r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
+    assert r["total"] + r["not_arrived"] == 300
+    if max_time:
+        assert r["unfinished"] > 0
+
+
+def _records(res):
+    return [
+        (
+            s.id,
+            s.replica,
+            s.first_scheduled_s,
+            s.first_token_s,
+            s.finish_s,
+            s.num_cached_tokens,
+            s.preemptions,
+            s.status,
+        )
+        for s in res.seqs
+    ]
+
+
+def _comparable(summary):
+    drop = {"wall_s", "sim_speed_x", "engine_events", "config"}
+    return {k: v for k, v in summary.items() if k not in drop}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_fast_forward_equals_stepping_one_by_one(replicas):
+    kw = {"cluster": {"gpus_per_node": replicas}, "scheduler": {"max_num_seqs": 64}}
+    a = run_scenario(
+        dataclasses.replace(_synthetic(**kw), sim=dataclasses.replace(_synthetic().sim, fast_forward=True))
+    )
+    b = run_scenario(
+        dataclasses.replace(_synthetic(**kw), sim=dataclasses.replace(_synthetic().sim, fast_forward=False))
+    )
+    assert a.summary["preemptions"] > 0  # the comparison covers preemption too
+    assert a.summary["engine_events"] < b.summary["engine_events"] / 3
+    assert _records(a) == _records(b)
+    assert _comparable(a.summary) == _comparable(b.summary)
+
+
+def test_same_seed_same_summary():
+    a = run_scenario(_synthetic())
+    b = run_scenario(_synthetic())
+    assert _comparable(a.summary) == _comparable(b.summary)
+
+
+def test_prefix_affinity_router_sends_shared_prefixes_together():
+    wl = make_workload(
+        np.arange(8) * 5.0,
+        [1100] * 8,
+        [4] * 8,
+        hash_ids=[[1, 2, 10 + i] if i % 2 == 0 else [5, 6, 10 + i] for i in range(8)],
+        block_tokens=512,
+    )
+    sc = small_scenario(cluster={"gpus_per_node": 2, "router": "prefix_affinity"})
+    res = run_scenario(sc, workload=wl)
+    reps = {}
+    for s in res.seqs:
+        reps.setdefault(s.id % 2, set()).add(s.replica)
+    assert all(len(v) == 1 for v in reps.values())
+    assert res.summary["prefix_hit_rate"] == pytest.approx(6 * 1024 / (8 * 1100))  # all but the first of each

@@ -1,0 +1,150 @@
+"""The HTML report, rebuilt from a hand-written run directory (tests/data/run_fixture)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+from kvsim.errors import KvsimError
+from kvsim.report import report_command, write_report
+
+FIXTURE = Path(__file__).parent / "data" / "run_fixture"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(FIXTURE, d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def fixture_html(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    return write_report(FIXTURE, out).read_text(encoding="utf-8")
+
+
+def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
+    html = fixture_html
+    assert "kvsim report: fixture-chat-2xh100" in html
+    assert "50 = 46 completed + 2 rejected + 2 unfinished" in html
+    assert "287.4 ms" in html  # p99 TTFT 0.2874 s
+    assert "295.1 ms" in html  # p99.9 TTFT
+    assert "another 3 in the trace had not arrived" in html
+    assert "TTFT p99 287.4 ms ≤ 250.0 ms" in html
+    assert "51,234 prompt + 6,210 output tokens" in html
+    assert "max_num_seqs: 64" in html  # one nested level of config shown as lines
+    assert "sim_speed_x" not in html  # known extra: the report computes it from simulated and wall time
+    assert "$0.447" in html
+    assert "67.0 GiB of 80.0 GiB (83.8%)" in html
+    assert "missed" in html and "met" in html  # TTFT p99 missed its 250 ms target, TPOT met
+    assert "prompt_exceeds_kv_capacity" in html
+    assert "Accuracy (estimate, not measured by the simulator)" in html
+    assert "fixture_extra_key" in html  # unknown keys are shown, not rejected
+    for div in ("kvsim-cdf", "kvsim-e2e", "kvsim-throughput", "kvsim-kv", "kvsim-queue"):
+        assert f'id="{div}"' in html
+    assert "requests.csv has" not in html  # row count agrees with the summary
+
+
+def test_report_escapes_text_and_embeds_plotly_once(fixture_html: str):
+    html = fixture_html
+    assert "(&lt;end_of_simulation&gt;)" in html
+    assert "H100 &amp; fp8" in html
+    assert "<end_of_simulation>" not in html
+    assert '<script src="http' not in html and "<script src=" not in html
+    assert html.count(get_plotlyjs()[:500]) == 1
+
+
+def test_report_is_deterministic(run_dir: Path, tmp_path: Path):
+    a = write_report(run_dir, tmp_path / "a.html").read_bytes()
+    b = write_report(run_dir, tmp_path / "b.html").read_bytes()
+    assert a == b
+
+
+def test_report_default_path_and_command(run_dir: Path, capsys: pytest.CaptureFixture[str]):
+    assert report_command(str(run_dir)) == 0
+    assert (run_dir / "report.html").is_file()
+    assert "report.html" in capsys.readouterr().out
+
+
+def test_report_builds_without_optional_files_and_keys(run_dir: Path):
+    (run_dir / "timeseries.csv").unlink()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("accuracy", "slo", "warnings", "hbm_capacity_bytes", "cost_per_mtok_usd", "config"):
+        del summary[key]
+    del summary["requests"]["rejected_reasons"]
+    summary["tpot_s"] = {"p50": 0.02}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    html = write_report(run_dir).read_text(encoding="utf-8")
+    assert "timeseries.csv not found" in html
+    assert 'id="kvsim-cdf"' in html and 'id="kvsim-kv"' not in html
+    assert "Accuracy (estimate" not in html
+    assert "50 = 46 completed" in html
+
+
+def test_report_without_any_csv_has_no_plotly(run_dir: Path):
+    (run_dir / "timeseries.csv").unlink()
+    (run_dir / "requests.csv").unlink()
+    html = write_report(run_dir).read_text(encoding="utf-8")
+    assert "requests.csv not found" in html
+    assert "plotly" not in html.lower()
+
+
+def test_report_flags_inconsistent_counts(run_dir: Path):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["requests"]["total"] = 51
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    html = write_report(run_dir).read_text(encoding="utf-8")
+    assert "requests do not add up" in html
+    assert "requests.csv has 50 rows but summary.json counts 51 requests" in html
+
+
+def test_report_errors_name_the_missing_file(tmp_path: Path):
+    with pytest.raises(KvsimError, match="run directory not found"):
+        report_command(str(tmp_path / "nope"))
+    with pytest.raises(KvsimError) as exc:
+        write_report(tmp_path)
+    assert "summary.json" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_report_rejects_a_non_number_in_a_csv(run_dir: Path):
+    path = run_dir / "requests.csv"
+    lines = path.read_text().splitlines()
+    fields = lines[1].split(",")
+    fields[2] = "soon"  # arrival_s
+    lines[1] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(KvsimError, match="line 2.*arrival_s"):
+        write_report(run_dir)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (CI does not install it)")
+def test_report_renders_in_headless_chromium(tmp_path: Path):
+    html = write_report(FIXTURE, tmp_path / "report.html")
+    png = tmp_path / "report.png"
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={png}",
+        "--window-size=1200,2400",
+        "--virtual-time-budget=3000",  # let plotly draw before the screenshot
+        html.resolve().as_uri(),
+    ]
+    subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    assert png.is_file()
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 50_000  # a blank 1200x2400 page compresses to a few kB
