@@ -150,7 +150,7 @@ class Replica:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             d = self.cost.decode_step_times(m, sum_ctx)
             return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
-        k, sum_ctx, _ = self.sched.decode_horizon(plan, MAX_FF_STEPS)
+        k, sum_ctx = self.sched.decode_horizon(plan, MAX_FF_STEPS)
         d = self.cost.decode_step_times(m, sum_ctx)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:]
         barrier = self.barrier()

@@ -43,7 +43,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     kv = sc.kv
     if kv.eviction.policy != "none":
         raise KvsimError(
-            f"policy {kv.eviction.policy!r} is not simulated yet (kv-size models it; the engine keeps full KV)",
+            f"policy {kv.eviction.policy!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
             source=sc.source,
             path="kv.eviction.policy",
         )

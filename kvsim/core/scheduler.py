@@ -103,6 +103,7 @@ class StepPlan:
     ctx_before: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
+    all_decoding: bool = True  # every sequence scheduled so far decodes one token past its first
 
     @property
     def empty(self) -> bool:
@@ -111,14 +112,7 @@ class StepPlan:
     @property
     def decode_only(self) -> bool:
         """Every scheduled sequence is decoding one token and nothing joined or left."""
-        return (
-            not self.admitted
-            and not self.preempted
-            and all(
-                n == 1 and s.num_generated > 0 and s.num_tokens - s.num_computed == 1
-                for s, n in zip(self.seqs, self.num_new, strict=True)
-            )
-        )
+        return self.all_decoding and not self.admitted and not self.preempted
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -171,32 +165,38 @@ class Scheduler:
         budget = self.max_batched_tokens
         running = self.running
         bs = self.block_size
+        add_seq, add_new, add_ctx = plan.seqs.append, plan.num_new.append, plan.ctx_before.append
+        all_decoding = True
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_new = seq.num_tokens - seq.num_computed
+            c = seq.num_computed
+            num_new = seq.num_tokens - c
+            if num_new != 1 or seq.num_generated == 0:
+                all_decoding = False
             if num_new > budget:
                 num_new = budget
-            need = -(-(seq.num_computed + num_new) // bs) - seq.nblocks
-            preempted_self = False
-            while need > pool.num_free:
-                victim = running.pop()
-                self._preempt(victim)
-                plan.preempted.append(victim)
-                if victim is seq:
-                    preempted_self = True
-                    break
-            if preempted_self:
-                break
+            need = -(-(c + num_new) // bs) - seq.nblocks
             if need > 0:
+                preempted_self = False
+                while need > pool.free + pool.lru_blocks:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    plan.preempted.append(victim)
+                    if victim is seq:
+                        preempted_self = True
+                        break
+                if preempted_self:
+                    break
                 pool.allocate(need)
                 seq.num_private += need
                 seq.nblocks += need
-            plan.seqs.append(seq)
-            plan.num_new.append(num_new)
-            plan.ctx_before.append(seq.num_computed)
+            add_seq(seq)
+            add_new(num_new)
+            add_ctx(c)
             budget -= num_new
             i += 1
+        plan.all_decoding = all_decoding
         if plan.preempted:
             return plan
         while self.waiting and len(running) < self.max_num_seqs and budget > 0:
@@ -284,25 +284,41 @@ class Scheduler:
         seq.held_keys = seq.held_keys + keys if seq.held_keys else keys
 
     # ---- fast-forward -----------------------------------------------------------------------------
-    def decode_horizon(self, plan: StepPlan, max_steps: int) -> tuple[int, np.ndarray, np.ndarray]:
+    def decode_horizon(self, plan: StepPlan, max_steps: int) -> tuple[int, np.ndarray]:
         """How many decode-only steps (the planned one included) can run with no event between.
 
         Bounded by the first completion and by free blocks (no preemption may be needed). Returns
-        (k_max, sum of contexts before each step j < k_max, new blocks needed through step j).
+        (k_max, sum of the sequences' cached contexts before each step j < k_max).
         """
         seqs = plan.seqs
-        m = len(seqs)
-        c = np.fromiter((s.num_computed for s in seqs), dtype=np.int64, count=m)
-        have = np.fromiter((s.nblocks for s in seqs), dtype=np.int64, count=m)
-        rem = np.fromiter((s.output_len - s.num_generated for s in seqs), dtype=np.int64, count=m)
-        k = int(min(rem.min(), max_steps))
-        j = np.arange(k, dtype=np.int64)
-        # blocks needed through step j: ceil((c + j + 1) / B) - have, summed over sequences.
-        need = (-(-(c[:, None] + j[None, :] + 1) // self.block_size) - have[:, None]).clip(min=0).sum(axis=0)
-        ok = int(np.searchsorted(need, self.pool.num_free, side="right"))
-        k = max(1, min(k, ok))
-        sum_ctx = int(c.sum()) + j[:k] * m
-        return k, sum_ctx, need[:k]
+        k = max_steps
+        sum_c = 0
+        for s in seqs:
+            r = s.output_len - s.num_generated
+            if r < k:
+                k = r
+            sum_c += s.num_computed
+        free = self.pool.num_free
+        if self._blocks_through(seqs, k - 1) > free:
+            lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._blocks_through(seqs, mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo + 1
+        return k, sum_c + np.arange(k, dtype=np.int64) * len(seqs)
+
+    def _blocks_through(self, seqs: list[Sequence], j: int) -> int:
+        """New blocks the sequences need to run decode steps 0..j (step 0's are already held)."""
+        bs = self.block_size
+        total = 0
+        for s in seqs:
+            n = -(-(s.num_computed + j + 1) // bs) - s.nblocks
+            if n > 0:
+                total += n
+        return total
 
     def advance_decode(self, plan: StepPlan, k: int) -> list[Sequence]:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished."""

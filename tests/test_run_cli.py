@@ -1,0 +1,81 @@
+"""kvsim run end to end: files written, summary contract, determinism, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.cli import main
+
+SCENARIO = """
+model: llama-3.1-8b
+cluster: {gpu: h100-sxm, gpus_per_node: 2}
+workload:
+  synthetic: {num_requests: 60, rate: 5, shared_prefix_tokens: 512, session_turns: 2, think_time: 2s}
+sim: {seed: 11}
+"""
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(scenario), "--out", str(out), "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    r = s["requests"]
+    assert r["total"] == 60 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert set(s[key]) >= {"p50", "p90", "p99"}
+    for key in ("throughput_tok_s", "hbm_peak_bytes", "prefix_hit_rate", "cost_per_mtok_usd", "simulated_s", "wall_s"):
+        assert key in s
+    assert s["prefix_hit_rate"] > 0
+    assert (out / "requests.csv").read_text().count("\n") == 61
+    assert (out / "report.html").stat().st_size > 10_000
+    assert "TTFT" in capsys.readouterr().out
+
+
+def test_same_seed_identical_summary_apart_from_wall(scenario, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        assert main(["run", str(scenario), "--out", str(tmp_path / name), "--no-progress"]) == 0
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        for k in ("wall_s", "sim_speed_x"):
+            s.pop(k)
+        runs.append(s)
+    assert runs[0] == runs[1]
+    other = tmp_path / "c"
+    assert main(["run", str(scenario), "--out", str(other), "--no-progress", "--set", "sim.seed=12"]) == 0
+    assert json.loads((other / "summary.json").read_text())["ttft_s"] != runs[0]["ttft_s"]
+
+
+@pytest.mark.parametrize(
+    "trace,needle",
+    [
+        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n", "t.csv:3: prompt_tokens must be an integer"),
+        ("arrival_s,prompt_tokens,output_tokens\n5,10,5\n1,10,5\n", "t.csv:3: timestamp goes backwards"),
+        ("arrival_s,prompt_tokens,output_tokens\n", "the trace has no requests"),
+        ("when,prompt\n", "wrong header"),
+    ],
+)
+def test_bad_traces_one_line_exit_2(tmp_path, trace, needle):
+    (tmp_path / "t.csv").write_text(trace)
+    (tmp_path / "s.yaml").write_text("model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv}\n")
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_unsimulated_features_are_refused_not_ignored(scenario, tmp_path, capsys):
+    rc = main(["run", str(scenario), "--out", str(tmp_path / "o"), "--set", "kv.offload.enabled=true"])
+    assert rc == 2
+    assert "kv.offload.enabled: CPU offload is not simulated yet" in capsys.readouterr().err
