@@ -17,7 +17,7 @@ import yaml
 from kvsim.errors import KvsimError
 from kvsim.formats import KVFormat, make_format
 from kvsim.hardware import GPUSpec, load_gpu
-from kvsim.models import DTYPE_BYTES, ModelSpec, load_model, with_weight_dtype
+from kvsim.models import ModelSpec, load_model, with_weight_dtype
 from kvsim.schema import Section
 from kvsim.units import (
     parse_bandwidth,
@@ -400,11 +400,19 @@ def scenario_from_dict(
     if isinstance(model_raw, dict):
         m = Section(model_raw, source=source, path="model")
         model = m.parsed("name", lambda v: load_model(v, base_dir=base_dir))
-        wd = m.raw("weight_dtype", None)
-        if wd is not None:
+        if m.raw("weight_dtype", None) is not None:
             model = m.parsed("weight_dtype", lambda v: with_weight_dtype(model, v))
-            if wd not in DTYPE_BYTES:  # pragma: no cover - with_weight_dtype raises first
-                raise m.err("weight_dtype", "unknown")
+        # Attention-design overrides: cross-layer KV sharing and sliding windows with sinks.
+        changes = {}
+        for key in ("kv_layer_group", "sliding_window", "sliding_window_layers", "global_tokens"):
+            if m.raw(key, None) is not None:
+                changes[key] = m.int(key, lo=1 if key == "kv_layer_group" else 0, hi=1 << 30)
+        if changes.get("sliding_window") and "sliding_window_layers" not in changes and not model.sliding_window:
+            changes["sliding_window_layers"] = model.num_layers
+        if changes.get("sliding_window_layers", 0) > model.num_layers:
+            raise m.err("sliding_window_layers", f"exceeds the model's {model.num_layers} layers")
+        if changes:
+            model = dataclasses.replace(model, **changes)
         m.done()
     else:
         model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
