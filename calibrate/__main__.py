@@ -1,0 +1,5 @@
+import sys
+
+from calibrate.cli import main
+
+sys.exit(main())

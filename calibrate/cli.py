@@ -1,0 +1,231 @@
+"""``python -m calibrate``: measure the ops of `calibrate.ops` and write a kvsim profile.
+
+The profile is rewritten after every op with ``complete: false``; re-running with the same
+arguments skips the ops already present, so an interrupted calibration resumes. Mistakes (bad
+flags, a foreign --out file) print one line and exit 2.
+
+``python -m calibrate import --from-aiconfigurator`` is not implemented (see scenarios/profiles/
+README.md for what the aiconfigurator-core wheel holds and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvsim.errors import KvsimError
+from kvsim.profile import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise KvsimError(message, source=self.prog)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="calibrate", description="Time GEMM/attention/copy ops and write a kvsim profile.")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    p.add_argument("--quick", action="store_true", help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU)")
+    p.add_argument("--ops", default="gemm,decode,prefill,copy", help="comma list: gemm,decode,prefill,copy")
+    p.add_argument("--model", default="llama-3.1-8b", help="kvsim model preset or config.json path")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
+    p.add_argument("--formats", default=None, help="KV formats for attention, e.g. bf16,fp8_e4m3/per_tensor")
+    p.add_argument("--reps", type=int, default=None, help="max timed reps per point (default 50, quick 10)")
+    p.add_argument("--peak-flops", type=float, default=None, help="dense bf16 FLOP/s for util_flops")
+    p.add_argument("--peak-bw", type=float, default=None, help="memory bytes/s for util_bw")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", required=True, help="profile JSON to write (resumed if it exists)")
+    return p
+
+
+def _import_command(argv: list[str]) -> int:
+    p = _Parser(prog="calibrate import")
+    p.add_argument("--from-aiconfigurator", action="store_true", required=True)
+    p.add_argument("--system", default="h200_sxm")
+    p.add_argument("--backend", default="vllm")
+    p.add_argument("--out", required=True)
+    p.parse_args(argv)
+    raise KvsimError(
+        "importing aiconfigurator-core data is not implemented: its kernel tables are parquet files "
+        "(needs pandas + pyarrow) and their columns have not been mapped to this schema yet",
+        source="calibrate import",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "import":
+            return _import_command(argv[1:])
+        return calibrate(build_parser().parse_args(argv))
+    except KvsimError as exc:
+        print(f"calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("calibrate: interrupted (the profile so far is on disk; re-run to resume)", file=sys.stderr)
+        return 130
+
+
+def _resolve_ops(text: str) -> list[str]:
+    from calibrate.ops import OP_ALIASES, OPS
+
+    out = []
+    for name in filter(None, (t.strip() for t in text.split(","))):
+        op = OP_ALIASES.get(name, name)
+        if op not in OPS:
+            raise KvsimError(
+                f"unknown op {name!r}; expected some of gemm,decode,prefill,copy", source="--ops"
+            )
+        if op not in out:
+            out.append(op)
+    if not out:
+        raise KvsimError("no ops given", source="--ops")
+    return out
+
+
+def _write(path: Path, prof: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(prof, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _load_existing(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        prof = json.loads(path.read_text())
+        validate_profile(prof, source=str(path))
+    except (OSError, ValueError, KvsimError) as exc:
+        raise KvsimError(
+            f"exists but is not a readable kvsim profile ({exc}); remove it", source=str(path)
+        ) from None
+    if prof.get("calibration") != settings:
+        raise KvsimError(
+            "exists from a calibration with other settings; remove it or choose another --out",
+            source=str(path),
+        )
+    return prof
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from calibrate.harness import Timer, device_info, lookup_peaks
+    from calibrate.ops import count, make_grid, points
+    from kvsim.models import Attention, load_model
+
+    backend = args.device
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise KvsimError("CUDA is not available on this machine", source="--device")
+    if args.tp < 1:
+        raise KvsimError(f"expected a positive integer, got {args.tp}", source="--tp")
+    model = load_model(args.model, base_dir=Path.cwd(), source="--model")
+    if model.is_moe or model.attention is Attention.MLA:
+        raise KvsimError(f"{model.name}: only dense GQA/MHA models are calibrated", source="--model")
+    ops = _resolve_ops(args.ops)
+    formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
+    grid = make_grid(backend, args.quick, formats)
+    if formats:
+        from kernels.kv_cache import resolve_format
+
+        try:
+            for f in formats:
+                resolve_format(f)
+        except ValueError as exc:
+            raise KvsimError(str(exc), source="--formats") from None
+    reps = args.reps or (10 if args.quick else 50)
+    settings = {
+        "backend": backend,
+        "quick": args.quick,
+        "model": model.name,
+        "tp": args.tp,
+        "formats": list(grid.formats),
+        "reps": reps,
+    }
+    out = Path(args.out)
+    dev = device_info(backend)
+    peak_flops, peak_bw, preset = lookup_peaks(str(dev["name"]))
+    peak_flops = args.peak_flops or peak_flops
+    peak_bw = args.peak_bw or peak_bw
+    prof = _load_existing(out, settings)
+    if prof is None:
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except Exception:  # triton is optional on a CPU
+            triton_version = None
+        shapes = {k: int(getattr(model, k)) for k in MODEL_SHAPE_KEYS}
+        prof = {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "kind": "measured",
+            "backend": backend,
+            "source": f"python -m calibrate --device {backend}{' --quick' if args.quick else ''}",
+            "device": dev,
+            "peaks": {"bf16_flops": peak_flops, "bw_bytes_per_s": peak_bw, "preset": preset},
+            "torch": torch.__version__,
+            "triton": triton_version,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "model": {"name": model.name, "num_layers": model.num_layers, **shapes},
+            "tp": args.tp,
+            "kv_formats": list(grid.formats),
+            "calibration": settings,
+            "ops": {},
+            "complete": False,
+        }
+    todo = [op for op in ops if op not in prof["ops"]]
+    skipped = [op for op in ops if op in prof["ops"]]
+    if skipped:
+        print(f"resuming {out}: {', '.join(skipped)} already measured", file=sys.stderr)
+    timer = Timer(backend, warmup=2 if args.quick else 5, max_reps=reps, budget_s=0.3 if args.quick else 2.0)
+    total = sum(count(op, grid, backend) for op in todo)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=args.no_progress,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("calibrating", total=total)
+        for op in todo:
+            bar.update(task, description=op)
+            rows = []
+            for pt in points(op, grid, model, args.tp, backend):
+                t = timer.time(pt.fn)
+                row: dict[str, Any] = dict(pt.params)
+                row.update(
+                    {
+                        "t_p20": t.t_p20,
+                        "t_p50": t.t_p50,
+                        "t_p80": t.t_p80,
+                        "reps": t.reps,
+                        "bytes": pt.nbytes,
+                        "flops": pt.flops,
+                    }
+                )
+                row["bw_bytes_per_s"] = pt.nbytes / t.t_p50
+                row["flops_per_s"] = pt.flops / t.t_p50
+                row["util_bw"] = row["bw_bytes_per_s"] / peak_bw if peak_bw else None
+                row["util_flops"] = row["flops_per_s"] / peak_flops if peak_flops else None
+                rows.append(row)
+                bar.advance(task)
+            prof["ops"][op] = {"points": rows}
+            _write(out, prof)
+            if backend == "cuda":
+                torch.cuda.empty_cache()
+    prof["complete"] = all(op in prof["ops"] for op in ("gemm", "decode_attn", "prefill_attn", "copy"))
+    _write(out, prof)
+    print(f"wrote {out} ({sum(len(v['points']) for v in prof['ops'].values())} points)")
+    return 0

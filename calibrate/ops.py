@@ -1,0 +1,289 @@
+"""The calibrated ops, their grids, and the work (bytes, FLOPs) each grid point does.
+
+- ``gemm``: ``torch.matmul`` of [m, k] x [k, n] in bf16 at one layer's per-GPU shapes under TP
+  (qkv, o, gate_up, down; lm_head once per step), over token counts m.
+- ``decode_attn``: one layer of paged decode attention (`kernels.paged_decode`; on a CPU its torch
+  reference; a dense SDPA when `kernels` is not importable), over batch x context x KV format.
+  Work: the KV bytes read, batch x context x bytes per token per layer per GPU (kvsim's formula).
+- ``prefill_attn``: one layer of chunked prefill for one sequence (`kernels.chunked_prefill` or its
+  reference), over chunk x prefix. Work: 4 x heads x head_dim FLOPs per (query, key) pair.
+- ``copy``: pinned host <-> device copies (CUDA) or a host memcpy (CPU), over sizes.
+
+Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from kvsim.formats import KVFormat
+from kvsim.models import ModelSpec
+
+OPS = ("gemm", "decode_attn", "prefill_attn", "copy")
+OP_ALIASES = {
+    "decode": "decode_attn",
+    "prefill": "prefill_attn",
+    "paged_decode": "decode_attn",
+    "chunked_prefill": "prefill_attn",
+    "block_copy": "copy",
+}
+GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+@dataclass(frozen=True)
+class Grid:
+    gemm_m: tuple[int, ...]
+    lm_head_m: tuple[int, ...]
+    decode_batch: tuple[int, ...]
+    decode_context: tuple[int, ...]
+    prefill_chunk: tuple[int, ...]
+    prefill_prefix: tuple[int, ...]
+    copy_bytes: tuple[int, ...]
+    formats: tuple[str, ...]
+
+
+def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Grid:
+    """Grids per backend: a GPU one up to vLLM's 8192-token step, a CPU one small enough to finish."""
+    mib = 1 << 20
+    if backend == "cuda" and not quick:
+        return Grid(
+            gemm_m=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+            lm_head_m=(1, 4, 16, 64, 256, 1024),
+            decode_batch=(1, 4, 16, 64, 256),
+            decode_context=(256, 1024, 4096, 16384),  # 256 x 16K x 4 KiB = 16 GiB of bf16 KV at most
+            prefill_chunk=(16, 64, 256, 1024, 4096),
+            prefill_prefix=(0, 1024, 4096, 16384),
+            copy_bytes=tuple(k * mib for k in (0.0625, 0.25, 1, 4, 16, 64, 256)),  # type: ignore[misc]
+            formats=formats or ("bf16", "fp8_e4m3/per_tensor", "int8/g64", "int4/g64"),
+        )
+    if backend == "cuda":
+        return Grid(
+            (1, 16, 128, 1024, 8192),
+            (1, 16, 256),
+            (1, 16, 64),
+            (512, 4096),
+            (64, 1024),
+            (0, 4096),
+            (mib // 16, mib, 64 * mib),
+            formats or ("bf16", "fp8_e4m3/per_tensor"),
+        )
+    if quick:
+        return Grid(
+            (1, 16, 64),
+            (1, 16),
+            (1, 4),
+            (128, 512),
+            (32, 128),
+            (0, 256),
+            (mib // 16, mib, 16 * mib),
+            formats or ("bf16",),
+        )
+    return Grid(
+        (1, 4, 16, 64, 256),
+        (1, 4, 16, 64),
+        (1, 4, 16),
+        (128, 512, 2048),
+        (32, 128, 512),
+        (0, 512, 2048),
+        (mib // 16, mib // 4, mib, 4 * mib, 16 * mib, 64 * mib),
+        formats or ("bf16", "int8/g64"),
+    )
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Per-GPU shapes of one layer under tensor parallelism (ceil for heads, as vLLM pads)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    gemm_nk: dict[str, tuple[int, int]]
+
+    @staticmethod
+    def of(m: ModelSpec, tp: int) -> Shapes:
+        heads, kv_heads = math.ceil(m.num_heads / tp), math.ceil(m.num_kv_heads / tp)
+        inter = math.ceil(m.intermediate_size / tp)
+        nk = {
+            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
+            "o": (m.hidden_size, heads * m.head_dim),
+            "gate_up": (2 * inter, m.hidden_size),
+            "down": (m.hidden_size, inter),
+            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
+        }
+        return Shapes(heads, kv_heads, m.head_dim, nk)
+
+
+@dataclass
+class Point:
+    params: dict[str, Any]
+    fn: Callable[[], object]
+    nbytes: float
+    flops: float
+
+
+def _kv_bytes_per_token_layer(model: ModelSpec, fmt: KVFormat, sh: Shapes) -> float:
+    return model.kv_bytes_per_token_layer(fmt) * sh.kv_heads / model.num_kv_heads
+
+
+def _kernels() -> tuple[Any, Any] | None:
+    try:
+        from kernels import chunked_prefill, paged_decode
+    except Exception:  # the kernels package is optional: fall back to dense SDPA
+        return None
+    return paged_decode, chunked_prefill
+
+
+def count(op: str, grid: Grid, backend: str) -> int:
+    if op == "gemm":
+        return 4 * len(grid.gemm_m) + len(grid.lm_head_m)
+    if op == "decode_attn":
+        return len(grid.decode_batch) * len(grid.decode_context) * len(grid.formats)
+    if op == "prefill_attn":
+        return len(grid.prefill_chunk) * len(grid.prefill_prefix) * len(grid.formats)
+    return len(grid.copy_bytes) * (2 if backend == "cuda" else 1)
+
+
+def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    """Grid points of ``op``, each built lazily (inputs are allocated when the point is reached)."""
+    sh = Shapes.of(model, tp)
+    dev = backend
+    if op == "gemm":
+        for layer in GEMM_LAYERS:
+            n, k = sh.gemm_nk[layer]
+            w = torch.randn(k, n, dtype=torch.bfloat16, device=dev)
+            for m in grid.lm_head_m if layer == "lm_head" else grid.gemm_m:
+                a = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                yield Point(
+                    {"layer": layer, "m": m, "n": n, "k": k},
+                    lambda a=a, w=w: torch.matmul(a, w),
+                    2.0 * (m * k + k * n + m * n),
+                    2.0 * m * n * k,
+                )
+            del w
+    elif op == "decode_attn":
+        yield from _decode_points(grid, model, sh, backend)
+    elif op == "prefill_attn":
+        yield from _prefill_points(grid, model, sh, backend)
+    elif op == "copy":
+        for nbytes in grid.copy_bytes:
+            nbytes = int(nbytes)
+            if backend == "cuda":
+                host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                gpu = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                yield Point(
+                    {"link": "host_h2d", "nbytes": nbytes},
+                    lambda g=gpu, h=host: g.copy_(h, non_blocking=True),
+                    nbytes,
+                    0.0,
+                )
+                yield Point(
+                    {"link": "host_d2h", "nbytes": nbytes},
+                    lambda g=gpu, h=host: h.copy_(g, non_blocking=True),
+                    nbytes,
+                    0.0,
+                )
+            else:
+                src = torch.ones(nbytes, dtype=torch.uint8)
+                dst = torch.empty_like(src)
+                yield Point(
+                    {"link": "memcpy", "nbytes": nbytes}, lambda d=dst, s=src: d.copy_(s), nbytes, 0.0
+                )
+    else:  # pragma: no cover - the CLI checks names
+        raise ValueError(op)
+
+
+def _decode_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
+    from kernels.kv_cache import resolve_format
+
+    kern = _kernels()
+    for fmt_name in grid.formats:
+        fmt = resolve_format(fmt_name)
+        per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
+        for b in grid.decode_batch:
+            for ctx in grid.decode_context:
+                params = {"batch": b, "context": ctx, "format": fmt.name}
+                flops = 4.0 * sh.heads * sh.head_dim * b * ctx
+                if kern is None:
+                    params["impl"] = "torch_sdpa_dense"
+                    yield Point(
+                        params, _dense_sdpa(b, 1, ctx, sh, backend, causal=False), b * ctx * per_tok, flops
+                    )
+                    continue
+                pd = kern[0]
+                inp = pd.make_inputs(
+                    fmt.name,
+                    b,
+                    ctx,
+                    sh.kv_heads,
+                    sh.head_dim,
+                    num_q_heads=sh.heads,
+                    dtype=torch.bfloat16,
+                    device=backend,
+                )
+                if backend == "cuda":
+                    params["impl"] = "triton:kernels.paged_decode"
+                    fn = partial(pd.paged_decode, **inp, max_context_len=ctx)
+                else:
+                    params["impl"] = "torch:kernels.paged_decode.paged_decode_ref"
+                    fn = partial(pd.paged_decode_ref, **inp)
+                yield Point(params, fn, b * ctx * per_tok, flops)
+
+
+def _prefill_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
+    from kernels.kv_cache import resolve_format
+
+    kern = _kernels()
+    for fmt_name in grid.formats:
+        fmt = resolve_format(fmt_name)
+        per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
+        for chunk in grid.prefill_chunk:
+            for prefix in grid.prefill_prefix:
+                params = {"chunk": chunk, "prefix": prefix, "format": fmt.name}
+                pairs = chunk * prefix + chunk * (chunk + 1) / 2
+                flops = 4.0 * sh.heads * sh.head_dim * pairs
+                nbytes = (prefix + chunk) * per_tok
+                if kern is None:
+                    params["impl"] = "torch_sdpa_dense"
+                    yield Point(
+                        params, _dense_sdpa(1, chunk, prefix + chunk, sh, backend, causal=True), nbytes, flops
+                    )
+                    continue
+                cp = kern[1]
+                inp = cp.make_inputs(
+                    fmt.name,
+                    1,
+                    prefix,
+                    chunk,
+                    sh.kv_heads,
+                    sh.head_dim,
+                    num_q_heads=sh.heads,
+                    dtype=torch.bfloat16,
+                    device=backend,
+                )
+                if backend == "cuda":
+                    params["impl"] = "triton:kernels.chunked_prefill"
+                    fn = partial(cp.chunked_prefill, **inp)
+                else:
+                    params["impl"] = "torch:kernels.chunked_prefill.chunked_prefill_ref"
+                    fn = partial(cp.chunked_prefill_ref, **inp)
+                yield Point(params, fn, nbytes, flops)
+
+
+def _dense_sdpa(
+    b: int, q_len: int, kv_len: int, sh: Shapes, dev: str, *, causal: bool
+) -> Callable[[], object]:
+    """Dense bf16 SDPA stand-in when `kernels` is absent: q [b, H, q_len, D], K/V [b, Hkv, kv_len, D]."""
+    q = torch.randn(b, sh.heads, q_len, sh.head_dim, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(b, sh.kv_heads, kv_len, sh.head_dim, dtype=torch.bfloat16, device=dev)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if causal and q_len != kv_len:
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=dev).tril(kv_len - q_len)
+        return lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+    return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)

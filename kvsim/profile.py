@@ -1,0 +1,387 @@
+"""Measured-profile costs: the analytic model's decomposition, with each part looked up in a profile.
+
+A profile (``python -m calibrate``, schema ``kvsim-profile`` v1) holds timed grid points per op:
+``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``decode_attn``
+(one layer, over batch x context per sequence x KV format), ``prefill_attn`` (one layer, one
+sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link). `ProfileCostModel`
+splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce + prefill attention
++ decode attention) and prices each part as ``work / rate``: the rate (work per second achieved at
+the measured point: FLOP/s for GEMM and prefill, bytes/s for decode and copies) is interpolated
+linearly in log(rate) over log(size), so time is exact on grid points and a power law, hence
+monotone, between neighbours. Outside the grid the nearest measured rate is held (the time scales
+with the work) and `warnings()` names the op. Because work is computed for the scenario's own shapes,
+a profile forced onto another model scales by FLOPs or bytes.
+
+Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
+all-reduces, and transfers over links the profile did not measure. MoE and MLA models are refused:
+the calibrator measures dense GQA layers only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.costs import AnalyticCostModel, Efficiencies, StepBatch
+from kvsim.errors import KvsimError
+from kvsim.formats import KVFormat
+from kvsim.models import Attention, ModelSpec
+
+SCHEMA = "kvsim-profile"
+VERSION = 1
+TIME_KEYS = ("t_p20", "t_p50", "t_p80")
+GEMM_LAYERS = ("qkv", "o", "gate_up", "down")
+TOP_FIELDS = ("schema", "version", "kind", "backend", "device", "model", "tp", "ops", "complete")
+MODEL_SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+# Scenario GPU preset prefix -> substring of torch.cuda.get_device_name().
+GPU_NAME_HINTS = {"h100": "H100", "h200": "H200", "a100": "A100", "b200": "B200", "l40s": "L40S"}
+
+
+# ---- loading and validation ---------------------------------------------------------------------
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """Read and validate a profile file; any defect -> one-line `KvsimError` naming file and field."""
+    p = Path(path)
+    src = str(p)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"cannot read profile: {exc}", source=src) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KvsimError(f"invalid JSON: {exc.msg}", source=src, path=f"line {exc.lineno}") from None
+    validate_profile(data, source=src)
+    return data
+
+
+def validate_profile(data: Any, *, source: str) -> None:
+    def err(path: str, msg: str) -> KvsimError:
+        return KvsimError(msg, source=source, path=path)
+
+    if not isinstance(data, dict):
+        raise err("", "expected a JSON object at the top level")
+    if data.get("schema") != SCHEMA:
+        raise err("schema", f"expected {SCHEMA!r}, got {data.get('schema')!r}")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise err("version", f"expected a positive integer, got {version!r}")
+    if version > VERSION:
+        raise err("version", f"version {version} is newer than this kvsim reads ({VERSION}); upgrade kvsim")
+    for key in TOP_FIELDS:
+        if key not in data:
+            raise err(key, "missing field")
+    if data["kind"] not in ("measured", "analytic"):
+        raise err("kind", f"expected 'measured' or 'analytic', got {data['kind']!r}")
+    if data["backend"] not in ("cuda", "cpu"):
+        raise err("backend", f"expected 'cuda' or 'cpu', got {data['backend']!r}")
+    if not isinstance(data["device"], dict) or not isinstance(data["device"].get("name"), str):
+        raise err("device.name", "missing device name")
+    model = data["model"]
+    if not isinstance(model, dict):
+        raise err("model", "expected an object")
+    for key in ("name", *MODEL_SHAPE_KEYS):
+        if key not in model:
+            raise err(f"model.{key}", "missing field")
+    if not isinstance(data["tp"], int) or data["tp"] < 1:
+        raise err("tp", f"expected a positive integer, got {data['tp']!r}")
+    ops = data["ops"]
+    if not isinstance(ops, dict):
+        raise err("ops", "expected an object")
+    for op, body in ops.items():
+        pts = body.get("points") if isinstance(body, dict) else None
+        if not isinstance(pts, list) or not pts:
+            raise err(f"ops.{op}.points", "expected a non-empty list of points")
+        for i, pt in enumerate(pts):
+            if not isinstance(pt, dict):
+                raise err(f"ops.{op}.points[{i}]", "expected an object")
+            for key in (*TIME_KEYS, "bytes", "flops"):
+                v = pt.get(key)
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                    raise err(f"ops.{op}.points[{i}].{key}", f"expected a number, got {v!r}")
+                if key in TIME_KEYS and v <= 0:
+                    raise err(f"ops.{op}.points[{i}].{key}", f"time must be positive, got {v!r}")
+    if not isinstance(data["complete"], bool):
+        raise err("complete", f"expected true or false, got {data['complete']!r}")
+
+
+# ---- interpolation ------------------------------------------------------------------------------
+def _axis_weights(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cell index, weight of the upper neighbour, and an outside-the-grid mask, for log-space x."""
+    outside = (x < grid[0]) | (x > grid[-1])
+    if len(grid) == 1:
+        return np.zeros(x.shape, dtype=np.int64), np.zeros(x.shape), outside
+    xc = np.clip(x, grid[0], grid[-1])
+    i = np.clip(np.searchsorted(grid, xc, side="right") - 1, 0, len(grid) - 2)
+    w = (xc - grid[i]) / (grid[i + 1] - grid[i])
+    return i, w, outside
+
+
+@dataclass(frozen=True)
+class RateTable:
+    """log(rate) on a rectangular grid over log-sized axes; bilinear inside, held at the edges."""
+
+    op: str
+    axes: tuple[np.ndarray, ...]  # log of each axis' sizes, ascending
+    log_rate: np.ndarray  # shape = tuple(len(a) for a in axes)
+
+    @staticmethod
+    def build(op: str, coords: list[tuple[float, ...]], rates: list[float], source: str) -> RateTable:
+        logs = np.log(np.asarray(coords, dtype=np.float64))  # [points, dims]
+        axes = tuple(np.unique(logs[:, d]) for d in range(logs.shape[1]))
+        table = np.full(tuple(len(a) for a in axes), np.nan)
+        for row, r in zip(logs, rates, strict=True):
+            idx = tuple(int(np.searchsorted(a, x)) for a, x in zip(axes, row, strict=True))
+            table[idx] = math.log(r)
+        if np.isnan(table).any():
+            raise KvsimError("grid is not rectangular (a point is missing)", source=source, path=f"ops.{op}")
+        return RateTable(op, axes, table)
+
+    def __call__(self, *sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rates at ``sizes`` (one array per axis, broadcast together) and the outside mask."""
+        xs = np.broadcast_arrays(*[np.log(np.asarray(s, dtype=np.float64)) for s in sizes])
+        cells = [_axis_weights(a, x) for a, x in zip(self.axes, xs, strict=True)]
+        outside = np.zeros(xs[0].shape, dtype=bool)
+        for _, _, o in cells:
+            outside |= o
+        acc = np.zeros(xs[0].shape)
+        for corner in range(1 << len(cells)):
+            weight = np.ones(xs[0].shape)
+            idx = []
+            for d, (i, w, _) in enumerate(cells):
+                upper = (corner >> d) & 1
+                weight = weight * (w if upper else 1.0 - w)
+                idx.append(np.minimum(i + upper, len(self.axes[d]) - 1))
+            acc = acc + weight * self.log_rate[tuple(idx)]
+        return np.exp(acc), outside
+
+
+def _rate(pt: dict[str, Any], work_key: str) -> float:
+    return float(pt[work_key]) / float(pt["t_p50"])
+
+
+# ---- the cost model -----------------------------------------------------------------------------
+class ProfileCostModel:
+    """`CostModel` from a validated profile, for one model / TP / KV format."""
+
+    def __init__(
+        self,
+        profile: dict[str, Any],
+        model: ModelSpec,
+        tp: int,
+        fmt: KVFormat,
+        analytic: AnalyticCostModel,
+        *,
+        source: str,
+        label: str,
+    ) -> None:
+        if model.is_moe or model.attention is Attention.MLA:
+            raise KvsimError(
+                f"{model.name}: the profile model covers dense GQA/MHA models only (MoE and MLA are not "
+                "calibrated yet); use costs.kind: analytic",
+                source=source,
+            )
+        self.name = f"profile:{label}"
+        self.source = source
+        self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
+        self.overhead_s = Efficiencies().step_overhead_s
+        self._notes: list[str] = []
+        self._extrapolated: dict[str, int] = {}
+        ops = profile["ops"]
+        for op in ("gemm", "decode_attn", "prefill_attn"):
+            if op not in ops:
+                raise KvsimError(
+                    "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
+                )
+        m = model
+        heads = math.ceil(m.num_heads / tp)
+        kv_heads = math.ceil(m.num_kv_heads / tp)
+        # Per-GPU GEMM shapes (n, k) of one layer; FLOPs = 2 m n k.
+        self._gemm_nk = {
+            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
+            "o": (m.hidden_size, heads * m.head_dim),
+            "gate_up": (2 * math.ceil(m.intermediate_size / tp), m.hidden_size),
+            "down": (m.hidden_size, math.ceil(m.intermediate_size / tp)),
+            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
+        }
+        self._gemm: dict[str, RateTable] = {}
+        for layer in (*GEMM_LAYERS, "lm_head"):
+            pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
+            if not pts:
+                raise KvsimError(f"no points for layer {layer!r}", source=source, path="ops.gemm")
+            self._gemm[layer] = RateTable.build(
+                "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
+            )
+        self.kv_bytes_per_token_layer = m.kv_bytes_per_token_layer(fmt) * kv_heads / m.num_kv_heads
+        self.attn_flops_per_pair_layer = 2 * heads * 2 * m.head_dim
+        self._decode = self._by_format(ops, "decode_attn", ("batch", "context"), "bytes")
+        self._prefill = self._by_format(ops, "prefill_attn", ("chunk", "prefix_plus_1"), "flops")
+        self._copy: dict[str, RateTable] = {}
+        if "copy" in ops:
+            links = sorted({p.get("link") for p in ops["copy"]["points"]})
+            for link in links:
+                pts = [p for p in ops["copy"]["points"] if p.get("link") == link]
+                self._copy[link] = RateTable.build(
+                    "copy", [(p["nbytes"],) for p in pts], [_rate(p, "bytes") for p in pts], source
+                )
+        if tp > 1:
+            self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
+
+    def _by_format(self, ops: dict[str, Any], op: str, axes: tuple[str, ...], work: str) -> RateTable:
+        pts = ops[op]["points"]
+        want = self.fmt.name
+        have = sorted({str(p.get("format")) for p in pts})
+        kind = self.fmt.kind.value
+        pick = next(
+            (f for f in have if f == want),
+            next((f for f in have if f.split("/")[0] == kind), None),
+        )
+        if pick is None:
+            pick = next((f for f in ("bf16", "fp16") if f in have), have[0])
+            self._notes.append(
+                f"profile: {op} was not measured for KV format {want}; using {pick} rates scaled by bytes"
+            )
+        sel = [p for p in pts if str(p.get("format")) == pick]
+        coords = [
+            tuple(float(p["prefix"]) + 1 if a == "prefix_plus_1" else float(p[a]) for a in axes) for p in sel
+        ]
+        return RateTable.build(op, coords, [_rate(p, work) for p in sel], self.source)
+
+    def _note_outside(self, op: str, outside: np.ndarray) -> None:
+        n = int(np.count_nonzero(outside))
+        if n:
+            self._extrapolated[op] = self._extrapolated.get(op, 0) + n
+
+    # ---- parts ------------------------------------------------------------------------------------
+    def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
+        t = 0.0
+        m = np.array([max(num_tokens, 1)], dtype=np.float64)
+        for layer in GEMM_LAYERS:
+            n, k = self._gemm_nk[layer]
+            rate, out = self._gemm[layer](m)
+            self._note_outside("gemm", out)
+            t += self.model.num_layers * 2.0 * num_tokens * n * k / float(rate[0])
+        if num_sampling:
+            n, k = self._gemm_nk["lm_head"]
+            rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
+            self._note_outside("gemm", out)
+            t += 2.0 * num_sampling * n * k / float(rate[0])
+        return t
+
+    def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+        tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
+        nbytes = tokens * self.kv_bytes_per_token_layer
+        rate, out = self._decode(np.full(tokens.shape, float(num_seqs)), tokens / num_seqs)
+        self._note_outside("decode_attn", out)
+        return self.model.num_layers * nbytes / rate
+
+    def _prefill_attn_time(self, n: int, ctx: int) -> float:
+        flops = self.attn_flops_per_pair_layer * (n * ctx + n * (n + 1) / 2)
+        rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
+        self._note_outside("prefill_attn", out)
+        return self.model.num_layers * flops / float(rate[0])
+
+    # ---- interface --------------------------------------------------------------------------------
+    def step_time(self, batch: StepBatch) -> float:
+        total = sum(batch.num_new)
+        dec_n = 0
+        dec_ctx = 0
+        prefill = 0.0
+        for n, c in zip(batch.num_new, batch.ctx_before, strict=True):
+            if n == 1:
+                dec_n += 1
+                dec_ctx += c
+            else:
+                prefill += self._prefill_attn_time(n, c)
+        t = (
+            self.overhead_s
+            + self._gemm_time(total, batch.num_sampling)
+            + self.analytic._comm_time(total)
+            + prefill
+        )
+        if dec_n:
+            t += float(self._decode_attn_time(dec_n, np.array([dec_ctx], dtype=np.float64))[0])
+        return t
+
+    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+        fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self.analytic._comm_time(num_seqs)
+        return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
+
+    def transfer_time(self, nbytes: float, link: str) -> float:
+        table = self._copy.get(link)
+        if table is None:
+            note = f"profile: link {link} not measured; analytic transfer time used"
+            if note not in self._notes:
+                self._notes.append(note)
+            return self.analytic.transfer_time(nbytes, link)
+        rate, out = table(np.array([max(nbytes, 1.0)]))
+        self._note_outside("copy", out)
+        return nbytes / float(rate[0])
+
+    def warnings(self) -> list[str]:
+        out = list(self._notes)
+        for op, n in sorted(self._extrapolated.items()):
+            out.append(
+                f"profile: {op} extrapolated beyond the measured grid {n:,} times "
+                "(nearest measured rate held)"
+            )
+        return out
+
+
+# ---- scenario entry point -----------------------------------------------------------------------
+def gpu_matches(device_name: str, backend: str, gpu_preset: str) -> bool:
+    """Whether a profile's device is the scenario's GPU; a CPU profile never is."""
+    if backend != "cuda":
+        return False
+    prefix = gpu_preset.lower().rstrip("*").split("-")[0]
+    hint = GPU_NAME_HINTS.get(prefix, prefix.upper())
+    return hint.lower() in device_name.lower()
+
+
+def model_shapes(model: ModelSpec) -> dict[str, int]:
+    return {k: int(getattr(model, k)) for k in MODEL_SHAPE_KEYS}
+
+
+def load_profile_cost_model(sc: Any) -> ProfileCostModel:
+    """The `ProfileCostModel` for scenario ``sc`` (``sc.costs.profile``), refusing a profile measured
+    on another GPU or for another model's shapes unless ``sc.costs.force``."""
+    path = Path(sc.costs.profile)
+    src = str(path)
+    prof = load_profile(path)
+    force = bool(sc.costs.force)
+    notes: list[str] = []
+    dev = prof["device"]["name"]
+    gpu = sc.cluster.gpu.name
+    if not gpu_matches(dev, prof["backend"], gpu):
+        if not force:
+            raise KvsimError(
+                f"profile measured on {dev!r} ({prof['backend']}) does not match the scenario's GPU {gpu}; "
+                "set costs.force: true to use it anyway",
+                source=src,
+                path="device.name",
+            )
+        notes.append(f"profile from {dev!r} forced onto a {gpu} scenario")
+    want = model_shapes(sc.model)
+    have = {k: prof["model"].get(k) for k in MODEL_SHAPE_KEYS}
+    tp = sc.cluster.tensor_parallel
+    if have != want or prof["tp"] != tp:
+        if not force:
+            raise KvsimError(
+                f"profile measured for {prof['model']['name']} at tp {prof['tp']}, the scenario runs "
+                f"{sc.model.name} at tp {tp}; set costs.force: true to scale by FLOPs/bytes",
+                source=src,
+                path="model",
+            )
+        notes.append(f"profile for {prof['model']['name']} tp {prof['tp']} scaled to {sc.model.name} tp {tp}")
+    if prof["backend"] == "cpu":
+        notes.append("cpu profile: timings are from a CPU, not a GPU")
+    if not prof["complete"]:
+        notes.append("profile is incomplete (calibration was interrupted)")
+    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format)
+    model = ProfileCostModel(prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name)
+    model._notes[:0] = notes
+    return model

@@ -1,0 +1,102 @@
+"""The calibrator on a CPU (tiny grid), resume, flags, and a simulation driven by a CPU profile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, make_workload, small_scenario
+
+pytest.importorskip("torch")
+
+from calibrate.cli import main
+from kvsim.profile import load_profile
+from kvsim.run import run_scenario
+
+SHIPPED = "scenarios/profiles/cpu-quick-llama-3.1-8b.json"
+
+
+def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    args = ["--device", "cpu", "--quick", "--reps", "3", "--no-progress", "--out", str(out)]
+    assert main([*args, "--ops", "decode,copy"]) == 0
+    prof = load_profile(out)
+    assert set(prof["ops"]) == {"decode_attn", "copy"} and prof["complete"] is False
+    assert prof["backend"] == "cpu" and prof["kind"] == "measured"
+    pt = prof["ops"]["decode_attn"]["points"][0]
+    assert pt["t_p20"] <= pt["t_p50"] <= pt["t_p80"]
+    assert pt["bytes"] == pt["batch"] * pt["context"] * 4096  # 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    before = json.loads(out.read_text())["ops"]["copy"]
+    assert main([*args, "--ops", "copy,prefill"]) == 0  # copy is kept, prefill added
+    after = load_profile(out)
+    assert after["ops"]["copy"] == before and "prefill_attn" in after["ops"]
+    assert "already measured" in capsys.readouterr().err
+    assert main([*args[:-2], "--reps", "4", "--out", str(out), "--ops", "copy"]) == 2  # other settings
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--device", "tpu", "--out", "x.json"],
+        ["--device", "cpu"],
+        ["--device", "cpu", "--ops", "gemm,bogus", "--out", "x.json"],
+        ["import", "--from-aiconfigurator", "--out", "x.json"],
+    ],
+)
+def test_bad_flags_give_one_line_and_exit_2(argv, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "calibrate", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("calibrate: error:")
+
+
+PROMPTS, OUTPUTS = [300, 40, 900, 100], [20, 50, 5, 30]
+
+
+def _sim(ff: bool):
+    sc = small_scenario(
+        costs={"kind": "profile", "profile": SHIPPED, "force": True}, sim={"seed": 1, "fast_forward": ff}
+    )
+    return run_scenario(sc, workload=make_workload([0.0, 0.01, 0.02, 0.5], PROMPTS, OUTPUTS))
+
+
+def _records(result) -> list[tuple]:
+    return [
+        (
+            q.id,
+            q.replica,
+            q.first_scheduled_s,
+            q.first_token_s,
+            q.finish_s,
+            q.num_cached_tokens,
+            q.preemptions,
+        )
+        for q in result.seqs
+    ]
+
+
+def test_simulation_driven_by_a_cpu_profile_and_fast_forward_matches():
+    fast, slow = _sim(True), _sim(False)
+    s = fast.summary
+    assert s["config"]["cost_model"] == "profile:cpu-quick-llama-3.1-8b.json"
+    assert "cpu profile: timings are from a CPU, not a GPU" in s["warnings"]
+    assert s["requests"]["completed"] == 4
+    assert _records(fast) == _records(slow)
+    assert fast.summary["engine_events"] < slow.summary["engine_events"]  # multi-step jumps were taken
+
+
+def test_unforced_gpu_mismatch_is_one_line_error():
+    from kvsim.errors import KvsimError
+
+    sc = small_scenario(costs={"kind": "profile", "profile": SHIPPED})
+    with pytest.raises(KvsimError) as exc:
+        run_scenario(sc, workload=make_workload([0.0], [10], [2]))
+    assert exc.value.source.endswith(SHIPPED) and "\n" not in str(exc.value)
