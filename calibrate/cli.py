@@ -4,8 +4,9 @@ The profile is rewritten after every op with ``complete: false``; re-running wit
 arguments skips the ops already present, so an interrupted calibration resumes. Mistakes (bad
 flags, a foreign --out file) print one line and exit 2.
 
-``python -m calibrate import --from-aiconfigurator`` is not implemented (see scenarios/profiles/
-README.md for what the aiconfigurator-core wheel holds and why).
+``python -m calibrate import --from-aiconfigurator --system h200_sxm --backend vllm --model M --out P``
+turns NVIDIA's measured tables from the optional ``aiconfigurator-core`` package into a profile
+(`calibrate.aiconfigurator`); it needs no GPU and no torch.
 """
 
 from __future__ import annotations
@@ -46,17 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _import_command(argv: list[str]) -> int:
-    p = _Parser(prog="calibrate import")
+    p = _Parser(prog="calibrate import", description="Import measured op timings from another tool.")
     p.add_argument("--from-aiconfigurator", action="store_true", required=True)
-    p.add_argument("--system", default="h200_sxm")
-    p.add_argument("--backend", default="vllm")
-    p.add_argument("--out", required=True)
-    p.parse_args(argv)
-    raise KvsimError(
-        "importing aiconfigurator-core data is not implemented: its kernel tables are parquet files "
-        "(needs pandas + pyarrow) and their columns have not been mapped to this schema yet",
-        source="calibrate import",
-    )
+    p.add_argument("--system", default="h200_sxm", help="aiconfigurator system, e.g. h100_sxm, h200_sxm")
+    p.add_argument("--backend", default="vllm", help="serving framework whose kernels: vllm, sglang, trtllm")
+    p.add_argument("--version", default=None, help="framework version of the tables (default: newest)")
+    p.add_argument("--model", required=True, help="kvsim model preset or config.json path")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
+    p.add_argument("--gemm-dtype", default="bfloat16", choices=("bfloat16", "fp8"), help="dtype of `gemm`")
+    p.add_argument("--attn-kernel", default=None, help="attention kernel_source (default: best covered)")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    args = p.parse_args(argv)
+    from calibrate.aiconfigurator import build_profile, resolve
+    from kvsim.models import load_model
+
+    src = resolve(args.system, args.backend, args.version)
+    model = load_model(args.model, base_dir=Path.cwd(), source="--model")
+    prof = build_profile(src, model, args.tp, gemm_dtype=args.gemm_dtype, attn_kernel=args.attn_kernel)
+    validate_profile(prof, source=args.out)
+    out = Path(args.out)
+    _write(out, prof)
+    n = sum(len(v["points"]) for v in prof["ops"].values())
+    print(f"wrote {out} ({n} points from {prof['source']})")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Shared helpers: small scenarios built in code, and hand-made workloads."""
+"""Shared test helpers: small scenarios built in code, and hand-made workloads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from kvsim.scenario import Scenario, scenario_from_dict
 from kvsim.workload import Workload
@@ -48,8 +47,3 @@ def small_scenario(num_blocks: int | None = None, **sections: Any) -> Scenario:
             "activation_reserve": 0,
         }
     return scenario_from_dict(data, source="test.yaml", base_dir=ROOT)
-
-
-@pytest.fixture
-def root() -> Path:
-    return ROOT

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, make_workload, small_scenario
+
+from tests.helpers import ROOT, make_workload, small_scenario
 
 pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ import pytest
 
 from kvsim.costs import AnalyticCostModel, StepBatch
 from kvsim.run import run_scenario
-from tests.conftest import make_workload, small_scenario
+from tests.helpers import make_workload, small_scenario
 
 
 def cost_of(sc):

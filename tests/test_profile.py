@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import small_scenario
 
 from kvsim.costs import AnalyticCostModel, StepBatch
 from kvsim.errors import KvsimError
 from kvsim.profile import ProfileCostModel, RateTable, gpu_matches, load_profile, load_profile_cost_model
+from tests.helpers import small_scenario
 
 SHIPPED = "scenarios/profiles/cpu-quick-llama-3.1-8b.json"
 
@@ -189,7 +189,7 @@ def test_gpu_name_matching():
     assert not gpu_matches("CPU: H100 lookalike", "cpu", "h100-sxm")
 
 
-def test_shipped_cpu_profile_loads_and_is_labelled(root):
+def test_shipped_cpu_profile_loads_and_is_labelled():
     sc = small_scenario(costs={"kind": "profile", "profile": SHIPPED, "force": True})
     cm = load_profile_cost_model(sc)
     assert "cpu profile: timings are from a CPU, not a GPU" in cm.warnings()

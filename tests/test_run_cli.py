@@ -34,7 +34,14 @@ def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     assert r["total"] == 60 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         assert set(s[key]) >= {"p50", "p90", "p99"}
-    for key in ("throughput_tok_s", "hbm_peak_bytes", "prefix_hit_rate", "cost_per_mtok_usd", "simulated_s", "wall_s"):
+    for key in (
+        "throughput_tok_s",
+        "hbm_peak_bytes",
+        "prefix_hit_rate",
+        "cost_per_mtok_usd",
+        "simulated_s",
+        "wall_s",
+    ):
         assert key in s
     assert s["prefix_hit_rate"] > 0
     assert (out / "requests.csv").read_text().count("\n") == 61
@@ -59,7 +66,10 @@ def test_same_seed_identical_summary_apart_from_wall(scenario, tmp_path):
 @pytest.mark.parametrize(
     "trace,needle",
     [
-        ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n", "t.csv:3: prompt_tokens must be an integer"),
+        (
+            "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n",
+            "t.csv:3: prompt_tokens must be an integer",
+        ),
         ("arrival_s,prompt_tokens,output_tokens\n5,10,5\n1,10,5\n", "t.csv:3: timestamp goes backwards"),
         ("arrival_s,prompt_tokens,output_tokens\n", "the trace has no requests"),
         ("when,prompt\n", "wrong header"),
@@ -68,8 +78,11 @@ def test_same_seed_identical_summary_apart_from_wall(scenario, tmp_path):
 def test_bad_traces_one_line_exit_2(tmp_path, trace, needle):
     (tmp_path / "t.csv").write_text(trace)
     (tmp_path / "s.yaml").write_text("model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv}\n")
-    proc = subprocess.run([sys.executable, "-m", "kvsim", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsim", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert needle in err and "\n" not in err and "Traceback" not in err, err

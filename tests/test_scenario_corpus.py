@@ -58,7 +58,9 @@ def test_model_attention_overrides():
     path = HERE / "valid" / "minimal.yaml"
     sc = load_scenario(path, ["model.name=llama-3.1-8b", "model.kv_layer_group=2"])
     assert sc.model.kv_bytes_per_token(sc.kv.format) == 131072 // 2
-    sc = load_scenario(path, ["model.name=llama-3.1-8b", "model.sliding_window=1024", "model.global_tokens=4"])
+    sc = load_scenario(
+        path, ["model.name=llama-3.1-8b", "model.sliding_window=1024", "model.global_tokens=4"]
+    )
     assert sc.model.kv_bytes(100_000, sc.kv.format) == 1028 * 131072
     with pytest.raises(KvsimError, match="model.kv_layer_group: expected an integer in"):
         load_scenario(path, ["model.name=llama-3.1-8b", "model.kv_layer_group=0"])
