@@ -40,8 +40,13 @@ print(json.dumps({"wall_s": wall, "simulated_s": s["simulated_s"], "events": s["
 
 
 def run_once(scenario: str, *overrides: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, scenario, *overrides], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, scenario, *overrides],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -59,14 +64,20 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in ff) for k in ff[0]}
         med_step = statistics.median(r["wall_s"] for r in step)
         ratios = [s["wall_s"] / f["wall_s"] for f, s in zip(ff, step, strict=True)]
-        results[name] = {**med, "sim_per_wall": med["simulated_s"] / med["wall_s"],
-                         "wall_s_no_fast_forward": med_step, "fast_forward_speedup": statistics.median(ratios),
-                         "events_no_fast_forward": step[0]["events"]}
+        results[name] = {
+            **med,
+            "sim_per_wall": med["simulated_s"] / med["wall_s"],
+            "wall_s_no_fast_forward": med_step,
+            "fast_forward_speedup": statistics.median(ratios),
+            "events_no_fast_forward": step[0]["events"],
+        }
         r = results[name]
-        print(f"{name}: {r['requests']:.0f} requests, wall {r['wall_s']:.2f} s (median of {args.repeats}), "
-              f"{r['sim_per_wall']:,.0f}x real time, peak RSS {r['rss_mib']:.0f} MiB, "
-              f"events {r['events']:,.0f} vs {r['events_no_fast_forward']:,.0f} without fast-forward "
-              f"({r['fast_forward_speedup']:.2f}x faster)")
+        print(
+            f"{name}: {r['requests']:.0f} requests, wall {r['wall_s']:.2f} s (median of {args.repeats}), "
+            f"{r['sim_per_wall']:,.0f}x real time, peak RSS {r['rss_mib']:.0f} MiB, "
+            f"events {r['events']:,.0f} vs {r['events_no_fast_forward']:,.0f} without fast-forward "
+            f"({r['fast_forward_speedup']:.2f}x faster)"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

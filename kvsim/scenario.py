@@ -407,7 +407,11 @@ def scenario_from_dict(
         for key in ("kv_layer_group", "sliding_window", "sliding_window_layers", "global_tokens"):
             if m.raw(key, None) is not None:
                 changes[key] = m.int(key, lo=1 if key == "kv_layer_group" else 0, hi=1 << 30)
-        if changes.get("sliding_window") and "sliding_window_layers" not in changes and not model.sliding_window:
+        if (
+            changes.get("sliding_window")
+            and "sliding_window_layers" not in changes
+            and not model.sliding_window
+        ):
             changes["sliding_window_layers"] = model.num_layers
         if changes.get("sliding_window_layers", 0) > model.num_layers:
             raise m.err("sliding_window_layers", f"exceeds the model's {model.num_layers} layers")
