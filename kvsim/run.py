@@ -202,6 +202,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
         }
     )
     summary["requests"]["not_arrived"] = len(wl) - len(seqs)
+    summary["workload"] = {"skipped_lines": wl.skipped_lines, "dropped": dict(sorted(wl.dropped.items()))}
     summary["sim_speed_x"] = simulated / max(wall, 1e-9)
     return RunResult(sc, seqs, stats, plan, summary)
 

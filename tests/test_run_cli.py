@@ -92,3 +92,14 @@ def test_unsimulated_features_are_refused_not_ignored(scenario, tmp_path, capsys
     rc = main(["run", str(scenario), "--out", str(tmp_path / "o"), "--set", "kv.offload.enabled=true"])
     assert rc == 2
     assert "kv.offload.enabled: CPU offload is not simulated yet" in capsys.readouterr().err
+
+
+def test_skipped_lines_are_counted_in_the_summary(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n2,20,3\n")
+    (tmp_path / "s.yaml").write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv, skip_bad_lines: true}\n"
+    )
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["workload"]["skipped_lines"] == 1
+    assert s["requests"]["completed"] == 2
