@@ -46,7 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hbm-peak-gbps", type=float, default=4800.0, help="HBM peak (H200: 4800)")
     p.add_argument("--out", type=Path, help="write results as JSON here")
     p.add_argument("--interpret", action="store_true", help="CPU smoke test in the interpreter")
-    p.add_argument("--formats", nargs="+", help="decode formats (default: " + ", ".join(DECODE_FORMATS).replace("%", "%%") + ")")
+    p.add_argument(
+        "--formats",
+        nargs="+",
+        help="decode formats (default: " + ", ".join(DECODE_FORMATS).replace("%", "%%") + ")",
+    )
     p.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32, 64])
     p.add_argument("--context", nargs="+", type=int, default=[1024, 4096, 16384, 32768])
     p.add_argument("--max-kv-gib", type=float, default=24.0, help="skip larger decode caches")
