@@ -20,9 +20,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = {
-    "mooncake-70b-64xh100": "scenarios/mooncake_70b.yaml",
-    "azure-conv-8b-1xh100": "scenarios/default.yaml",
+CASES: dict[str, tuple[str, ...]] = {
+    "mooncake-70b-64xh100": ("scenarios/mooncake_70b.yaml",),
+    "azure-conv-8b-1xh100": ("scenarios/default.yaml",),
+    # The same trace on an H200 priced from NVIDIA's measured tables (the profile cost model).
+    "azure-conv-8b-1xh200-profile": (
+        "scenarios/default.yaml",
+        "cluster.gpu=h200-sxm",
+        "costs.kind=profile",
+        "costs.profile=profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
+    ),
 }
 CHILD = """
 import json, resource, sys, time
@@ -56,11 +63,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = {}
-    for name, path in CASES.items():
+    for name, case in CASES.items():
         ff, step = [], []
         for _ in range(args.repeats):
-            ff.append(run_once(path))
-            step.append(run_once(path, "sim.fast_forward=false"))
+            ff.append(run_once(*case))
+            step.append(run_once(*case, "sim.fast_forward=false"))
         med = {k: statistics.median(r[k] for r in ff) for k in ff[0]}
         med_step = statistics.median(r["wall_s"] for r in step)
         ratios = [s["wall_s"] / f["wall_s"] for f, s in zip(ff, step, strict=True)]

@@ -143,6 +143,10 @@ class RateTable:
 
     def __call__(self, *sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rates at ``sizes`` (one array per axis, broadcast together) and the outside mask."""
+        if len(self.axes) == 1:  # the common case (GEMM over m, copies over bytes): np.interp
+            axis = self.axes[0]
+            x = np.log(np.asarray(sizes[0], dtype=np.float64))
+            return np.exp(np.interp(x, axis, self.log_rate)), (x < axis[0]) | (x > axis[-1])
         xs = np.broadcast_arrays(*[np.log(np.asarray(s, dtype=np.float64)) for s in sizes])
         cells = [_axis_weights(a, x) for a, x in zip(self.axes, xs, strict=True)]
         outside = np.zeros(xs[0].shape, dtype=bool)
@@ -191,6 +195,9 @@ class ProfileCostModel:
         self.overhead_s = Efficiencies().step_overhead_s
         self._notes: list[str] = []
         self._extrapolated: dict[str, int] = {}
+        self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
+        self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+        self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
         ops = profile["ops"]
         for op in ("gemm", "decode_attn", "prefill_attn"):
             if op not in ops:
@@ -257,33 +264,69 @@ class ProfileCostModel:
             self._extrapolated[op] = self._extrapolated.get(op, 0) + n
 
     # ---- parts ------------------------------------------------------------------------------------
+    # The simulator asks for the same shapes over and over (an hour of traffic is ~10^5 steps), so
+    # GEMM and prefill times are memoised per shape, and decode rates per batch size: bilinear
+    # interpolation on a rectangular grid is linear along the batch axis, then along the context
+    # axis, so the row for one batch size is computed once and np.interp does the rest.
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
+        key = (num_tokens, num_sampling)
+        hit = self._gemm_cache.get(key)
+        if hit is None:
+            hit = self._gemm_cache[key] = self._gemm_time_uncached(num_tokens, num_sampling)
+        if hit[1]:
+            self._extrapolated["gemm"] = self._extrapolated.get("gemm", 0) + hit[1]
+        return hit[0]
+
+    def _gemm_time_uncached(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
         t = 0.0
+        outside = 0
         m = np.array([max(num_tokens, 1)], dtype=np.float64)
         for layer in GEMM_LAYERS:
             n, k = self._gemm_nk[layer]
             rate, out = self._gemm[layer](m)
-            self._note_outside("gemm", out)
+            outside += int(np.count_nonzero(out))
             t += self.model.num_layers * 2.0 * num_tokens * n * k / float(rate[0])
         if num_sampling:
             n, k = self._gemm_nk["lm_head"]
             rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
-            self._note_outside("gemm", out)
+            outside += int(np.count_nonzero(out))
             t += 2.0 * num_sampling * n * k / float(rate[0])
-        return t
+        return t, outside
+
+    def _decode_row(self, num_seqs: int) -> tuple[np.ndarray, bool]:
+        """log(rate) over the context axis at this batch size, and whether the batch is off-grid."""
+        hit = self._decode_rows.get(num_seqs)
+        if hit is None:
+            tab = self._decode
+            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
+            lo = int(i[0])
+            hi = min(lo + 1, len(tab.axes[0]) - 1)
+            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+            hit = self._decode_rows[num_seqs] = (row, bool(out[0]))
+        return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
         nbytes = tokens * self.kv_bytes_per_token_layer
-        rate, out = self._decode(np.full(tokens.shape, float(num_seqs)), tokens / num_seqs)
-        self._note_outside("decode_attn", out)
+        row, batch_outside = self._decode_row(num_seqs)
+        axis = self._decode.axes[1]
+        x = np.log(tokens / num_seqs)
+        rate = np.exp(np.interp(x, axis, row))
+        n_out = len(x) if batch_outside else int(np.count_nonzero((x < axis[0]) | (x > axis[-1])))
+        if n_out:
+            self._extrapolated["decode_attn"] = self._extrapolated.get("decode_attn", 0) + n_out
         return self.model.num_layers * nbytes / rate
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
-        flops = self.attn_flops_per_pair_layer * (n * ctx + n * (n + 1) / 2)
-        rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-        self._note_outside("prefill_attn", out)
-        return self.model.num_layers * flops / float(rate[0])
+        key = (n, ctx)
+        hit = self._prefill_cache.get(key)
+        if hit is None:
+            flops = self.attn_flops_per_pair_layer * (n * ctx + n * (n + 1) / 2)
+            rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
+            hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
+        if hit[1]:
+            self._extrapolated["prefill_attn"] = self._extrapolated.get("prefill_attn", 0) + 1
+        return hit[0]
 
     # ---- interface --------------------------------------------------------------------------------
     def step_time(self, batch: StepBatch) -> float:
