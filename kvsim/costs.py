@@ -62,6 +62,11 @@ class CostModel(Protocol):
         element by element, so multi-step fast-forward equals stepping one by one."""
         ...
 
+    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
+        """The decode-only steps the engine actually ran (``sum_ctx`` as above), for bookkeeping such
+        as warnings; fast-forward prices candidate steps past the next event that it never runs."""
+        ...
+
     def transfer_time(self, nbytes: float, link: str) -> float: ...
 
     def warnings(self) -> list[str]: ...
@@ -122,15 +127,20 @@ class AnalyticCostModel:
             moe_layers = m.num_layers - m.first_dense_layers
             expert_params = 3 * m.hidden_size * m.moe_intermediate_size
             self.moe_expert_bytes = moe_layers * m.num_experts * expert_params * bpp / tp
-        self.dense_weight_bytes = m.weight_bytes / tp - self.moe_expert_bytes
+        # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
+        embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
+        self.dense_weight_bytes = m.weight_bytes / tp - self.moe_expert_bytes - embedding
         speedup = self.eff.format_decode_speedup.get(fmt.kind.value, 1.0)
         # Decode attention: bf16-equivalent bytes at the bf16 efficiency, divided by the format's
         # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest).
         bf16_bytes = m.kv_bytes_per_token(_BF16) * kv_share
         self.decode_attn_s_per_token = bf16_bytes / (self.bw * e.decode_attn_bw) / speedup
-        self.decode_attn_flops_s_per_token = self.attn_flops_per_pair / (
-            gpu.bf16_flops * e.prefill_attn_compute
-        )
+        decode_flops_per_pair = self.attn_flops_per_pair
+        if m.attention is Attention.MLA:
+            # Decode runs MLA absorbed (vLLM, FlashMLA): every head attends over the cached latent,
+            # scores over kv_lora_rank + rope dims and values over kv_lora_rank dims.
+            decode_flops_per_pair = 2 * heads_gpu * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * m.num_layers
+        self.decode_attn_flops_s_per_token = decode_flops_per_pair / (gpu.bf16_flops * e.prefill_attn_compute)
         # All-reduce: two per layer (attention output, MLP output), ring algorithm.
         self.ar_calls = 2 * m.num_layers if tp > 1 else 0
         self.ar_bytes_per_token = 2 * m.hidden_size * 2 * (tp - 1) / tp if tp > 1 else 0.0
@@ -194,6 +204,9 @@ class AnalyticCostModel:
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         fixed = self.eff.step_overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
         return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
+
+    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
+        pass
 
     def transfer_time(self, nbytes: float, link: str) -> float:
         bw = {

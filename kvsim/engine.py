@@ -5,7 +5,8 @@ step durations from the cost model. Arrivals are routed at their arrival instant
 can change between steps (decode-only batch, no arrival before the steps end, no completion
 before the last, enough free blocks), several steps are advanced with one event; step durations
 come from the same vectorised cost function and times from the same sequential sums, so results
-equal stepping one by one (tests/test_engine.py checks this).
+equal stepping one by one (tests/test_engine.py checks this); only the occupancy time series, sampled
+once per event, is sparser.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ MAX_FF_STEPS = 2048
 class ReplicaStats:
     steps: int = 0
     events: int = 0
-    peak_used_blocks: int = 0
-    peak_occupied_blocks: int = 0  # used + cached-but-free
     busy_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
@@ -82,16 +81,6 @@ class Replica:
             )
             self._next_sample = self.clock + self.sample_every_s
 
-    def _track_peak(self) -> None:
-        pool = self.sched.pool
-        used = pool.num_used
-        st = self.stats
-        if used > st.peak_used_blocks:
-            st.peak_used_blocks = used
-        occ = pool.num_blocks - pool.free
-        if occ > st.peak_occupied_blocks:
-            st.peak_occupied_blocks = occ
-
     def run(self):  # type: ignore[no-untyped-def]
         env = self.env
         sched = self.sched
@@ -104,7 +93,6 @@ class Replica:
                 self.wake = None
                 self.clock = env.now
                 continue
-            self._track_peak()
             self._sample()
             start = self.clock
             if plan.decode_only:
@@ -113,7 +101,6 @@ class Replica:
                 self.clock = t_end
                 done = sched.advance_decode(plan, k)
                 self.stats.steps += k
-                self._track_peak()
                 for seq in done:
                     seq.finish_s = t_end
                     self.on_finish(seq)
@@ -149,6 +136,7 @@ class Replica:
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             d = self.cost.decode_step_times(m, sum_ctx)
+            self.cost.observe_decode(m, sum_ctx)
             return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
         k, sum_ctx = self.sched.decode_horizon(plan, MAX_FF_STEPS)
         d = self.cost.decode_step_times(m, sum_ctx)
@@ -156,6 +144,7 @@ class Replica:
         barrier = self.barrier()
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, min(k, int(np.searchsorted(ends, barrier, side="left"))))
+        self.cost.observe_decode(m, sum_ctx[:k])
         return k, float(ends[k - 1])
 
 

@@ -194,7 +194,7 @@ class ProfileCostModel:
         self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
         self.overhead_s = Efficiencies().step_overhead_s
         self._notes: list[str] = []
-        self._extrapolated: dict[str, int] = {}
+        self._extrapolated: set[str] = set()  # ops priced outside their measured grid
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
@@ -261,7 +261,7 @@ class ProfileCostModel:
     def _note_outside(self, op: str, outside: np.ndarray) -> None:
         n = int(np.count_nonzero(outside))
         if n:
-            self._extrapolated[op] = self._extrapolated.get(op, 0) + n
+            self._extrapolated.add(op)
 
     # ---- parts ------------------------------------------------------------------------------------
     # The simulator asks for the same shapes over and over (an hour of traffic is ~10^5 steps), so
@@ -274,7 +274,7 @@ class ProfileCostModel:
         if hit is None:
             hit = self._gemm_cache[key] = self._gemm_time_uncached(num_tokens, num_sampling)
         if hit[1]:
-            self._extrapolated["gemm"] = self._extrapolated.get("gemm", 0) + hit[1]
+            self._extrapolated.add("gemm")
         return hit[0]
 
     def _gemm_time_uncached(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
@@ -308,14 +308,18 @@ class ProfileCostModel:
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
         nbytes = tokens * self.kv_bytes_per_token_layer
-        row, batch_outside = self._decode_row(num_seqs)
-        axis = self._decode.axes[1]
-        x = np.log(tokens / num_seqs)
-        rate = np.exp(np.interp(x, axis, row))
-        n_out = len(x) if batch_outside else int(np.count_nonzero((x < axis[0]) | (x > axis[-1])))
-        if n_out:
-            self._extrapolated["decode_attn"] = self._extrapolated.get("decode_attn", 0) + n_out
+        row, _ = self._decode_row(num_seqs)
+        rate = np.exp(np.interp(np.log(tokens / num_seqs), self._decode.axes[1], row))
         return self.model.num_layers * nbytes / rate
+
+    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
+        """Record extrapolation for the decode steps that were actually run (fast-forward prices
+        candidate steps beyond the next event too; only those it runs count)."""
+        _, batch_outside = self._decode_row(num_seqs)
+        axis = self._decode.axes[1]
+        x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)  # contexts grow along a run
+        if batch_outside or x[0] < axis[0] or x[-1] > axis[-1]:
+            self._extrapolated.add("decode_attn")
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         key = (n, ctx)
@@ -325,7 +329,7 @@ class ProfileCostModel:
             rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
             hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
         if hit[1]:
-            self._extrapolated["prefill_attn"] = self._extrapolated.get("prefill_attn", 0) + 1
+            self._extrapolated.add("prefill_attn")
         return hit[0]
 
     # ---- interface --------------------------------------------------------------------------------
@@ -347,7 +351,9 @@ class ProfileCostModel:
             + prefill
         )
         if dec_n:
-            t += float(self._decode_attn_time(dec_n, np.array([dec_ctx], dtype=np.float64))[0])
+            ctx = np.array([dec_ctx], dtype=np.float64)
+            t += float(self._decode_attn_time(dec_n, ctx)[0])
+            self.observe_decode(dec_n, ctx)  # the engine observes only its decode-only runs
         return t
 
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
@@ -367,11 +373,8 @@ class ProfileCostModel:
 
     def warnings(self) -> list[str]:
         out = list(self._notes)
-        for op, n in sorted(self._extrapolated.items()):
-            out.append(
-                f"profile: {op} extrapolated beyond the measured grid {n:,} times "
-                "(nearest measured rate held)"
-            )
+        for op in sorted(self._extrapolated):
+            out.append(f"profile: {op} extrapolated beyond the measured grid (nearest measured rate held)")
         return out
 
 

@@ -134,7 +134,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
         seqs.append(seq)
         if p + o > max_ctx:
             seq.status, seq.reason = Status.REJECTED, "longer than the model's context"
-        elif -(-(p + o) // bs) > plan.num_blocks:
+        elif -(-(p + o - 1) // bs) > plan.num_blocks:  # the last token is never stored
             seq.status, seq.reason = Status.REJECTED, "needs more KV blocks than a replica has"
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
@@ -158,6 +158,9 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
     )
     stats = [r.stats for r in replicas]
     warnings = list(cost.warnings())
+    stuck = summary["requests"]["unfinished"]
+    if stuck and not math.isfinite(end_s):
+        warnings.append(f"{stuck:,} requests never finished although the simulation ran to its end (a defect)")
     if len(seqs) < len(wl):
         warnings.append(f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed")
     n_ctx = summary["requests"]["rejected_reasons"].get("longer than the model's context", 0)
@@ -175,7 +178,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
         warnings.append(
             "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
         )
-    peak_occ = max(s.peak_occupied_blocks for s in stats)
+    peak_occ = max(r.sched.peak_occupied_blocks for r in replicas)
     summary.update(
         {
             "scenario": sc.name,
@@ -186,7 +189,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
                 + plan.activation_reserve_bytes
                 + peak_occ * plan.block_bytes_per_gpu
             ),
-            "kv_peak_used_blocks": max(s.peak_used_blocks for s in stats),
+            "kv_peak_used_blocks": max(r.sched.peak_used_blocks for r in replicas),
             "kv_blocks_per_replica": plan.num_blocks,
             "kv_block_bytes": plan.block_bytes_per_gpu,
             "kv_tokens_per_replica": plan.tokens_per_replica,
@@ -226,7 +229,10 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
         for k in range(1, steps + 1):
             env.run(until=horizon * k / steps)
             bar.update(task, completed=env.now)
-    env.run(until=end_s if math.isfinite(end_s) else None)
+    if not math.isfinite(end_s):
+        env.run()
+    elif env.now < end_s:
+        env.run(until=end_s)
 
 
 def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:

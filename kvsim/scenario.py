@@ -445,9 +445,13 @@ def scenario_from_dict(
             source=source,
             path="cluster.tensor_parallel",
         )
-    if scheduler.max_batched_tokens < scheduler.max_num_seqs and not scheduler.chunked_prefill:
+    if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
+        # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
+        # model's context must fit one step, or it would block the queue forever.
         raise KvsimError(
-            "must be >= scheduler.max_num_seqs", source=source, path="scheduler.max_batched_tokens"
+            f"must be >= the model's context ({model.max_context:,}) when chunked_prefill is false",
+            source=source,
+            path="scheduler.max_batched_tokens",
         )
     return Scenario(
         name, source, model, cluster, kv, scheduler, workload, slo, gpu_hour, costs, sim, overrides

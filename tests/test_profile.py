@@ -121,6 +121,10 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     inside = cm._decode_attn_time(8, np.array([8 * 1024 - 8.0]))[0]
     outside = cm._decode_attn_time(8, np.array([8 * 4096 - 8.0]))[0]
     assert outside == pytest.approx(4 * inside, rel=1e-12)  # rate held, work x4
+    assert cm.warnings() == []  # pricing a candidate step is not running it
+    cm.observe_decode(8, np.array([8 * 1024 - 8.0]))
+    assert cm.warnings() == []
+    cm.observe_decode(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
     assert any("decode_attn extrapolated" in w for w in cm.warnings())
 
 

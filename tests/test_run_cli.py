@@ -103,3 +103,10 @@ def test_skipped_lines_are_counted_in_the_summary(tmp_path):
     s = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert s["workload"]["skipped_lines"] == 1
     assert s["requests"]["completed"] == 2
+
+
+def test_max_time_before_the_last_arrival_with_progress_bar(scenario, tmp_path):
+    out = tmp_path / "o"
+    assert main(["run", str(scenario), "--out", str(out), "--set", "sim.max_time=3s"]) == 0
+    r = json.loads((out / "summary.json").read_text())["requests"]
+    assert r["not_arrived"] > 0 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]

@@ -14,6 +14,10 @@ vLLM v1 instead pops the head of one free queue that mixes empty and cached bloc
 evict a cached block while empty ones exist; SGLang's radix cache, like this pool, evicts only
 under pressure. With ample free memory the two agree; under pressure vLLM evicts earlier.
 
+Two requests computing the same prompt at once: the second one's copy is freed when it turns out
+to be cached already, and it shares the first's (vLLM v1 keeps both physical copies cached until
+their owners finish), so bursts of identical concurrent prompts use a little less memory here.
+
 Copy-on-write (parallel sampling / beam forks): `fork` adds references to a sequence's blocks;
 the first write into a shared, not-yet-full block copies it (`write_shared_tail`).
 """

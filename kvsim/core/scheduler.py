@@ -138,6 +138,18 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.outstanding_tokens = 0
         self.preemptions = 0
+        self.peak_used_blocks = 0  # referenced by some request
+        self.peak_occupied_blocks = 0  # referenced or cached-but-free
+
+    def _note_peak(self) -> None:
+        """Called after every allocation, before any release: blocks only grow in between."""
+        pool = self.pool
+        used = pool.num_used
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        occupied = pool.num_blocks - pool.free
+        if occupied > self.peak_occupied_blocks:
+            self.peak_occupied_blocks = occupied
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -179,6 +191,8 @@ class Scheduler:
             need = -(-(c + num_new) // bs) - seq.nblocks
             if need > 0:
                 preempted_self = False
+                if need > pool.free + pool.lru_blocks:
+                    self._note_peak()  # memory is at its fullest just before a preemption
                 while need > pool.free + pool.lru_blocks:
                     victim = running.pop()
                     self._preempt(victim)
@@ -198,6 +212,7 @@ class Scheduler:
             i += 1
         plan.all_decoding = all_decoding
         if plan.preempted:
+            self._note_peak()
             return plan
         while self.waiting and len(running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
@@ -231,6 +246,7 @@ class Scheduler:
             plan.num_new.append(num_new)
             plan.ctx_before.append(seq.num_computed)
             budget -= num_new
+        self._note_peak()
         return plan
 
     # ---- after the step ---------------------------------------------------------------------------
@@ -298,7 +314,10 @@ class Scheduler:
             if r < k:
                 k = r
             sum_c += s.num_computed
-        free = self.pool.num_free
+        # A run only takes empty blocks: an eviction could shorten the queue head's prefix hits and
+        # let it in at the next step, and evicting an entry returns its surplus blocks to the free
+        # pool, so memory occupancy would dip and rise unseen inside the run.
+        free = self.pool.free
         if self._blocks_through(seqs, k - 1) > free:
             lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
             while lo < hi:
@@ -338,6 +357,7 @@ class Scheduler:
                 done.append(seq)
         if extra:
             self.pool.allocate(extra)
+        self._note_peak()
         self.outstanding_tokens -= k * len(plan.seqs)
         if done:
             self._finish(done)
