@@ -160,7 +160,9 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
     warnings = list(cost.warnings())
     stuck = summary["requests"]["unfinished"]
     if stuck and not math.isfinite(end_s):
-        warnings.append(f"{stuck:,} requests never finished although the simulation ran to its end (a defect)")
+        warnings.append(
+            f"{stuck:,} requests never finished although the simulation ran to its end (a defect)"
+        )
     if len(seqs) < len(wl):
         warnings.append(f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed")
     n_ctx = summary["requests"]["rejected_reasons"].get("longer than the model's context", 0)
