@@ -80,6 +80,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from kvsim.report import report_command
+
+    return report_command(args.run_dir)
+
+
 def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
     """Runs ``python -m calibrate`` in a child process: kvsim itself never imports torch."""
     root = Path(__file__).resolve().parent.parent
@@ -112,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
+
+    rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
+    rep.add_argument("run_dir", help="directory written by kvsim run")
+    rep.set_defaults(func=cmd_report)
 
     sub.add_parser(
         "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False

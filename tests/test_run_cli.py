@@ -49,6 +49,17 @@ def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     assert "TTFT" in capsys.readouterr().out
 
 
+def test_report_rebuilds_without_rerunning(scenario, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(scenario), "--out", str(out), "--no-progress"]) == 0
+    first = (out / "report.html").read_bytes()
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.html").read_bytes() == first
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err
+
+
 def test_same_seed_identical_summary_apart_from_wall(scenario, tmp_path):
     runs = []
     for name in ("a", "b"):
