@@ -44,7 +44,7 @@ import yaml
 
 from kvsim.errors import KvsimError
 from kvsim.formats import KVFormat, make_format
-from kvsim.models import Attention, ModelSpec
+from kvsim.models import Attention, ModelSpec, TPShapes
 from kvsim.profile import MODEL_SHAPE_KEYS, SCHEMA, VERSION
 
 PACKAGE = "aiconfigurator_core"
@@ -180,27 +180,7 @@ def _sha256(path: Path) -> str:
 
 
 # ---- shapes -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Shapes:
-    """Per-GPU shapes under TP, exactly as `kvsim.profile.ProfileCostModel` prices them."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    gemm_nk: dict[str, tuple[int, int]]
-
-    @staticmethod
-    def of(m: ModelSpec, tp: int) -> Shapes:
-        heads, kv_heads = math.ceil(m.num_heads / tp), math.ceil(m.num_kv_heads / tp)
-        inter = math.ceil(m.intermediate_size / tp)
-        nk = {
-            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
-            "o": (m.hidden_size, heads * m.head_dim),
-            "gate_up": (2 * inter, m.hidden_size),
-            "down": (m.hidden_size, inter),
-            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
-        }
-        return Shapes(heads, kv_heads, m.head_dim, nk)
+Shapes = TPShapes  # per-GPU shapes, shared with kvsim.profile so both price the same GEMMs
 
 
 def _with_rates(pt: dict[str, Any], peaks: dict[str, Any]) -> dict[str, Any]:

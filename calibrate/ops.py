@@ -14,7 +14,6 @@ Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from kvsim.formats import KVFormat
-from kvsim.models import ModelSpec
+from kvsim.models import ModelSpec, TPShapes
 
 OPS = ("gemm", "decode_attn", "prefill_attn", "copy")
 OP_ALIASES = {
@@ -96,27 +95,7 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
     )
 
 
-@dataclass(frozen=True)
-class Shapes:
-    """Per-GPU shapes of one layer under tensor parallelism (ceil for heads, as vLLM pads)."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    gemm_nk: dict[str, tuple[int, int]]
-
-    @staticmethod
-    def of(m: ModelSpec, tp: int) -> Shapes:
-        heads, kv_heads = math.ceil(m.num_heads / tp), math.ceil(m.num_kv_heads / tp)
-        inter = math.ceil(m.intermediate_size / tp)
-        nk = {
-            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
-            "o": (m.hidden_size, heads * m.head_dim),
-            "gate_up": (2 * inter, m.hidden_size),
-            "down": (m.hidden_size, inter),
-            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
-        }
-        return Shapes(heads, kv_heads, m.head_dim, nk)
+Shapes = TPShapes  # per-GPU shapes, shared with kvsim.profile so both price the same GEMMs
 
 
 @dataclass

@@ -72,6 +72,56 @@ class CostModel(Protocol):
     def warnings(self) -> list[str]: ...
 
 
+class StepCostModel:
+    """A step as parts run one after another: overhead + GEMMs + all-reduces + prefill attention
+    (per prefilling sequence) + decode attention (all decoding sequences together). Subclasses price
+    the parts; `step_time` and `decode_step_times` share this one decomposition, so a decode-only
+    step costs the same whichever is asked (fast-forward relies on it)."""
+
+    name = "steps"
+    overhead_s: float
+
+    def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
+        raise NotImplementedError
+
+    def _comm_time(self, num_tokens: int) -> float:
+        raise NotImplementedError
+
+    def _prefill_attn_time(self, n: int, ctx: int) -> float:
+        raise NotImplementedError
+
+    def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
+        pass
+
+    def step_time(self, batch: StepBatch) -> float:
+        total = sum(batch.num_new)
+        dec_n = 0
+        dec_ctx = 0
+        prefill = 0.0
+        for n, c in zip(batch.num_new, batch.ctx_before, strict=True):
+            if n == 1:
+                dec_n += 1
+                dec_ctx += c
+            else:
+                prefill += self._prefill_attn_time(n, c)
+        t = self.overhead_s + self._gemm_time(total, batch.num_sampling) + self._comm_time(total) + prefill
+        if dec_n:
+            ctx = np.array([dec_ctx], dtype=np.float64)
+            t += float(self._decode_attn_time(dec_n, ctx)[0])
+            self.observe_decode(dec_n, ctx)  # the engine observes only its decode-only runs
+        return t
+
+    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+        fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
+        return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
+
+    def warnings(self) -> list[str]:
+        return []
+
+
 @dataclass(frozen=True)
 class Efficiencies:
     decode_attn_bw: float = 0.80
@@ -92,7 +142,7 @@ class Efficiencies:
     )
 
 
-class AnalyticCostModel:
+class AnalyticCostModel(StepCostModel):
     name = "analytic"
 
     def __init__(
@@ -100,6 +150,7 @@ class AnalyticCostModel:
     ):
         self.model, self.gpu, self.tp, self.fmt = model, gpu, tp, fmt
         self.eff = eff or Efficiencies()
+        self.overhead_s = self.eff.step_overhead_s
         e = self.eff
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
@@ -180,34 +231,6 @@ class AnalyticCostModel:
         )
 
     # ---- interface --------------------------------------------------------------------------------
-    def step_time(self, batch: StepBatch) -> float:
-        total = sum(batch.num_new)
-        dec_n = 0
-        dec_ctx = 0
-        prefill = 0.0
-        for n, c in zip(batch.num_new, batch.ctx_before, strict=True):
-            if n == 1:
-                dec_n += 1
-                dec_ctx += c
-            else:
-                prefill += self._prefill_attn_time(n, c)
-        t = (
-            self.eff.step_overhead_s
-            + self._gemm_time(total, batch.num_sampling)
-            + self._comm_time(total)
-            + prefill
-        )
-        if dec_n:
-            t += float(self._decode_attn_time(dec_n, np.array([dec_ctx], dtype=np.float64))[0])
-        return t
-
-    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        fixed = self.eff.step_overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
-        return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
-
-    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
-        pass
-
     def transfer_time(self, nbytes: float, link: str) -> float:
         bw = {
             "host_h2d": self.gpu.host_h2d_bytes_per_s,
@@ -216,9 +239,6 @@ class AnalyticCostModel:
             "internode": self.gpu.internode_bytes_per_s,
         }[link]
         return nbytes / bw
-
-    def warnings(self) -> list[str]:
-        return []
 
 
 def _bf16() -> KVFormat:

@@ -193,6 +193,30 @@ class ModelSpec:
         return self.num_active_params - self.vocab_size * self.hidden_size * (0 if self.tie_embeddings else 1)
 
 
+@dataclass(frozen=True)
+class TPShapes:
+    """Per-GPU shapes of one layer under tensor parallelism (heads rounded up, as vLLM pads):
+    the GEMMs' (n, k) per layer type, FLOPs = 2 m n k for m tokens. Dense GQA/MHA layers."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    gemm_nk: dict[str, tuple[int, int]]
+
+    @staticmethod
+    def of(m: ModelSpec, tp: int) -> TPShapes:
+        heads, kv_heads = math.ceil(m.num_heads / tp), math.ceil(m.num_kv_heads / tp)
+        inter = math.ceil(m.intermediate_size / tp)
+        nk = {
+            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
+            "o": (m.hidden_size, heads * m.head_dim),
+            "gate_up": (2 * inter, m.hidden_size),
+            "down": (m.hidden_size, inter),
+            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
+        }
+        return TPShapes(heads, kv_heads, m.head_dim, nk)
+
+
 # ---- presets ------------------------------------------------------------------------------------
 _HF = "Hugging Face config.json of "
 PRESETS: dict[str, ModelSpec] = {

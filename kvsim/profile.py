@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.costs import AnalyticCostModel, Efficiencies, StepBatch
+from kvsim.costs import AnalyticCostModel, Efficiencies, StepCostModel
 from kvsim.errors import KvsimError
 from kvsim.formats import KVFormat
-from kvsim.models import Attention, ModelSpec
+from kvsim.models import Attention, ModelSpec, TPShapes
 
 SCHEMA = "kvsim-profile"
 VERSION = 1
@@ -169,7 +169,7 @@ def _rate(pt: dict[str, Any], work_key: str) -> float:
 
 
 # ---- the cost model -----------------------------------------------------------------------------
-class ProfileCostModel:
+class ProfileCostModel(StepCostModel):
     """`CostModel` from a validated profile, for one model / TP / KV format."""
 
     def __init__(
@@ -205,16 +205,9 @@ class ProfileCostModel:
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
                 )
         m = model
-        heads = math.ceil(m.num_heads / tp)
-        kv_heads = math.ceil(m.num_kv_heads / tp)
-        # Per-GPU GEMM shapes (n, k) of one layer; FLOPs = 2 m n k.
-        self._gemm_nk = {
-            "qkv": ((heads + 2 * kv_heads) * m.head_dim, m.hidden_size),
-            "o": (m.hidden_size, heads * m.head_dim),
-            "gate_up": (2 * math.ceil(m.intermediate_size / tp), m.hidden_size),
-            "down": (m.hidden_size, math.ceil(m.intermediate_size / tp)),
-            "lm_head": (math.ceil(m.vocab_size / tp), m.hidden_size),
-        }
+        shapes = TPShapes.of(m, tp)
+        heads, kv_heads = shapes.heads, shapes.kv_heads
+        self._gemm_nk = shapes.gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
         self._gemm: dict[str, RateTable] = {}
         for layer in (*GEMM_LAYERS, "lm_head"):
             pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
@@ -333,32 +326,8 @@ class ProfileCostModel:
         return hit[0]
 
     # ---- interface --------------------------------------------------------------------------------
-    def step_time(self, batch: StepBatch) -> float:
-        total = sum(batch.num_new)
-        dec_n = 0
-        dec_ctx = 0
-        prefill = 0.0
-        for n, c in zip(batch.num_new, batch.ctx_before, strict=True):
-            if n == 1:
-                dec_n += 1
-                dec_ctx += c
-            else:
-                prefill += self._prefill_attn_time(n, c)
-        t = (
-            self.overhead_s
-            + self._gemm_time(total, batch.num_sampling)
-            + self.analytic._comm_time(total)
-            + prefill
-        )
-        if dec_n:
-            ctx = np.array([dec_ctx], dtype=np.float64)
-            t += float(self._decode_attn_time(dec_n, ctx)[0])
-            self.observe_decode(dec_n, ctx)  # the engine observes only its decode-only runs
-        return t
-
-    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self.analytic._comm_time(num_seqs)
-        return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
+    def _comm_time(self, num_tokens: int) -> float:
+        return self.analytic._comm_time(num_tokens)  # all-reduces are not measured
 
     def transfer_time(self, nbytes: float, link: str) -> float:
         table = self._copy.get(link)

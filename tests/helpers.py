@@ -47,3 +47,25 @@ def small_scenario(num_blocks: int | None = None, **sections: Any) -> Scenario:
             "activation_reserve": 0,
         }
     return scenario_from_dict(data, source="test.yaml", base_dir=ROOT)
+
+
+def records(res) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """Per-request outcomes of a run, comparable across runs (NaN, never reached, becomes None)."""
+
+    def t(x: float) -> float | None:
+        return None if x != x else x
+
+    return [
+        (
+            s.id,
+            s.replica,
+            t(s.first_scheduled_s),
+            t(s.first_token_s),
+            t(s.finish_s),
+            s.num_cached_tokens,
+            s.preemptions,
+            s.status,
+            s.num_generated,
+        )
+        for s in res.seqs
+    ]

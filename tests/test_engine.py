@@ -9,7 +9,7 @@ import pytest
 
 from kvsim.costs import AnalyticCostModel, StepBatch
 from kvsim.run import run_scenario
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import make_workload, records, small_scenario
 
 
 def cost_of(sc):
@@ -127,25 +127,6 @@ def test_nothing_is_lost(max_time):
         assert r["unfinished"] == 0 and r["not_arrived"] == 0
 
 
-def _records(res):
-    def t(x):
-        return None if x != x else x  # NaN (never reached) compares equal to itself here
-
-    return [
-        (
-            s.id,
-            s.replica,
-            t(s.first_scheduled_s),
-            t(s.first_token_s),
-            t(s.finish_s),
-            s.num_cached_tokens,
-            s.preemptions,
-            s.status,
-        )
-        for s in res.seqs
-    ]
-
-
 def _comparable(summary):
     drop = {"wall_s", "sim_speed_x", "engine_events", "config"}
     return {k: v for k, v in summary.items() if k not in drop}
@@ -162,7 +143,7 @@ def test_fast_forward_equals_stepping_one_by_one(replicas):
     )
     assert a.summary["preemptions"] > 0  # the comparison covers preemption too
     assert a.summary["engine_events"] < b.summary["engine_events"] / 2  # fast-forward engaged
-    assert _records(a) == _records(b)
+    assert records(a) == records(b)
     assert _comparable(a.summary) == _comparable(b.summary)
 
 
@@ -213,7 +194,7 @@ def test_fast_forward_equals_stepping_on_a_real_trace_under_memory_pressure():
     )
     assert a.summary["preemptions"] > 100 and a.summary["prefix_cache_evictions"] > 0
     assert a.summary["prefix_hit_rate"] > 0
-    assert _records(a) == _records(b)
+    assert records(a) == records(b)
     assert _comparable(a.summary) == _comparable(b.summary)
 
 

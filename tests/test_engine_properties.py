@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import kvsim.run as krun
 from kvsim.core.block_pool import BlockPool
 from kvsim.core.scheduler import Scheduler, Status
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import make_workload, records, small_scenario
 
 
 class CheckedScheduler(Scheduler):
@@ -109,26 +109,6 @@ def cases(draw):  # type: ignore[no-untyped-def]
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 
 
-def _records(res):  # type: ignore[no-untyped-def]
-    def t(x: float) -> float | None:
-        return None if x != x else x
-
-    return [
-        (
-            s.id,
-            s.replica,
-            t(s.first_scheduled_s),
-            t(s.first_token_s),
-            t(s.finish_s),
-            s.num_cached_tokens,
-            s.preemptions,
-            s.status,
-            s.num_generated,
-        )
-        for s in res.seqs
-    ]
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_invariants_completion_and_fast_forward_equality(case, monkeypatch_module):
@@ -147,7 +127,7 @@ def test_invariants_completion_and_fast_forward_equality(case, monkeypatch_modul
                 assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.finish_s
         runs.append(res)
     a, b = runs
-    assert _records(a) == _records(b)
+    assert records(a) == records(b)
     assert a.summary["kv_peak_used_blocks"] == b.summary["kv_peak_used_blocks"]
     assert a.summary["hbm_peak_bytes"] == b.summary["hbm_peak_bytes"]
 
