@@ -11,7 +11,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_IN
 PEAK_GBPS=${PEAK_GBPS:-4800}  # H200 HBM3e 4.8 TB/s; use 3350 on an H100 SXM
 { nvidia-smi; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'; } \
   > "$OUT/device.txt" 2>&1
-timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/kernel_tests.log" | tail -5
+timeout 200 python3 -m pytest tests/kernels -q -rfE --durations=10 -p no:cacheprovider \
+  --junitxml="$OUT/kernel_tests.xml" 2>&1 | tee "$OUT/kernel_tests.log" | tail -25
 timeout 200 python3 bench/bench_kernels.py --hbm-peak-gbps "$PEAK_GBPS" --out "$OUT/bench_kernels.json" \
   > "$OUT/bench_kernels.log" 2>&1; tail -40 "$OUT/bench_kernels.log"
 timeout 120 python3 -m calibrate --device cuda --quick --model llama-3.1-8b --no-progress \

@@ -23,6 +23,8 @@ import triton.language as tl
 
 from kernels.kv_cache import (
     FMT_BF16,
+    FMT_INT4,
+    FMT_KVQ4,
     PagedKVCache,
     dequantize_slots_ref,
     format_constexprs,
@@ -84,7 +86,9 @@ def _chunked_prefill_kernel(
     qh = h * G + g
     tok = (q_start + m).to(tl.int64)
     qmask = rmask[:, None] & dmask[None, :]
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=qmask)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0
+    )
     if DOT_FP16:
         q = q.to(tl.float16)
     else:
@@ -184,8 +188,8 @@ def chunked_prefill(
     slot_mapping: torch.Tensor | None = None,
     max_query_len: int | None = None,
     block_m: int | None = None,
-    block_n: int = 32,
-    num_warps: int = 4,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Write the chunk's K/V, then causal attention of the chunk over prefix + chunk.
 
@@ -202,6 +206,13 @@ def chunked_prefill(
         raise ValueError(f"key has {key.shape[0]} tokens, q has {q.shape[0]}")
     if block_m is not None and (block_m < 1 or block_m & (block_m - 1)):
         raise ValueError(f"block_m must be a power of two, got {block_m}")
+    four_bit = cache.spec.code in (FMT_INT4, FMT_KVQ4)
+    # 4-bit tiles spill at 32 tokens x 4 warps on sm_90 (int4: 1.4 KB, kvquant4: up to 4.1 KB);
+    # 16 tokens x 8 warps do not (165-175 registers).
+    if block_n is None:
+        block_n = 16 if four_bit else 32
+    if num_warps is None:
+        num_warps = 8 if four_bit else 4
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if slot_mapping is None:

@@ -121,8 +121,8 @@ def quantize_store(
     elif FMT == 2:
         sc = tl.load(fp8s_ptr + h * FP8_PER_HEAD)
         dst = data_ptr + blk * s_data + row * D  # data_ptr: uint8 view of the fp8 plane
-        tl.store(dst + e0, fp8_e4m3_bits(x0 / sc).to(tl.uint8), mask=m0)
-        tl.store(dst + e1, fp8_e4m3_bits(x1 / sc).to(tl.uint8), mask=m1)
+        tl.store(dst + e0, fp8_e4m3_bits(tl.math.div_rn(x0, sc)).to(tl.uint8), mask=m0)
+        tl.store(dst + e1, fp8_e4m3_bits(tl.math.div_rn(x1, sc)).to(tl.uint8), mask=m1)
     elif FMT <= 4:
         if FMT == 3:
             qmax = 255.0
@@ -142,7 +142,7 @@ def quantize_store(
         )
         mn = tl.where(gvalid, mn, 0.0)
         mx = tl.where(gvalid, mx, 0.0)
-        scale16 = ((mx - mn) / qmax).to(tl.float16)
+        scale16 = tl.math.div_rn(mx - mn, qmax).to(tl.float16)
         zero16 = mn.to(tl.float16)
         tl.store(scale_ptr + blk * s_scale + row * NG + gr, scale16, mask=gvalid & ((gr * 0 + slot) >= 0))
         tl.store(zero_ptr + blk * s_zero + row * NG + gr, zero16, mask=gvalid & ((gr * 0 + slot) >= 0))
@@ -155,8 +155,8 @@ def quantize_store(
         s1 = tl.where(v1, s1, 1.0)
         z0 = tl.sum(tl.where(sel0, zf[None, :], 0.0), 1)
         z1 = tl.sum(tl.where(sel1, zf[None, :], 0.0), 1)
-        q0 = tl.minimum(tl.maximum(tl.floor((x0 - z0) / s0 + 0.5), 0.0), qmax)
-        q1 = tl.minimum(tl.maximum(tl.floor((x1 - z1) / s1 + 0.5), 0.0), qmax)
+        q0 = tl.minimum(tl.maximum(tl.floor(tl.math.div_rn(x0 - z0, s0) + 0.5), 0.0), qmax)
+        q1 = tl.minimum(tl.maximum(tl.floor(tl.math.div_rn(x1 - z1, s1) + 0.5), 0.0), qmax)
         if FMT == 3:
             dst = data_ptr + blk * s_data + row * D
             tl.store(dst + e0, q0.to(tl.uint8), mask=m0)
@@ -184,8 +184,8 @@ def quantize_store(
         tl.store(scale_ptr + blk * s_scale + row, scale16, mask=slot_ok)
         sf = scale16.to(tl.float32)
         sf = tl.where(sf > 0, sf, 1.0)
-        u0 = x0 / sf
-        u1 = x1 / sf
+        u0 = tl.math.div_rn(x0, sf)
+        u1 = tl.math.div_rn(x1, sf)
         best0 = tl.full([BLOCK_P], float("inf"), tl.float32)
         best1 = tl.full([BLOCK_P], float("inf"), tl.float32)
         code0 = tl.zeros([BLOCK_P], tl.int32)

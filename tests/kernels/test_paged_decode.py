@@ -20,6 +20,9 @@ TOL = {
     torch.bfloat16: (1.2e-2, 3e-2),
     torch.float32: (2e-3, 5e-3),  # tf32 dots on a GPU
 }
+# lse from fp32 queries: tf32 dots on a GPU truncate the low mantissa bits; an emulation of sm_90's
+# tf32 MMA gave errors up to 1.4e-3 at these shapes, so 2e-3 left too little room.
+LSE_ATOL = 4e-3
 
 # (format, q dtype, context_lens, num_kv_heads, gqa ratio, head_dim, block_size)
 CASES = [
@@ -75,7 +78,7 @@ def test_paged_decode_matches_reference(case, device):
     ref, ref_lse = paged_decode_ref(**inputs, return_lse=True)
     out, lse = paged_decode(**inputs, num_splits=1, block_n=16, return_lse=True)
     _check(out, ref)
-    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=LSE_ATOL)
 
 
 SPLIT_CASES = [CASES[0], CASES[4], CASES[7], CASES[11]]
@@ -88,7 +91,7 @@ def test_split_kv_merge_matches_reference(case, device):
     # 3 splits of 16 tokens: the short sequences leave some splits empty
     out, lse = paged_decode(**inputs, num_splits=3, block_n=16, return_lse=True)
     _check(out, ref)
-    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=LSE_ATOL)
 
 
 def test_zero_context_gives_zero_output_and_strided_q(device):
