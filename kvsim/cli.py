@@ -43,6 +43,7 @@ def _context(text: str) -> int:
 
 
 def cmd_kv_size(args: argparse.Namespace) -> int:
+    from kvsim.accuracy import accuracy_note
     from kvsim.formats import make_format
     from kvsim.hardware import load_gpu
     from kvsim.kvsize import kv_size_rows, rows_to_json
@@ -65,12 +66,13 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
     if over:
         notes.append(f"context {over[0]:,} exceeds {model.name}'s max context {model.max_context:,}")
     rows = kv_size_rows(model, formats, contexts, batch=args.batch, gpu=gpu, num_gpus=args.gpus)
+    accuracy = [a for a in (accuracy_note(f, None) for f in formats) if a is not None]
     if args.json:
-        print(json.dumps(rows_to_json(model, rows, notes), indent=2))
+        print(json.dumps({**rows_to_json(model, rows, notes), "accuracy": accuracy}, indent=2))
         return 0
     from kvsim.render import print_kv_size
 
-    print_kv_size(model, gpu, args.gpus, rows, notes)
+    print_kv_size(model, gpu, args.gpus, rows, notes, accuracy)
     return 0
 
 

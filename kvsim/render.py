@@ -17,7 +17,12 @@ def _gb(n: float) -> str:
 
 
 def print_kv_size(
-    model: ModelSpec, gpu: GPUSpec, num_gpus: int, rows: list[KVSizeRow], notes: list[str]
+    model: ModelSpec,
+    gpu: GPUSpec,
+    num_gpus: int,
+    rows: list[KVSizeRow],
+    notes: list[str],
+    accuracy: list[dict[str, Any]] | None = None,
 ) -> None:
     con = Console()
     title = (
@@ -53,6 +58,15 @@ def print_kv_size(
     con.print(t)
     for n in notes:
         con.print(f"note: {n}")
+    if accuracy:
+        con.print("accuracy of lossy formats (estimates: a simulator cannot measure model quality):")
+    for a in accuracy or []:
+        rms = a["kernel_rel_rms"]
+        measured = (
+            f"attention-output rel. RMS {rms:.3f} on synthetic K/V with outliers" if rms is not None else ""
+        )
+        cited = "; ".join(f"{c['claim']} ({c['source']})" for c in a["literature"])
+        con.print(f"  {a['format']}: " + "; ".join(x for x in (measured, cited) if x))
 
 
 def print_summary(summary: dict[str, Any]) -> None:

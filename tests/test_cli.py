@@ -50,3 +50,11 @@ def test_errors_are_one_line_exit_2(argv, needle):
     err = proc.stderr.strip()
     assert needle in err, err
     assert "\n" not in err and "Traceback" not in err
+
+
+def test_kv_size_shows_accuracy_estimates_for_lossy_formats(capsys):
+    assert main(["kv-size", "--format", "bf16", "--format", "int4", "--json"]) == 0
+    acc = json.loads(capsys.readouterr().out)["accuracy"]
+    assert [a["format"] for a in acc] == ["int4/g64"]  # bf16 is not lossy
+    assert acc[0]["estimate_only"] is True
+    assert acc[0]["kernel_rel_rms"] > 0 and acc[0]["literature"]
