@@ -38,7 +38,7 @@ LITERATURE: dict[FormatKind, list[dict[str, str]]] = {
         {
             "claim": "dense-and-sparse non-uniform quantization with about 1% fp16 outliers: under 0.1 "
             "perplexity loss at 3 bits",
-            "source": "KVQuant (Hooper et al., 2024), via ../shared/REFERENCE.md",
+            "source": "KVQuant (Hooper et al., 2024)",
         },
         {
             "claim": "below 500K tokens FP8 suffices; beyond, switch to INT4 + 1% fp16 outliers",
