@@ -13,13 +13,13 @@ the 989 TFLOP/s peak). What maps to what:
   k between the neighbouring grid shapes, at every measured m. A shape beyond the grid (Llama's
   lm_head n = 128256 > 65536) holds the edge shape's rate. The other GEMM dtype goes to
   ``gemm_fp8`` (or ``gemm_bf16``), which kvsim's cost model does not read yet.
-- ``attention/.../generation_attention_perf.parquet`` -> ``decode_attn``: one layer, ``batch_size``
+- ``attention/.../generation_attention_perf.parquet`` -> ``paged_decode``: one layer, ``batch_size``
   sequences each attending over ``isl + step`` cached tokens (``isl`` is 1 on every decode row), per
   ``kv_cache_dtype`` (bfloat16 -> ``bf16``, fp8 -> ``fp8_e4m3/per_tensor``). The sweep omits large
   batch x long context (it stops at 256K-512K cached tokens per call); kvsim needs a rectangular grid, so each
   missing cell holds the bytes/s of the same batch at its longest measured context and is marked
   ``filled``.
-- ``attention/.../context_attention_perf.parquet`` -> ``prefill_attn``: rows with ``batch_size``
+- ``attention/.../context_attention_perf.parquet`` -> ``chunked_prefill``: rows with ``batch_size``
   1, ``chunk`` = ``isl``, ``prefix`` = 0. The tables hold no prefill over a cached prefix, so kvsim
   holds the prefix-0 rate for such chunks (its cost model then warns that it extrapolated).
 
@@ -468,8 +468,8 @@ def build_profile(
                 pass  # the other dtype is optional
     dec, dec_info = decode_points(src, model, shapes, attn_kernel, peaks)
     pre, pre_info = prefill_points(src, model, shapes, attn_kernel, peaks)
-    ops["decode_attn"] = {"points": dec}
-    ops["prefill_attn"] = {"points": pre}
+    ops["paged_decode"] = {"points": dec}
+    ops["chunked_prefill"] = {"points": pre}
     tables = [src.table(*t) for t in (GEMM_TABLE, DECODE_TABLE, PREFILL_TABLE)]
     device_col = _read(tables[1], ["device"])["device"]
     device = str(device_col[0]) if device_col.size else src.system
@@ -478,10 +478,10 @@ def build_profile(
         "t_p20 = t_p50 = t_p80",
         f"gemm: {gemm_dtype} rows of gemm_perf.parquet, log(FLOP/s) interpolated in log n x log k at each "
         "layer's per-GPU shape; from_nk lists the measured shapes used",
-        f"decode_attn: generation_attention_perf.parquet, kernel {dec_info['kernel']}, context = isl + step; "
+        f"paged_decode: generation_attention_perf.parquet, kernel {dec_info['kernel']}, context = isl + step; "
         f"{dec_info['filled_points']} points the sweep omits (large batch x long context) hold the same "
         "batch's rate at its longest measured context and are marked `filled`",
-        f"prefill_attn: context_attention_perf.parquet, kernel {pre_info['kernel']}, batch_size 1, prefix 0 "
+        f"chunked_prefill: context_attention_perf.parquet, kernel {pre_info['kernel']}, batch_size 1, prefix 0 "
         "only: the tables hold no prefill over a cached prefix, so chunks with a prefix hold the prefix-0 "
         "rate of the same chunk (kvsim warns that it extrapolated)",
         "not imported: all-reduce/communication tables (kvsim prices all-reduce analytically), host <-> "

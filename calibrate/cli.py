@@ -238,7 +238,7 @@ def calibrate(args: argparse.Namespace) -> int:
             _write(out, prof)
             if backend == "cuda":
                 torch.cuda.empty_cache()
-    prof["complete"] = all(op in prof["ops"] for op in ("gemm", "decode_attn", "prefill_attn", "copy"))
+    prof["complete"] = all(op in prof["ops"] for op in ("gemm", "paged_decode", "chunked_prefill", "copy"))
     _write(out, prof)
     print(f"wrote {out} ({sum(len(v['points']) for v in prof['ops'].values())} points)")
     return 0

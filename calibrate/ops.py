@@ -2,10 +2,10 @@
 
 - ``gemm``: ``torch.matmul`` of [m, k] x [k, n] in bf16 at one layer's per-GPU shapes under TP
   (qkv, o, gate_up, down; lm_head once per step), over token counts m.
-- ``decode_attn``: one layer of paged decode attention (`kernels.paged_decode`; on a CPU its torch
+- ``paged_decode``: one layer of paged decode attention (`kernels.paged_decode`; on a CPU its torch
   reference; a dense SDPA when `kernels` is not importable), over batch x context x KV format.
   Work: the KV bytes read, batch x context x bytes per token per layer per GPU (kvsim's formula).
-- ``prefill_attn``: one layer of chunked prefill for one sequence (`kernels.chunked_prefill` or its
+- ``chunked_prefill``: one layer of chunked prefill for one sequence (`kernels.chunked_prefill` or its
   reference), over chunk x prefix. Work: 4 x heads x head_dim FLOPs per (query, key) pair.
 - ``copy``: pinned host <-> device copies (CUDA) or a host memcpy (CPU), over sizes.
 
@@ -24,12 +24,12 @@ import torch
 from kvsim.formats import KVFormat
 from kvsim.models import ModelSpec, TPShapes
 
-OPS = ("gemm", "decode_attn", "prefill_attn", "copy")
+OPS = ("gemm", "paged_decode", "chunked_prefill", "copy")
 OP_ALIASES = {
-    "decode": "decode_attn",
-    "prefill": "prefill_attn",
-    "paged_decode": "decode_attn",
-    "chunked_prefill": "prefill_attn",
+    "decode": "paged_decode",
+    "prefill": "chunked_prefill",
+    "paged_decode": "paged_decode",
+    "chunked_prefill": "chunked_prefill",
     "block_copy": "copy",
 }
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
@@ -127,9 +127,9 @@ def _kernels() -> tuple[Any, Any] | None:
 def count(op: str, grid: Grid, backend: str) -> int:
     if op == "gemm":
         return 4 * len(grid.gemm_m) + len(grid.lm_head_m)
-    if op == "decode_attn":
+    if op == "paged_decode":
         return len(grid.decode_batch) * len(grid.decode_context) * len(grid.formats)
-    if op == "prefill_attn":
+    if op == "chunked_prefill":
         return len(grid.prefill_chunk) * len(grid.prefill_prefix) * len(grid.formats)
     return len(grid.copy_bytes) * (2 if backend == "cuda" else 1)
 
@@ -151,9 +151,9 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
                     2.0 * m * n * k,
                 )
             del w
-    elif op == "decode_attn":
+    elif op == "paged_decode":
         yield from _decode_points(grid, model, sh, backend)
-    elif op == "prefill_attn":
+    elif op == "chunked_prefill":
         yield from _prefill_points(grid, model, sh, backend)
     elif op == "copy":
         for nbytes in grid.copy_bytes:

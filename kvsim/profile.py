@@ -1,8 +1,8 @@
 """Measured-profile costs: the analytic model's decomposition, with each part looked up in a profile.
 
 A profile (``python -m calibrate``, schema ``kvsim-profile`` v1) holds timed grid points per op:
-``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``decode_attn``
-(one layer, over batch x context per sequence x KV format), ``prefill_attn`` (one layer, one
+``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``paged_decode``
+(one layer, over batch x context per sequence x KV format), ``chunked_prefill`` (one layer, one
 sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link). `ProfileCostModel`
 splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce + prefill attention
 + decode attention) and prices each part as ``work / rate``: the rate (work per second achieved at
@@ -199,7 +199,7 @@ class ProfileCostModel(StepCostModel):
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
         ops = profile["ops"]
-        for op in ("gemm", "decode_attn", "prefill_attn"):
+        for op in ("gemm", "paged_decode", "chunked_prefill"):
             if op not in ops:
                 raise KvsimError(
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
@@ -218,8 +218,8 @@ class ProfileCostModel(StepCostModel):
             )
         self.kv_bytes_per_token_layer = m.kv_bytes_per_token_layer(fmt) * kv_heads / m.num_kv_heads
         self.attn_flops_per_pair_layer = 2 * heads * 2 * m.head_dim
-        self._decode = self._by_format(ops, "decode_attn", ("batch", "context"), "bytes")
-        self._prefill = self._by_format(ops, "prefill_attn", ("chunk", "prefix_plus_1"), "flops")
+        self._decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes")
+        self._prefill = self._by_format(ops, "chunked_prefill", ("chunk", "prefix_plus_1"), "flops")
         self._copy: dict[str, RateTable] = {}
         if "copy" in ops:
             links = sorted({p.get("link") for p in ops["copy"]["points"]})
@@ -312,7 +312,7 @@ class ProfileCostModel(StepCostModel):
         axis = self._decode.axes[1]
         x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)  # contexts grow along a run
         if batch_outside or x[0] < axis[0] or x[-1] > axis[-1]:
-            self._extrapolated.add("decode_attn")
+            self._extrapolated.add("paged_decode")
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         key = (n, ctx)
@@ -322,7 +322,7 @@ class ProfileCostModel(StepCostModel):
             rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
             hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
         if hit[1]:
-            self._extrapolated.add("prefill_attn")
+            self._extrapolated.add("chunked_prefill")
         return hit[0]
 
     # ---- interface --------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_import_loads_and_prices_like_the_roofline(aic, tmp_path, system, gpu, d
     assert prof["source"].startswith("aiconfigurator-core 0.12.0 " + f"{system}/vllm/")
     assert device in prof["device"]["name"] and system in prof["device"]["name"]
     assert prof["provenance"]["license"] == "Apache-2.0" and len(prof["provenance"]["tables"]) == 3
-    assert set(prof["ops"]) >= {"gemm", "decode_attn", "prefill_attn"}
+    assert set(prof["ops"]) >= {"gemm", "paged_decode", "chunked_prefill"}
     assert prof["kv_formats"] == ["bf16", "fp8_e4m3/per_tensor"]
     _check_prices(tmp_path / f"{system}.json", gpu)
 
@@ -102,7 +102,7 @@ def test_exact_grid_shapes_are_the_tables_latencies_in_seconds(aic, tmp_path):
     )
     dec = next(
         p
-        for p in prof["ops"]["decode_attn"]["points"]
+        for p in prof["ops"]["paged_decode"]["points"]
         if (p["batch"], p["context"], p["format"]) == (1, 1024, "bf16")
     )
     assert dec["t_p50"] == pytest.approx(row["latency"] * 1e-3, rel=1e-9)
@@ -115,7 +115,7 @@ def test_exact_grid_shapes_are_the_tables_latencies_in_seconds(aic, tmp_path):
 
 def test_decode_grid_is_rectangular_with_filled_cells_marked(aic, tmp_path):
     prof = load_profile(_import(tmp_path, "h200_sxm"))
-    pts = [p for p in prof["ops"]["decode_attn"]["points"] if p["format"] == "bf16"]
+    pts = [p for p in prof["ops"]["paged_decode"]["points"] if p["format"] == "bf16"]
     batches, contexts = {p["batch"] for p in pts}, {p["context"] for p in pts}
     assert len(pts) == len(batches) * len(contexts)
     assert any("filled" in p for p in pts)

@@ -24,15 +24,15 @@ def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
     args = ["--device", "cpu", "--quick", "--reps", "3", "--no-progress", "--out", str(out)]
     assert main([*args, "--ops", "decode,copy"]) == 0
     prof = load_profile(out)
-    assert set(prof["ops"]) == {"decode_attn", "copy"} and prof["complete"] is False
+    assert set(prof["ops"]) == {"paged_decode", "copy"} and prof["complete"] is False
     assert prof["backend"] == "cpu" and prof["kind"] == "measured"
-    pt = prof["ops"]["decode_attn"]["points"][0]
+    pt = prof["ops"]["paged_decode"]["points"][0]
     assert pt["t_p20"] <= pt["t_p50"] <= pt["t_p80"]
     assert pt["bytes"] == pt["batch"] * pt["context"] * 4096  # 8 KV heads x 128 x 2 (K, V) x 2 bytes
     before = json.loads(out.read_text())["ops"]["copy"]
     assert main([*args, "--ops", "copy,prefill"]) == 0  # copy is kept, prefill added
     after = load_profile(out)
-    assert after["ops"]["copy"] == before and "prefill_attn" in after["ops"]
+    assert after["ops"]["copy"] == before and "chunked_prefill" in after["ops"]
     assert "already measured" in capsys.readouterr().err
     assert main([*args[:-2], "--reps", "4", "--out", str(out), "--ops", "copy"]) == 2  # other settings
 

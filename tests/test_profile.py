@@ -69,8 +69,8 @@ def _synthetic(model_name: str = "llama-3.1-8b") -> dict:
         "kv_formats": ["bf16"],
         "ops": {
             "gemm": {"points": pts_gemm},
-            "decode_attn": {"points": pts_dec},
-            "prefill_attn": {"points": pts_pre},
+            "paged_decode": {"points": pts_dec},
+            "chunked_prefill": {"points": pts_pre},
         },
         "complete": True,
     }
@@ -125,7 +125,7 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     cm.observe_decode(8, np.array([8 * 1024 - 8.0]))
     assert cm.warnings() == []
     cm.observe_decode(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
-    assert any("decode_attn extrapolated" in w for w in cm.warnings())
+    assert any("paged_decode extrapolated" in w for w in cm.warnings())
 
 
 def test_decode_step_times_agree_with_step_time(tmp_path):
@@ -139,7 +139,7 @@ def test_decode_step_times_agree_with_step_time(tmp_path):
 
 def test_rate_table_rejects_a_ragged_grid():
     with pytest.raises(KvsimError, match="not rectangular"):
-        RateTable.build("decode_attn", [(1, 1), (1, 2), (2, 1)], [1.0, 2.0, 3.0], "p.json")
+        RateTable.build("paged_decode", [(1, 1), (1, 2), (2, 1)], [1.0, 2.0, 3.0], "p.json")
 
 
 @pytest.mark.parametrize(
