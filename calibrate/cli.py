@@ -105,8 +105,11 @@ def _resolve_ops(text: str) -> list[str]:
 
 def _write(path: Path, prof: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(prof, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(prof, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise KvsimError(f"cannot write the profile: {exc.strerror or exc}", source=str(path)) from None
 
 
 def _load_existing(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:

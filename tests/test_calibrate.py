@@ -44,6 +44,7 @@ def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
         ["--device", "cpu"],
         ["--device", "cpu", "--ops", "gemm,bogus", "--out", "x.json"],
         ["import", "--from-aiconfigurator", "--out", "x.json"],
+        ["--device", "cpu", "--quick", "--ops", "copy", "--no-progress", "--out", "no/such/dir/p.json"],
     ],
 )
 def test_bad_flags_give_one_line_and_exit_2(argv, tmp_path):
