@@ -338,12 +338,16 @@ def _accuracy_section(s: dict[str, Any]) -> str:
     out = [
         "<h2>Accuracy (estimate, not measured by the simulator)</h2>",
         '<p class="note">The simulator does not run the model. These are cited estimates for the KV '
-        "format, plus a kernel-level error where a calibration measured one; they say nothing about "
-        "this trace's outputs.</p>",
+        "format, plus the numerical error of kvsim's own kernels for it on synthetic K/V; they say "
+        "nothing about this trace's outputs.</p>",
     ]
     rows = [("KV format", _plain(acc.get("format")))]
     rms = acc.get("kernel_rel_rms")
-    rows.append(("kernel relative RMS error", f"{rms:.3g}" if _is_num(rms) else "not measured"))
+    rows.append(
+        ("attention-output relative RMS error (kernels)", f"{rms:.3g}" if _is_num(rms) else "not measured")
+    )
+    if acc.get("kernel_method"):
+        rows.append(("how it was measured", _plain(acc.get("kernel_method"))))
     if acc.get("note"):
         rows.append(("note", _plain(acc.get("note"))))
     out.append(_table(rows, cls="kv"))
