@@ -1,0 +1,222 @@
+"""The report's plotly figures from requests.csv and timeseries.csv (the only plotting code in kvsim)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from kvsim.report.data import _Csv
+from kvsim.report.tables import _is_num, _note, _plural
+
+# A scatter of more points than this makes the file and the browser slow for no visible gain.
+MAX_POINTS = 5_000
+# Time-series lines need far fewer points than a 1,200 px wide chart has pixels.
+MAX_SERIES_POINTS = 2_000
+# The occupancy selector shows the sum and at most this many individual replicas.
+MAX_REPLICA_VIEWS = 8
+# (div id suffix, figure) pairs and notes on what was left out.
+_Figures = tuple[list[tuple[str, go.Figure]], list[str]]
+_PLOT_CONFIG = {"responsive": True, "displaylogo": False}
+_TEMPLATE = "plotly_white"
+
+
+def _stride(n: int, k: int) -> np.ndarray:
+    """At most ``k`` evenly spaced indices into ``n`` items, first and last included."""
+    if n <= k:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
+
+
+def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = np.sort(values[np.isfinite(values) & (values > 0)])  # log x: zero durations cannot show
+    y = np.arange(1, v.size + 1) / max(v.size, 1)
+    idx = _stride(v.size, MAX_POINTS)
+    return v[idx], y[idx]
+
+
+def _latency_figures(r: _Csv, slo: dict[str, Any]) -> _Figures:
+    need = ("arrival_s", "first_token_s", "finish_s", "output_tokens", "status")
+    if not r.has(*need):
+        missing = [c for c in need if c not in r.columns]
+        return [], [f"requests.csv lacks column(s) {', '.join(missing)}; latency charts left out."]
+    arrival, first, finish = r.num("arrival_s"), r.num("first_token_s"), r.num("finish_s")
+    out_tok, status = r.num("output_tokens"), r.text("status")
+    done = status == "completed"
+    ttft = (first - arrival)[done & np.isfinite(first)]
+    # TPOT excludes the first token, as the summary does; one-token requests have none.
+    tpot_ok = done & np.isfinite(first) & (out_tok > 1)
+    tpot = (finish - first)[tpot_ok] / (out_tok[tpot_ok] - 1)
+
+    figs: list[tuple[str, go.Figure]] = []
+    cdf = make_subplots(rows=1, cols=2, subplot_titles=("TTFT", "TPOT"), horizontal_spacing=0.08)
+    for col, vals in ((1, ttft), (2, tpot)):
+        x, y = _cdf(vals)
+        cdf.add_trace(go.Scatter(x=x, y=y, mode="lines", line_shape="hv", showlegend=False), row=1, col=col)
+        cdf.update_xaxes(type="log", title_text="seconds (log)", row=1, col=col)
+        target = slo.get("ttft_s" if col == 1 else "tpot_s")
+        if _is_num(target) and target > 0:
+            cdf.add_vline(x=target, line_dash="dash", line_color="#888", row=1, col=col)
+            cdf.add_annotation(
+                x=math.log10(target), y=0.05, text="SLO", showarrow=False, xanchor="left", row=1, col=col
+            )
+    cdf.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
+    cdf.update_layout(
+        title="Latency CDFs of completed requests (from requests.csv; dashed: SLO target)", height=380
+    )
+    figs.append(("cdf", cdf))
+
+    ok = done & np.isfinite(finish) & np.isfinite(arrival)
+    a, e = arrival[ok], (finish - arrival)[ok]
+    order = np.argsort(a, kind="stable")
+    a, e = a[order], e[order]
+    keep = _stride(a.size, MAX_POINTS - 100)
+    if a.size > keep.size:  # evenly spaced points hide the tail; keep the 100 slowest as well
+        keep = np.union1d(keep, np.argsort(-e, kind="stable")[:100])
+    title = "E2E latency vs arrival time (completed requests"
+    title += f"; {keep.size:,} of {a.size:,} shown)" if keep.size < a.size else ")"
+    scatter = go.Figure(
+        go.Scattergl(x=a[keep], y=e[keep], mode="markers", marker={"size": 4, "opacity": 0.6})
+    )
+    scatter.update_layout(title=title, height=380, xaxis_title="arrival (s)", yaxis_title="E2E latency (s)")
+    figs.append(("e2e", scatter))
+
+    if ok.any():
+        t_end = float(np.nanmax(finish[ok]))
+        nbins = int(min(100, max(10, math.sqrt(ok.sum()))))
+        edges = np.linspace(0.0, max(t_end, 1e-9), nbins + 1)
+        tok, _ = np.histogram(finish[ok], bins=edges, weights=out_tok[ok])
+        width = edges[1] - edges[0]
+        tput = go.Figure(go.Bar(x=edges[:-1] + width / 2, y=tok / width, width=width, marker_line_width=0))
+        tput.update_layout(
+            title="Output throughput (tokens of completed requests, counted when each finishes)",
+            height=340,
+            xaxis_title="simulated time (s)",
+            yaxis_title="output tokens/s",
+            bargap=0,
+        )
+        figs.append(("throughput", tput))
+    return figs, []
+
+
+def _series_on_grid(t: np.ndarray, v: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Step-hold the samples ``(t, v)`` (sorted by t) onto ``grid``; 0 before the first sample."""
+    i = np.searchsorted(t, grid, side="right") - 1
+    return np.where(i >= 0, v[np.clip(i, 0, None)], 0.0)
+
+
+def _timeseries_figures(ts: _Csv) -> _Figures:
+    need = ("t_s", "replica", "kv_used_blocks", "kv_cached_blocks", "kv_free_blocks", "running", "waiting")
+    if not ts.has(*need):
+        missing = [c for c in need if c not in ts.columns]
+        return [], [f"timeseries.csv lacks column(s) {', '.join(missing)}; occupancy charts left out."]
+    t = ts.num("t_s")
+    replica = ts.num("replica")
+    cols = {c: ts.num(c) for c in need[2:]}
+    ok = np.isfinite(t) & np.isfinite(replica)
+    if not ok.any():
+        return [], ["timeseries.csv has no samples; occupancy charts left out."]
+    grid = np.unique(t[ok])
+    grid = grid[_stride(grid.size, MAX_SERIES_POINTS)]
+    replicas = [int(x) for x in np.unique(replica[ok])]
+    per: dict[int, dict[str, np.ndarray]] = {}
+    for rep in replicas:
+        m = ok & (replica == rep)
+        order = np.argsort(t[m], kind="stable")
+        per[rep] = {
+            c: _series_on_grid(t[m][order], np.nan_to_num(v[m][order]), grid) for c, v in cols.items()
+        }
+    total = {c: sum(per[r][c] for r in replicas) for c in cols}
+
+    views: list[tuple[str, dict[str, np.ndarray]]] = [(f"sum of {_plural(len(replicas), 'replica')}", total)]
+    if len(replicas) > 1:
+        views += [(f"replica {r}", per[r]) for r in replicas[:MAX_REPLICA_VIEWS]]
+    occ = go.Figure()
+    layers = (
+        ("kv_used_blocks", "KV used"),
+        ("kv_cached_blocks", "cached, free to evict"),
+        ("kv_free_blocks", "free"),
+    )
+    colors = ("#d62728", "#ff7f0e", "#2ca02c")
+    for vi, (_, series) in enumerate(views):
+        for (col, label), color in zip(layers, colors, strict=True):
+            occ.add_trace(
+                go.Scatter(
+                    x=grid,
+                    y=series[col],
+                    name=label,
+                    stackgroup="kv",
+                    mode="lines",
+                    line={"width": 0.5, "color": color},
+                    line_shape="hv",
+                    visible=vi == 0,
+                    legendgroup=label,
+                    showlegend=True,
+                )
+            )
+    title = "KV-cache blocks over time"
+    if len(views) > 1:
+        buttons = []
+        for vi, (label, _) in enumerate(views):
+            visible = [i // len(layers) == vi for i in range(len(views) * len(layers))]
+            buttons.append({"label": label, "method": "update", "args": [{"visible": visible}]})
+        occ.update_layout(
+            updatemenus=[{"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.18, "yanchor": "top"}]
+        )
+        if len(replicas) > MAX_REPLICA_VIEWS:
+            title += f" (selector lists the first {MAX_REPLICA_VIEWS} replicas)"
+    occ.update_layout(title=title, height=380, xaxis_title="simulated time (s)", yaxis_title="blocks")
+
+    queue = go.Figure()
+    for col, label in (("running", "running"), ("waiting", "waiting")):
+        queue.add_trace(go.Scatter(x=grid, y=total[col], name=label, mode="lines", line_shape="hv"))
+    queue.update_layout(
+        title=f"Running and waiting requests (sum over {_plural(len(replicas), 'replica')})",
+        height=340,
+        xaxis_title="simulated time (s)",
+        yaxis_title="requests",
+    )
+    return [("kv", occ), ("queue", queue)], []
+
+
+def _figure_html(div_id: str, fig: go.Figure) -> str:
+    fig.update_layout(template=_TEMPLATE, margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    return pio.to_html(
+        fig,
+        include_plotlyjs=False,
+        full_html=False,
+        div_id=f"kvsim-{div_id}",
+        config=_PLOT_CONFIG,
+        default_height=f"{fig.layout.height or 380}px",
+    )
+
+
+def _charts_section(requests: _Csv | None, timeseries: _Csv | None, slo: dict[str, Any]) -> tuple[str, bool]:
+    """HTML for the charts and whether any figure needs plotly.js."""
+    out = ["<h2>Charts</h2>"]
+    any_fig = False
+    sources: tuple[tuple[str, _Csv | None, Callable[[_Csv], _Figures]], ...] = (
+        ("requests.csv", requests, lambda r: _latency_figures(r, slo)),
+        ("timeseries.csv", timeseries, _timeseries_figures),
+    )
+    for name, data, build in sources:
+        if data is None:
+            out.append(_note(f"{name} not found in the run directory; its charts are left out."))
+            continue
+        if data.rows == 0:
+            out.append(_note(f"{name} has no rows; its charts are left out."))
+            continue
+        figs, notes = build(data)
+        out.extend(_note(n) for n in notes)
+        for div_id, fig in figs:
+            out.append(_figure_html(div_id, fig))
+            any_fig = True
+    return "\n".join(out), any_fig
+
+
+# ------------------------------------------------------------------------------------------ page

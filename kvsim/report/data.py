@@ -1,0 +1,85 @@
+"""Reading a run directory's files for the report: summary.json and the CSVs, validated."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+
+# --------------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class _Csv:
+    """Columns of one CSV file, as the strings it held; ``rows`` is the count of data rows."""
+
+    path: Path
+    columns: dict[str, list[str]]
+    rows: int
+
+    def has(self, *names: str) -> bool:
+        return all(n in self.columns for n in names)
+
+    def num(self, name: str) -> np.ndarray:
+        """Column ``name`` as float64, NaN where empty (a time that was never reached)."""
+        out = np.full(self.rows, np.nan)
+        for i, text in enumerate(self.columns[name]):
+            text = text.strip()
+            if not text:
+                continue
+            try:
+                out[i] = float(text)
+            except ValueError:
+                raise KvsimError(
+                    f"expected a number in column {name!r}, got {text!r}",
+                    source=str(self.path),
+                    path=f"line {i + 2}",
+                ) from None
+        return out
+
+    def text(self, name: str) -> np.ndarray:
+        return np.array([t.strip() for t in self.columns[name]], dtype=object)
+
+
+def _load_summary(run_dir: Path) -> dict[str, Any]:
+    if not run_dir.is_dir():
+        raise KvsimError("run directory not found", source=str(run_dir))
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise KvsimError("summary.json not found; is this a kvsim run directory?", source=str(path))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise KvsimError(f"not valid JSON: {exc.msg}", source=str(path), path=f"line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise KvsimError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
+    return data
+
+
+def _load_csv(path: Path) -> _Csv | None:
+    if not path.is_file():
+        return None
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return _Csv(path, {}, 0)
+        header = [h.strip() for h in header]
+        cols: list[list[str]] = [[] for _ in header]
+        rows = 0
+        for row in reader:
+            if not row:
+                continue
+            for j in range(len(header)):
+                cols[j].append(row[j] if j < len(row) else "")
+            rows += 1
+    return _Csv(path, dict(zip(header, cols, strict=True)), rows)
+
+
+# ----------------------------------------------------------------------------------- formatting

@@ -1,0 +1,261 @@
+"""The report's text: value formatting and the HTML tables and sections built from summary.json."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from kvsim.report.data import _Csv
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _dur(v: Any) -> str:
+    """Seconds, shown as ms below one second (TTFT/TPOT live there), else as seconds."""
+    if not _is_num(v):
+        return "–"
+    if abs(v) < 1.0:
+        return f"{v * 1e3:,.1f} ms"
+    return f"{v:,.2f} s"
+
+
+def _int(v: Any) -> str:
+    return f"{int(v):,}" if _is_num(v) else "–"
+
+
+def _float(v: Any, fmt: str = ",.1f", unit: str = "") -> str:
+    return f"{v:{fmt}}{unit}" if _is_num(v) else "–"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.1%}" if _is_num(v) else "–"
+
+
+def _gib(v: Any) -> str:
+    return f"{v / 2**30:,.1f} GiB" if _is_num(v) else "–"
+
+
+def _usd(v: Any) -> str:
+    return f"${v:,.3f}" if _is_num(v) else "–"
+
+
+def _percentile_label(v: Any) -> str:
+    if _is_num(v):
+        return f"p{v * 100:g}" if v <= 1 else f"p{v:g}"
+    return str(v) if v is not None else "–"
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _met(v: Any) -> str:
+    if v is True:
+        return '<span class="ok">met</span>'
+    if v is False:
+        return '<span class="bad">missed</span>'
+    return "–"
+
+
+def _plain(v: Any, depth: int = 0) -> str:
+    """Any JSON value as short escaped text (config and unknown summary fields)."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float):
+        return _float(v, ",.6g")
+    if isinstance(v, str):
+        return html.escape(v)
+    if isinstance(v, dict) and v and depth == 0:  # one level of nesting reads better as lines
+        return "<br>".join(f"{html.escape(str(k))}: {_plain(x, depth + 1)}" for k, x in v.items())
+    if isinstance(v, list) and not v:
+        return "none"
+    text = json.dumps(v, sort_keys=True, separators=(",", ": "))
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return html.escape(text)
+
+
+def _table(rows: Iterable[Iterable[str]], header: Iterable[str] | None = None, cls: str = "") -> str:
+    """Cells are already-escaped HTML."""
+    parts = [f'<table class="{cls}">' if cls else "<table>"]
+    if header is not None:
+        parts.append("<tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
+    parts.extend("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    parts.append("</table>")
+    return "\n".join(parts)
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+# -------------------------------------------------------------------------------------- sections
+
+_KNOWN_KEYS = frozenset(
+    """scenario requests ttft_s tpot_s e2e_s queue_s throughput_tok_s output_throughput_tok_s goodput_req_s slo
+    hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
+    preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
+    accuracy tokens cost_usd sim_speed_x""".split()
+)
+
+
+def _config_section(s: dict[str, Any]) -> str:
+    cfg = s.get("config")
+    if not isinstance(cfg, dict) or not cfg:
+        return "<h2>Config</h2>" + _note("summary.json carries no config.")
+    rows = [(html.escape(str(k)), _plain(v)) for k, v in cfg.items()]
+    return "<h2>Config</h2>\n" + _table(rows, cls="kv")
+
+
+def _accounting(s: dict[str, Any], requests: _Csv | None) -> tuple[str, list[str]]:
+    req = s.get("requests") if isinstance(s.get("requests"), dict) else {}
+    total, done, rej, unf = (req.get(k) for k in ("total", "completed", "rejected", "unfinished"))
+    notes = []
+    if all(_is_num(v) for v in (total, done, rej, unf)) and total != done + rej + unf:
+        notes.append(
+            f"requests do not add up: total {total} != completed + rejected + unfinished {done + rej + unf}."
+        )
+    if requests is not None and _is_num(total) and requests.rows != total:
+        notes.append(
+            f"requests.csv has {requests.rows:,} rows but summary.json counts {int(total):,} requests."
+        )
+    text = f"{_int(total)} = {_int(done)} completed + {_int(rej)} rejected + {_int(unf)} unfinished"
+    if _is_num(req.get("not_arrived")) and req["not_arrived"] > 0:
+        text += f" (another {_int(req['not_arrived'])} in the trace had not arrived when the run ended)"
+    return text, notes
+
+
+def _headline_section(s: dict[str, Any], requests: _Csv | None) -> str:
+    accounted, notes = _accounting(s, requests)
+    slo = s.get("slo") if isinstance(s.get("slo"), dict) else {}
+    pct = _percentile_label(slo.get("percentile"))
+
+    lat_rows = []
+    for key, label in (
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("e2e_s", "E2E latency"),
+        ("queue_s", "queueing"),
+    ):
+        d = s.get(key) if isinstance(s.get(key), dict) else {}
+        lat_rows.append((label, *(_dur(d.get(q)) for q in ("mean", "p50", "p90", "p99", "p999"))))
+    latency = _table(lat_rows, header=("", "mean", "p50", "p90", "p99", "p99.9"), cls="num")
+
+    peak, cap = s.get("hbm_peak_bytes"), s.get("hbm_capacity_bytes")
+    hbm = f"{_gib(peak)} of {_gib(cap)}"
+    if _is_num(peak) and _is_num(cap) and cap > 0:
+        hbm += f" ({peak / cap:.1%})"
+    if _is_num(s.get("weight_bytes_per_gpu")):
+        hbm += f"; weights {_gib(s['weight_bytes_per_gpu'])} per GPU"
+    kv_pool = f"{_int(s.get('kv_blocks_per_replica'))} blocks per replica"
+    if _is_num(s.get("kv_block_bytes")):
+        kv_pool += f" x {s['kv_block_bytes'] / 2**20:,.2f} MiB"
+    sim, wall = s.get("simulated_s"), s.get("wall_s")
+    timing = f"{_float(sim, ',.1f', ' s')} simulated in {_float(wall, ',.2f', ' s')} wall"
+    if _is_num(sim) and _is_num(wall) and wall > 0:
+        timing += f" ({sim / wall:,.0f}x real time)"
+    slo_text = "; ".join(
+        f"{name} {pct}"
+        + (f" {_dur(slo[f'{key}_at_percentile_s'])}" if _is_num(slo.get(f"{key}_at_percentile_s")) else "")
+        + f" ≤ {_dur(slo.get(f'{key}_s'))}: {_met(slo.get(f'{key}_met'))}"
+        for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
+    )
+    slo_text += f"; {_pct(slo.get('good_fraction'))} of requests met both"
+    gpu_hours = s.get("gpu_hours")
+    tput = (
+        f"{_float(s.get('throughput_tok_s'), ',.0f', ' tok/s')} "
+        f"(output {_float(s.get('output_throughput_tok_s'), ',.0f', ' tok/s')})"
+    )
+    tokens = s.get("tokens") if isinstance(s.get("tokens"), dict) else {}
+    if _is_num(tokens.get("prompt")) and _is_num(tokens.get("output")):
+        tput += f"; {_int(tokens['prompt'])} prompt + {_int(tokens['output'])} output tokens completed"
+    cost = (
+        f"{_usd(s.get('cost_per_mtok_usd'))} ({_usd(s.get('cost_per_output_mtok_usd'))} per million output "
+        f"tokens; {_float(gpu_hours, ',.2f', ' GPU-hours')}"
+        + (f", {_usd(s['cost_usd'])} in all" if _is_num(s.get("cost_usd")) else "")
+        + ")"
+    )
+    rows = [
+        ("requests (total = completed + rejected + unfinished)", accounted),
+        ("throughput", tput),
+        ("goodput", f"{_float(s.get('goodput_req_s'), ',.2f', ' req/s')}"),
+        ("SLO targets", slo_text),
+        ("cost per million tokens", cost),
+        ("HBM peak vs capacity (per GPU)", hbm),
+        ("KV pool", kv_pool),
+        ("prefix-cache hit rate", _pct(s.get("prefix_hit_rate"))),
+        ("preemptions", _int(s.get("preemptions"))),
+        ("simulated vs wall time", timing),
+    ]
+    out = ["<h2>Headline</h2>", _table(rows, cls="kv"), latency]
+    out.extend(f'<p class="warn">{html.escape(n)}</p>' for n in notes)
+    return "\n".join(out)
+
+
+def _warnings_section(s: dict[str, Any]) -> str:
+    warnings = s.get("warnings")
+    if not isinstance(warnings, list) or not warnings:
+        return "<h2>Warnings</h2>\n" + _note("None.")
+    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
+    return f'<h2>Warnings</h2>\n<ul class="warn">{items}</ul>'
+
+
+def _rejections_section(s: dict[str, Any]) -> str:
+    reasons = _get(s, "requests", "rejected_reasons")
+    if not isinstance(reasons, dict) or not reasons:
+        return "<h2>Rejection reasons</h2>\n" + _note("No requests were rejected.")
+    items = sorted(reasons.items(), key=lambda kv: (-(kv[1] if _is_num(kv[1]) else 0), str(kv[0])))
+    rows = [(html.escape(str(k)), _int(v)) for k, v in items]
+    return "<h2>Rejection reasons</h2>\n" + _table(rows, header=("reason", "requests"), cls="num")
+
+
+def _accuracy_section(s: dict[str, Any]) -> str:
+    acc = s.get("accuracy")
+    if not isinstance(acc, dict):
+        return ""
+    out = [
+        "<h2>Accuracy (estimate, not measured by the simulator)</h2>",
+        '<p class="note">The simulator does not run the model. These are cited estimates for the KV '
+        "format, plus the numerical error of kvsim's own kernels for it on synthetic K/V; they say "
+        "nothing about this trace's outputs.</p>",
+    ]
+    rows = [("KV format", _plain(acc.get("format")))]
+    rms = acc.get("kernel_rel_rms")
+    rows.append(
+        ("attention-output relative RMS error (kernels)", f"{rms:.3g}" if _is_num(rms) else "not measured")
+    )
+    if acc.get("kernel_method"):
+        rows.append(("how it was measured", _plain(acc.get("kernel_method"))))
+    if acc.get("note"):
+        rows.append(("note", _plain(acc.get("note"))))
+    out.append(_table(rows, cls="kv"))
+    lit = acc.get("literature")
+    if isinstance(lit, list) and lit:
+        cited = [(_plain(_get(x, "claim")), _plain(_get(x, "source"))) for x in lit if isinstance(x, dict)]
+        out.append(_table(cited, header=("claim (cited)", "source")))
+    return "\n".join(out)
+
+
+def _extras_section(s: dict[str, Any]) -> str:
+    extra = [(html.escape(str(k)), _plain(v)) for k, v in s.items() if k not in _KNOWN_KEYS]
+    if not extra:
+        return ""
+    return "<h2>Other summary fields</h2>\n" + _table(extra, cls="kv")
+
+
+# ---------------------------------------------------------------------------------------- charts
