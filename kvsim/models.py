@@ -316,7 +316,9 @@ PRESETS: dict[str, ModelSpec] = {
         num_shared_experts=1,
         moe_intermediate_size=2048,
         first_dense_layers=3,
-        source=_HF + "deepseek-ai/DeepSeek-V3 (MTP module not counted)",
+        weight_dtype="fp8",
+        source=_HF + "deepseek-ai/DeepSeek-V3 (weights released in FP8, quantization_config fp8; "
+        "MTP module not counted)",
     ),
     # The design documents' running example: a 70B Llama-shaped model with full multi-head KV
     # (64 KV heads x 128), 2,621,440 bytes/token in fp16 (../shared/REFERENCE.md). Hypothetical.
@@ -368,6 +370,9 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
     if not isinstance(head_dim, int) or head_dim <= 0:
         raise KvsimError(f"head_dim: expected a positive integer, got {head_dim!r}", source=source)
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
+        dtype = "fp8"  # weights stored in FP8 (e.g. DeepSeek-V3), whatever torch_dtype says
     if dtype not in DTYPE_BYTES:
         raise KvsimError(
             f"torch_dtype: unsupported {dtype!r}; expected one of {sorted(DTYPE_BYTES)}", source=source

@@ -128,6 +128,8 @@ def test_hf_config_deepseek_mla(tmp_path):
         "n_shared_experts": 1,
         "moe_intermediate_size": 2048,
         "first_k_dense_replace": 3,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
         "intermediate_size": 18432,
         "vocab_size": 129280,
         "max_position_embeddings": 163840,
@@ -138,6 +140,7 @@ def test_hf_config_deepseek_mla(tmp_path):
     assert m.attention is Attention.MLA
     assert m.kv_bytes_per_token(FP16) == 70_272
     assert m.num_params == PRESETS["deepseek-v3"].num_params
+    assert m.weight_dtype == "fp8" == PRESETS["deepseek-v3"].weight_dtype  # released in FP8
 
 
 @pytest.mark.parametrize(
