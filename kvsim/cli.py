@@ -153,6 +153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a defect in kvsim, not the user's input: one line, exit 1
+        if debug:
+            raise
+        print(
+            f"kvsim: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     con.print(
         f"KV blocks per replica {summary['kv_blocks_per_replica']:,}; HBM peak {summary['hbm_peak_bytes'] / 2**30:,.1f} GiB; "
-        f"cost ${summary['cost_per_mtok_usd']:.3f}/M tokens (${summary['cost_per_output_mtok_usd']:.3f}/M output)"
+        f"cost {_usd(summary['cost_per_mtok_usd'])}/M tokens ({_usd(summary['cost_per_output_mtok_usd'])}/M output)"
     )
     con.print(
         f"simulated {summary['simulated_s']:,.1f} s in {summary['wall_s']:.2f} s wall "
@@ -100,6 +100,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     for w in summary.get("warnings", []):
         con.print(f"[yellow]warning:[/] {w}")
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:.3f}"  # None: no token completed, no cost per token
 
 
 def _ms(v: float | None) -> str:

@@ -121,3 +121,13 @@ def test_max_time_before_the_last_arrival_with_progress_bar(scenario, tmp_path):
     assert main(["run", str(scenario), "--out", str(out), "--set", "sim.max_time=3s"]) == 0
     r = json.loads((out / "summary.json").read_text())["requests"]
     assert r["not_arrived"] > 0 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
+
+
+def test_a_run_where_every_request_is_rejected_still_reports(tmp_path, capsys):
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,200000,5\n1,300000,5\n")
+    (tmp_path / "s.yaml").write_text("model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv}\n")
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["requests"]["rejected"] == 2 and s["cost_per_mtok_usd"] is None
+    assert "cost -/M tokens" in capsys.readouterr().out
+    assert (tmp_path / "o" / "report.html").exists()
