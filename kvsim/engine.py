@@ -28,7 +28,7 @@ MAX_FF_STEPS = 2048
 class ReplicaStats:
     steps: int = 0
     events: int = 0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # simulated seconds spent running steps
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -43,7 +43,6 @@ class Replica:
         fast_forward: bool,
         barrier: Callable[[], float],
         sample_every_s: float,
-        on_finish: Callable[[Sequence], None],
     ) -> None:
         self.env = env
         self.index = index
@@ -52,7 +51,6 @@ class Replica:
         self.fast_forward = fast_forward
         self.barrier = barrier  # time of the next outside event (arrival or end of simulation)
         self.sample_every_s = sample_every_s
-        self.on_finish = on_finish
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
@@ -103,7 +101,6 @@ class Replica:
                 self.stats.steps += k
                 for seq in done:
                     seq.finish_s = t_end
-                    self.on_finish(seq)
             else:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
@@ -126,7 +123,6 @@ class Replica:
                     seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
-                    self.on_finish(seq)
             self.stats.events += 1
             self.stats.busy_s += self.clock - start
 
@@ -195,9 +191,8 @@ class ArrivalFeed:
 def arrival_process(
     env: simpy.Environment,
     feed: ArrivalFeed,
-    make_seq: Callable[[int], Sequence | None],
+    make_seq: Callable[[int], Sequence],
     router: Router,
-    on_reject: Callable[[Sequence], None],
 ):  # type: ignore[no-untyped-def]
     n = len(feed.times)
     while feed.cursor < n:
@@ -207,12 +202,8 @@ def arrival_process(
         i = feed.cursor
         feed.cursor += 1
         seq = make_seq(i)
-        if seq is None:
-            continue
-        if seq.status is Status.REJECTED:
-            on_reject(seq)
-            continue
-        router.choose(seq).submit(seq)
+        if seq.status is not Status.REJECTED:  # rejected ones stay in the run's records
+            router.choose(seq).submit(seq)
 
 
 def make_pool_and_scheduler(

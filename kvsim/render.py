@@ -88,7 +88,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     con.print(
         f"throughput {summary['throughput_tok_s']:,.0f} tok/s (output {summary['output_throughput_tok_s']:,.0f}); "
         f"goodput {summary['goodput_req_s']:.2f} req/s; prefix hit rate {summary['prefix_hit_rate']:.1%}; "
-        f"preemptions {summary['preemptions']:,}"
+        f"preemptions {summary['preemptions']:,}; replicas busy {summary['replica_busy_fraction']['mean']:.0%}"
     )
     con.print(
         f"KV blocks per replica {summary['kv_blocks_per_replica']:,}; HBM peak {summary['hbm_peak_bytes'] / 2**30:,.1f} GiB; "

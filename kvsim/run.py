@@ -90,11 +90,6 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     feed = ArrivalFeed(times=wl.arrival_s, end_s=end_s)
     seqs: list[Sequence] = []
-    finished = [0]
-
-    def on_finish(seq: Sequence) -> None:
-        finished[0] += 1
-
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
@@ -115,7 +110,6 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
                 fast_forward=sc.sim.fast_forward,
                 barrier=feed.next_time,
                 sample_every_s=sample_every,
-                on_finish=on_finish,
             )
         )
     router = Router(sc.cluster.router, replicas, bs)
@@ -143,7 +137,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
             )
         return seq
 
-    env.process(arrival_process(env, feed, make_seq, router, lambda s: None))
+    env.process(arrival_process(env, feed, make_seq, router))
     _drive(env, span, end_s, progress)
     wall = time.perf_counter() - t0
     simulated = min(env.now, end_s) if math.isfinite(end_s) else env.now
@@ -198,6 +192,11 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
             "memory_plan": asdict(plan),
             "prefix_cache_evictions": sum(r.sched.pool.evictions for r in replicas),
             "steps": sum(s.steps for s in stats),
+            # Share of simulated time each replica spent running steps (its GPUs busy), mean and max.
+            "replica_busy_fraction": {
+                "mean": sum(s.busy_s for s in stats) / len(stats) / simulated if simulated > 0 else 0.0,
+                "max": max(s.busy_s for s in stats) / simulated if simulated > 0 else 0.0,
+            },
             "engine_events": sum(s.events for s in stats),
             "simulated_s": simulated,
             "wall_s": time.perf_counter() - t0,
