@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.formats import format_from_name
 from kvsim.profile import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 
 
@@ -148,14 +149,11 @@ def calibrate(args: argparse.Namespace) -> int:
     ops = _resolve_ops(args.ops)
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     grid = make_grid(backend, args.quick, formats)
-    if formats:
-        from kernels.kv_cache import resolve_format
-
+    for f in formats or ():
         try:
-            for f in formats:
-                resolve_format(f)
-        except ValueError as exc:
-            raise KvsimError(str(exc), source="--formats") from None
+            format_from_name(f)
+        except KvsimError as exc:
+            raise KvsimError(exc.message, source="--formats") from None
     reps = args.reps or (10 if args.quick else 50)
     settings = {
         "backend": backend,

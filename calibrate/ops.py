@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kvsim.formats import KVFormat
+from kvsim.formats import KVFormat, format_from_name
 from kvsim.models import ModelSpec, TPShapes
 
 OPS = ("gemm", "paged_decode", "chunked_prefill", "copy")
@@ -184,11 +184,9 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
 
 
 def _decode_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
-    from kernels.kv_cache import resolve_format
-
     kern = _kernels()
     for fmt_name in grid.formats:
-        fmt = resolve_format(fmt_name)
+        fmt = format_from_name(fmt_name)
         per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
         for b in grid.decode_batch:
             for ctx in grid.decode_context:
@@ -221,11 +219,9 @@ def _decode_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> It
 
 
 def _prefill_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
-    from kernels.kv_cache import resolve_format
-
     kern = _kernels()
     for fmt_name in grid.formats:
-        fmt = resolve_format(fmt_name)
+        fmt = format_from_name(fmt_name)
         per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
         for chunk in grid.prefill_chunk:
             for prefix in grid.prefill_prefix:

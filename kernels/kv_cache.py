@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kvsim.formats import FormatKind, KVFormat, ScaleGranularity, make_format
+from kvsim.errors import KvsimError
+from kvsim.formats import FormatKind, KVFormat, ScaleGranularity, format_from_name
 
 FMT_FP16, FMT_BF16, FMT_FP8, FMT_INT8, FMT_INT4, FMT_KVQ4 = 0, 1, 2, 3, 4, 5
 FMT_CODES = {
@@ -70,25 +71,10 @@ def resolve_format(fmt: KVFormat | str) -> KVFormat:
         return fmt
     if not isinstance(fmt, str):
         raise ValueError(f"format must be a KVFormat or a format name, got {fmt!r}")
-    base, _, param = fmt.strip().lower().partition("/")
-    kwargs: dict[str, object] = {}
     try:
-        if param:
-            if base in ("int8", "int4") and param.startswith("g"):
-                kwargs["group_size"] = int(param[1:])
-            elif base in ("fp8_e4m3", "fp8", "e4m3"):
-                kwargs["scale"] = param
-            elif base in ("kvquant4", "turboquant") and param.endswith("%"):
-                kwargs["outlier_fraction"] = float(param[:-1]) / 100.0
-            else:
-                raise ValueError(f"unknown parameter {param!r}")
-        kv_format, _note = make_format(base, **kwargs)  # type: ignore[arg-type]
-    except Exception as exc:  # KvsimError or a bad number: one ValueError naming the input
-        raise ValueError(
-            f"bad KV format {fmt!r}: {exc}; expected e.g. 'fp16', 'bf16', 'fp8_e4m3/per_tensor', "
-            "'fp8_e4m3/per_head', 'int8/g64', 'int4/g32', 'kvquant4/1.0%'"
-        ) from None
-    return kv_format
+        return format_from_name(fmt)
+    except KvsimError as exc:
+        raise ValueError(exc.message) from None
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,28 @@ def make_format(
         ),
         note,
     )
+
+
+def format_from_name(name: str) -> KVFormat:
+    """The inverse of `KVFormat.name`: "int4/g64", "fp8_e4m3/per_head", "kvquant4/1.0%", or a
+    bare `make_format` name ("fp16", "fp8"). Raises `KvsimError` naming the input."""
+    if not isinstance(name, str):
+        raise KvsimError(f"expected a KV format name, got {name!r}")
+    base, _, param = name.strip().lower().partition("/")
+    kwargs: dict[str, object] = {}
+    try:
+        if param:
+            if base in ("int8", "int4") and param.startswith("g"):
+                kwargs["group_size"] = int(param[1:])
+            elif base in ("fp8_e4m3", "fp8", "e4m3"):
+                kwargs["scale"] = param
+            elif base in ("kvquant4", "turboquant") and param.endswith("%"):
+                kwargs["outlier_fraction"] = float(param[:-1]) / 100.0
+            else:
+                raise KvsimError(f"unknown parameter {param!r}")
+        return make_format(base, **kwargs)[0]  # type: ignore[arg-type]
+    except (KvsimError, ValueError) as exc:
+        raise KvsimError(
+            f"bad KV format {name!r}: {exc}; expected e.g. 'fp16', 'bf16', 'fp8_e4m3/per_tensor', "
+            "'fp8_e4m3/per_head', 'int8/g64', 'int4/g32', 'kvquant4/1.0%'"
+        ) from None

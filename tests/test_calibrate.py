@@ -102,3 +102,20 @@ def test_unforced_gpu_mismatch_is_one_line_error():
     with pytest.raises(KvsimError) as exc:
         run_scenario(sc, workload=make_workload([0.0], [10], [2]))
     assert exc.value.source.endswith(SHIPPED) and "\n" not in str(exc.value)
+
+
+def test_without_the_kernels_package_attention_falls_back_to_dense_sdpa(tmp_path):
+    code = (
+        "import sys\n"
+        "class B:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('triton', 'kernels'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, B())\n"
+        "from calibrate.cli import main\n"
+        f"sys.exit(main(['--device', 'cpu', '--quick', '--ops', 'decode', '--no-progress', '--out', r'{tmp_path / 'p.json'}']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    prof = json.loads((tmp_path / "p.json").read_text())
+    assert {p["impl"] for p in prof["ops"]["paged_decode"]["points"]} == {"torch_sdpa_dense"}
