@@ -147,10 +147,9 @@ class Replica:
 class Router:
     """Chooses a replica for each arriving request."""
 
-    def __init__(self, policy: str, replicas: list[Replica], block_size: int) -> None:
+    def __init__(self, policy: str, replicas: list[Replica]) -> None:
         self.policy = policy
         self.replicas = replicas
-        self.block_size = block_size
         self._rr = 0
 
     def choose(self, seq: Sequence) -> Replica:

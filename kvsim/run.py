@@ -112,7 +112,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
                 sample_every_s=sample_every,
             )
         )
-    router = Router(sc.cluster.router, replicas, bs)
+    router = Router(sc.cluster.router, replicas)
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill

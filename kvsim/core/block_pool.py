@@ -121,6 +121,20 @@ class BlockPool:
         assert self.private >= 0
         return out
 
+    def promote(self, keys: Sequence[int], sizes: Sequence[int]) -> None:
+        """An owner's private blocks under `keys` just became full: cache them, or where equal
+        content is cached already (computed meanwhile by another request), reference that entry
+        and free the owner's copy. Either way the owner now holds one reference per key."""
+        registered = self.register(keys, sizes)
+        if len(registered) == len(keys):
+            return
+        fresh = set(registered)
+        dup = [k for k in keys if k not in fresh]
+        dup_blocks = sum(s for k, s in zip(keys, sizes, strict=True) if k not in fresh)
+        self.acquire_cached(dup)
+        self.private -= dup_blocks
+        self.free += dup_blocks
+
     def release(self, private: int, keys: Sequence[int]) -> None:
         """Drop an owner's blocks: private ones become empty, cached ones lose a reference.
 

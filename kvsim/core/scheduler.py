@@ -91,10 +91,6 @@ class Sequence:
         self.first_token_s = float("nan")
         self.finish_s = float("nan")
 
-    @property
-    def num_blocks(self) -> int:
-        return self.nblocks
-
 
 @dataclass
 class StepPlan:
@@ -137,7 +133,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.outstanding_tokens = 0
-        self.preemptions = 0
         self.peak_used_blocks = 0  # referenced by some request
         self.peak_occupied_blocks = 0  # referenced or cached-but-free
 
@@ -168,7 +163,6 @@ class Scheduler:
         seq.num_computed = 0
         seq.preemptions += 1
         seq.status = Status.WAITING
-        self.preemptions += 1
         self.waiting.appendleft(seq)
 
     def schedule(self) -> StepPlan:
@@ -242,9 +236,9 @@ class Scheduler:
             seq.status = Status.RUNNING
             running.append(seq)
             plan.admitted.append(seq)
-            plan.seqs.append(seq)
-            plan.num_new.append(num_new)
-            plan.ctx_before.append(seq.num_computed)
+            add_seq(seq)
+            add_new(num_new)
+            add_ctx(seq.num_computed)
             budget -= num_new
         self._note_peak()
         return plan
@@ -282,20 +276,10 @@ class Scheduler:
         self.running = [s for s in self.running if id(s) not in gone]
 
     def _promote(self, seq: Sequence, start: int, end: int) -> None:
-        """Entries start..end-1 just became full: they join the prefix cache, or, where equal
-        content is already cached (computed meanwhile by another request), share it and free ours."""
-        pool = self.pool
+        """Entries start..end-1 just became full: the pool caches them (or shares equal content)."""
         keys = seq.keys[start:end]
         cum = seq.key_cum
-        sizes = [cum[i + 1] - cum[i] for i in range(start, end)]
-        registered = pool.register(keys, sizes)
-        if len(registered) != len(keys):
-            fresh = set(registered)
-            dup = [k for k in keys if k not in fresh]
-            dup_blocks = sum(s for k, s in zip(keys, sizes, strict=True) if k not in fresh)
-            pool.acquire_cached(dup)
-            pool.private -= dup_blocks
-            pool.free += dup_blocks
+        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, end)])
         seq.num_private -= cum[end] - cum[start]
         seq.held_keys = seq.held_keys + keys if seq.held_keys else keys
 
