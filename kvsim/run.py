@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import simpy
 
 from kvsim.accuracy import accuracy_note
 from kvsim.core.prefix import block_keys
-from kvsim.core.scheduler import Sequence, Status
+from kvsim.core.scheduler import Scheduler, Sequence, Status
 from kvsim.costs import AnalyticCostModel, CostModel
 from kvsim.engine import ArrivalFeed, Replica, ReplicaStats, Router, arrival_process, make_pool_and_scheduler
 from kvsim.errors import KvsimError
@@ -70,7 +71,15 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return load_profile_cost_model(sc)
 
 
-def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | None = None) -> RunResult:
+def run_scenario(
+    sc: Scenario,
+    *,
+    progress: bool = False,
+    workload: Workload | None = None,
+    make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
+) -> RunResult:
+    """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
+    invariants after every operation)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else load_workload(sc.workload, seed=sc.sim.seed)
@@ -94,7 +103,7 @@ def run_scenario(sc: Scenario, *, progress: bool = False, workload: Workload | N
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
     for i in range(sc.cluster.num_replicas):
-        sched = make_pool_and_scheduler(
+        sched = make_scheduler(
             plan.num_blocks,
             bs,
             sc.scheduler.max_num_seqs,
@@ -263,14 +272,15 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:
     }
 
 
-def write_run(result: RunResult, out: Path) -> None:
+def write_run(result: RunResult, out: Path, *, html: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default) + "\n")
     write_requests_csv(out / "requests.csv", result.seqs)
     write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
-    from kvsim.report import write_report
+    if html:
+        from kvsim.report import write_report
 
-    write_report(out)
+        write_report(out)
 
 
 def _json_default(o: object) -> Any:

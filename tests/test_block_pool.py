@@ -11,7 +11,7 @@ from kvsim.core.prefix import block_keys
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["alloc", "register", "hit", "release", "cow"]),
+        st.sampled_from(["alloc", "register", "hit", "release"]),
         st.integers(0, 12),
         st.integers(0, 30),
     ),
@@ -19,39 +19,91 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(num_blocks=st.integers(1, 40), script=ops)
-def test_pool_invariants_hold_under_any_sequence(num_blocks, script):
+class ShadowPool:
+    """An independent model of what the pool must cache: keys with references, and the unreferenced
+    ones in least-recently-released order, evicted oldest first only when no empty block is left."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.free = num_blocks
+        self.refs: dict[int, int] = {}
+        self.lru: list[int] = []  # unreferenced cached keys, oldest first (one block each here)
+
+    def allocate(self, n: int) -> list[int]:
+        evicted = []
+        while n > self.free:
+            k = self.lru.pop(0)
+            del self.refs[k]
+            self.free += 1
+            evicted.append(k)
+        self.free -= n
+        return evicted
+
+    def register(self, keys: list[int]) -> list[int]:
+        fresh = [k for k in keys if k not in self.refs]
+        for k in fresh:
+            self.refs[k] = 1
+        return fresh
+
+    def acquire(self, keys: list[int]) -> None:
+        for k in keys:
+            if self.refs[k] == 0:
+                self.lru.remove(k)
+            self.refs[k] += 1
+
+    def release(self, private: int, keys: list[int]) -> None:
+        self.free += private
+        for k in reversed(keys):
+            self.refs[k] -= 1
+            if self.refs[k] == 0:
+                self.lru.append(k)
+
+    def hits(self, keys: list[int]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self.refs:
+                break
+            n += 1
+        return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_blocks=st.integers(1, 40), script=ops, probe=st.lists(st.integers(0, 30 * 100 + 12), max_size=8))
+def test_pool_invariants_hold_under_any_sequence(num_blocks, script, probe):
     pool = BlockPool(num_blocks)
+    shadow = ShadowPool(num_blocks)
     owners: list[tuple[int, list[int]]] = []  # (private blocks, held keys) per owner
+    ever: list[int] = []  # every key ever registered, evicted ones included
     for op, n, key in script:
         if op == "alloc" and pool.can_allocate(n):
             pool.allocate(n)
+            shadow.allocate(n)
             owners.append((n, []))
         elif op == "register" and owners:
             priv, held = owners.pop()
             k = [key * 100 + i for i in range(min(n, priv))]
             fresh = pool.register(k)
+            assert fresh == shadow.register(k)
+            ever.extend(fresh)
             owners.append((priv - len(fresh), held + fresh))
         elif op == "hit":
-            keys = [k for k in pool.refs][:n]
-            hits = pool.num_prefix_hits(keys)
-            assert hits == len(keys)
-            pool.acquire_cached(keys)
-            owners.append((0, keys))
+            # Ask for keys the model says may or may not be cached (evicted ones, never-seen ones):
+            # the pool must agree with the model on the leading run of cached entries.
+            candidates = [*ever[-n:], *probe]
+            hits = pool.num_prefix_hits(candidates)
+            assert hits == shadow.hits(candidates)
+            got = candidates[:hits]
+            if len(set(got)) == len(got):
+                pool.acquire_cached(got)
+                shadow.acquire(got)
+                owners.append((0, got))
         elif op == "release" and owners:
             priv, held = owners.pop(n % len(owners))
             pool.release(priv, held)
-        elif op == "cow" and owners and owners[-1][1]:
-            priv, held = owners.pop()
-            tail = held[-1]
-            if pool.refs[tail] > 1 and not pool.can_allocate(1):
-                owners.append((priv, held))
-            else:
-                copied = pool.write_shared_tail(tail)
-                owners.append((priv + 1, held[:-1]) if copied else (priv, held))
+            shadow.release(priv, held)
         pool.check()
-        # no block both free and referenced; capacity never exceeded
+        assert pool.free == shadow.free
+        assert {k for k, r in pool.refs.items()} == set(shadow.refs)
+        assert list(pool.lru) == shadow.lru
         referenced = sum(1 for r in pool.refs.values() if r > 0)
         assert referenced + pool.private <= num_blocks
         assert pool.private == sum(p for p, _ in owners)

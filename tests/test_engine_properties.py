@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +17,10 @@ from tests.helpers import make_workload, records, small_scenario
 class CheckedScheduler(Scheduler):
     """Asserts the block-accounting invariants after each operation."""
 
+    checks = 0
+
     def check(self) -> None:
+        self.checks += 1
         pool = self.pool
         pool.check()
         private = 0
@@ -56,14 +58,20 @@ class CheckedScheduler(Scheduler):
         return out
 
 
+made: list[CheckedScheduler] = []
+
+
 def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_prefill):  # type: ignore[no-untyped-def]
-    return CheckedScheduler(
-        BlockPool(num_blocks),
-        block_size=block_size,
-        max_num_seqs=max_num_seqs,
-        max_batched_tokens=max_batched_tokens,
-        chunked_prefill=chunked_prefill,
+    made.append(
+        sched := CheckedScheduler(
+            BlockPool(num_blocks),
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_batched_tokens=max_batched_tokens,
+            chunked_prefill=chunked_prefill,
+        )
     )
+    return sched
 
 
 @st.composite
@@ -111,13 +119,17 @@ def cases(draw):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
-def test_invariants_completion_and_fast_forward_equality(case, monkeypatch_module):
+def test_invariants_completion_and_fast_forward_equality(case):
     sc, wl = case
     runs = []
+    made.clear()
     for ff in (True, False):
         res = krun.run_scenario(
-            dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)), workload=wl
+            dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)),
+            workload=wl,
+            make_scheduler=_checked,
         )
+        assert sum(s.checks for s in made) > 0  # the injected checks really ran
         r = res.summary["requests"]
         assert r["unfinished"] == 0  # nothing is lost: every request completes or is rejected
         for s in res.seqs:
@@ -130,11 +142,3 @@ def test_invariants_completion_and_fast_forward_equality(case, monkeypatch_modul
     assert records(a) == records(b)
     assert a.summary["kv_peak_used_blocks"] == b.summary["kv_peak_used_blocks"]
     assert a.summary["hbm_peak_bytes"] == b.summary["hbm_peak_bytes"]
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():  # type: ignore[no-untyped-def]
-    mp = pytest.MonkeyPatch()
-    mp.setattr(krun, "make_pool_and_scheduler", _checked)
-    yield mp
-    mp.undo()

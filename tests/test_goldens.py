@@ -1,0 +1,44 @@
+"""Golden outputs of small scenarios (tests/goldens): a refactor must not move them.
+
+A change that moves them on purpose regenerates them with ``python tests/goldens/goldens.py --regen``
+in a commit that says why.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.goldens.goldens import EXPECTED, diff_rows, diff_summary, golden_names, produce
+
+
+@pytest.mark.parametrize("name", golden_names())
+def test_golden(name: str, tmp_path: Path) -> None:
+    expected = EXPECTED / name
+    assert (expected / "summary.json").is_file(), f"no golden for {name}: run goldens.py --regen {name}"
+    summary, rows = produce(name, tmp_path)
+    golden = json.loads((expected / "summary.json").read_text())
+    with (expected / "requests.csv").open() as f:
+        golden_rows = list(csv.reader(f))
+    problems = diff_summary(golden, summary) + diff_rows(golden_rows, rows)
+    assert not problems, f"{name} moved ({len(problems)} differences):\n" + "\n".join(problems[:30])
+
+
+def test_goldens_cover_the_issue_cases() -> None:
+    assert set(golden_names()) >= {
+        "azure_1replica",
+        "mooncake_2replicas",
+        "pressure_preemption",
+        "profile_h200",
+        "synthetic_sessions",
+    }
+
+
+def test_diff_catches_a_changed_number() -> None:
+    assert diff_summary({"a": {"b": 1.0}}, {"a": {"b": 1.0 + 1e-6}})
+    assert not diff_summary({"a": {"b": 1.0}}, {"a": {"b": 1.0 + 1e-13}, "new": 3})
+    assert diff_summary({"a": 1}, {})
+    assert diff_rows([["x"], ["1"]], [["x"], ["2"]])
