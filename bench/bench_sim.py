@@ -33,7 +33,7 @@ CASES: dict[str, tuple[str, ...]] = {
 }
 CHILD = """
 import json, resource, sys, time
-from kvsim.scenario import load_scenario
+from kvsim.spec.scenario import load_scenario
 from kvsim.run import run_scenario
 sc = load_scenario(sys.argv[1], sys.argv[2:])
 t = time.perf_counter()

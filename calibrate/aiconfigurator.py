@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION
 from kvsim.errors import KvsimError
-from kvsim.formats import KVFormat, make_format
-from kvsim.models import Attention, ModelSpec, TPShapes
-from kvsim.profile import MODEL_SHAPE_KEYS, SCHEMA, VERSION
+from kvsim.spec.formats import KVFormat, make_format
+from kvsim.spec.models import Attention, ModelSpec, TPShapes
 
 PACKAGE = "aiconfigurator_core"
 DIST = "aiconfigurator-core"
@@ -180,7 +180,7 @@ def _sha256(path: Path) -> str:
 
 
 # ---- shapes -------------------------------------------------------------------------------------
-Shapes = TPShapes  # per-GPU shapes, shared with kvsim.profile so both price the same GEMMs
+Shapes = TPShapes  # per-GPU shapes, shared with kvsim.costs.profile so both price the same GEMMs
 
 
 def _with_rates(pt: dict[str, Any], peaks: dict[str, Any]) -> dict[str, Any]:
@@ -421,7 +421,7 @@ def _system_info(src: Source) -> dict[str, Any]:
 def _peaks(src: Source, gpu: dict[str, Any]) -> dict[str, Any]:
     preset = PRESETS.get(src.system)
     if preset is not None:
-        from kvsim.hardware import load_gpu
+        from kvsim.spec.hardware import load_gpu
 
         spec = load_gpu(preset)
         return {

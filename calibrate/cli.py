@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
-from kvsim.formats import format_from_name
-from kvsim.profile import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
+from kvsim.spec.formats import format_from_name
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +60,7 @@ def _import_command(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="profile JSON to write")
     args = p.parse_args(argv)
     from calibrate.aiconfigurator import build_profile, resolve
-    from kvsim.models import load_model
+    from kvsim.spec.models import load_model
 
     src = resolve(args.system, args.backend, args.version)
     model = load_model(args.model, base_dir=Path.cwd(), source="--model")
@@ -136,7 +136,7 @@ def calibrate(args: argparse.Namespace) -> int:
 
     from calibrate.harness import Timer, device_info, lookup_peaks
     from calibrate.ops import count, make_grid, points
-    from kvsim.models import Attention, load_model
+    from kvsim.spec.models import Attention, load_model
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():

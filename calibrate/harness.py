@@ -118,7 +118,7 @@ def device_info(backend: str) -> dict[str, object]:
 
 def lookup_peaks(device_name: str) -> tuple[float | None, float | None, str | None]:
     """(dense bf16 FLOP/s, HBM bytes/s, preset name) from kvsim's GPU presets, or Nones."""
-    from kvsim.hardware import load_gpu
+    from kvsim.spec.hardware import load_gpu
 
     for hint, preset in PRESET_BY_NAME:
         if hint.lower() in device_name.lower():

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from kvsim.formats import KVFormat, format_from_name
-from kvsim.models import ModelSpec, TPShapes
+from kvsim.spec.formats import KVFormat, format_from_name
+from kvsim.spec.models import ModelSpec, TPShapes
 
 OPS = ("gemm", "paged_decode", "chunked_prefill", "copy")
 OP_ALIASES = {
@@ -95,7 +95,7 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
     )
 
 
-Shapes = TPShapes  # per-GPU shapes, shared with kvsim.profile so both price the same GEMMs
+Shapes = TPShapes  # per-GPU shapes, shared with kvsim.costs.profile so both price the same GEMMs
 
 
 @dataclass

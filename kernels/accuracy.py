@@ -1,6 +1,6 @@
 """Numerical error of each lossy KV format on synthetic K/V with outlier channels.
 
-What it measures: for each format of `kvsim.formats`, K and V are quantized and dequantized
+What it measures: for each format of `kvsim.spec.formats`, K and V are quantized and dequantized
 exactly as the kernels store them (the torch reference path of `kernels.kv_cache`, which the kernel
 tests hold bit-exact to the Triton kernels), and compared with the fp16 cache:
 

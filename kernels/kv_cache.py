@@ -1,4 +1,4 @@
-"""Paged KV cache of one attention layer, stored in the exact byte layouts of `kvsim.formats`.
+"""Paged KV cache of one attention layer, stored in the exact byte layouts of `kvsim.spec.formats`.
 
 What it models: a block pool ``[num_blocks, row_bytes]`` (uint8) in which each row is one block of
 ``block_size`` tokens and holds every per-token plane of K and of V (values, group scales and zero
@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kvsim.errors import KvsimError
-from kvsim.formats import FormatKind, KVFormat, ScaleGranularity, format_from_name
+from kvsim.spec.formats import FormatKind, KVFormat, ScaleGranularity, format_from_name
 
 FMT_FP16, FMT_BF16, FMT_FP8, FMT_INT8, FMT_INT4, FMT_KVQ4 = 0, 1, 2, 3, 4, 5
 FMT_CODES = {

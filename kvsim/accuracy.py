@@ -13,7 +13,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from kvsim.formats import FormatKind, KVFormat
+from kvsim.spec.formats import FormatKind, KVFormat
 
 LITERATURE: dict[FormatKind, list[dict[str, str]]] = {
     FormatKind.FP8_E4M3: [

@@ -44,10 +44,10 @@ def _context(text: str) -> int:
 
 def cmd_kv_size(args: argparse.Namespace) -> int:
     from kvsim.accuracy import accuracy_note
-    from kvsim.formats import make_format
-    from kvsim.hardware import load_gpu
     from kvsim.kvsize import kv_size_rows, rows_to_json
-    from kvsim.models import load_model
+    from kvsim.spec.formats import make_format
+    from kvsim.spec.hardware import load_gpu
+    from kvsim.spec.models import load_model
 
     model = load_model(args.model, base_dir=Path.cwd(), source="--model")
     gpu = load_gpu(args.gpu, source="--gpu")
@@ -77,9 +77,22 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kvsim.run import run_command
+    from kvsim.render import print_summary
+    from kvsim.report import write_report
+    from kvsim.run import run_scenario, write_run
+    from kvsim.spec.scenario import load_scenario
 
-    return run_command(args)
+    sc = load_scenario(args.scenario, args.set)
+    result = run_scenario(sc, progress=not args.no_progress)
+    out = Path(args.out)
+    try:
+        write_run(result, out)
+        write_report(out)
+    except OSError as exc:
+        raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+    print_summary(result.summary)
+    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

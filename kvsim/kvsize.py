@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvsim.formats import KVFormat
-from kvsim.hardware import GPUSpec
-from kvsim.models import ModelSpec
+from kvsim.spec.formats import KVFormat
+from kvsim.spec.hardware import GPUSpec
+from kvsim.spec.models import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def kv_size_rows(
     gpu: GPUSpec,
     num_gpus: int,
 ) -> list[KVSizeRow]:
-    from kvsim.formats import make_format
+    from kvsim.spec.formats import make_format
 
     fp16 = make_format("fp16")[0]
     rows = []

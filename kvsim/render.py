@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.hardware import GPUSpec
 from kvsim.kvsize import KVSizeRow
-from kvsim.models import ModelSpec
+from kvsim.spec.hardware import GPUSpec
+from kvsim.spec.models import ModelSpec
 
 
 def _gb(n: float) -> str:

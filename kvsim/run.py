@@ -1,13 +1,12 @@
 """One simulation run: scenario -> workload, memory plan, cost model, engines -> results on disk.
 
 `run_scenario` returns a `RunResult` (sequences, per-replica stats, summary dict); `write_run`
-writes ``summary.json``, ``requests.csv``, ``timeseries.csv`` and ``report.html``. Everything random
+writes ``summary.json``, ``requests.csv`` and ``timeseries.csv`` (`kvsim.report` builds ``report.html`` from them). Everything random
 comes from the scenario's seed, so one seed gives one summary (``wall_s`` aside).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -20,15 +19,19 @@ import numpy as np
 import simpy
 
 from kvsim.accuracy import accuracy_note
-from kvsim.core.prefix import block_keys
-from kvsim.core.scheduler import Scheduler, Sequence, Status
-from kvsim.costs import AnalyticCostModel, CostModel
-from kvsim.engine import ArrivalFeed, Replica, ReplicaStats, Router, arrival_process, make_pool_and_scheduler
+from kvsim.core.block_hash import block_keys
+from kvsim.core.memory_plan import MemoryPlan, plan_memory
+from kvsim.core.router import Router
+from kvsim.core.sched.scheduler import Scheduler, Sequence, Status
+from kvsim.costs.analytic import AnalyticCostModel
+from kvsim.costs.base import CostModel
 from kvsim.errors import KvsimError
-from kvsim.memory import MemoryPlan, plan_memory
-from kvsim.metrics import summarize, write_requests_csv, write_timeseries_csv
-from kvsim.scenario import Scenario, load_scenario
-from kvsim.workload import Workload, load_workload
+from kvsim.results.io import write_requests_csv, write_timeseries_csv
+from kvsim.results.summary import summarize
+from kvsim.sim.cluster import ArrivalFeed, arrival_process, make_pool_and_scheduler
+from kvsim.sim.replica import Replica, ReplicaStats
+from kvsim.spec.scenario import Scenario
+from kvsim.spec.workload import Workload, load_workload
 
 
 @dataclass
@@ -65,7 +68,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.costs.kind == "analytic":
         return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
-    from kvsim.profile import load_profile_cost_model
+    from kvsim.costs.profile import load_profile_cost_model
 
     assert sc.costs.profile is not None
     return load_profile_cost_model(sc)
@@ -272,15 +275,12 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:
     }
 
 
-def write_run(result: RunResult, out: Path, *, html: bool = True) -> None:
+def write_run(result: RunResult, out: Path) -> None:
+    """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default) + "\n")
     write_requests_csv(out / "requests.csv", result.seqs)
     write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
-    if html:
-        from kvsim.report import write_report
-
-        write_report(out)
 
 
 def _json_default(o: object) -> Any:
@@ -289,18 +289,3 @@ def _json_default(o: object) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def run_command(args: argparse.Namespace) -> int:
-    sc = load_scenario(args.scenario, args.set)
-    result = run_scenario(sc, progress=not args.no_progress)
-    out = Path(args.out)
-    try:
-        write_run(result, out)
-    except OSError as exc:
-        raise KvsimError(f"cannot write results: {exc}", source="--out") from None
-    from kvsim.render import print_summary
-
-    print_summary(result.summary)
-    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
-    return 0

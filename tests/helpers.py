@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.scenario import Scenario, scenario_from_dict
-from kvsim.workload import Workload
+from kvsim.spec.scenario import Scenario, scenario_from_dict
+from kvsim.spec.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from calibrate.cli import main
-from kvsim.costs import AnalyticCostModel, StepBatch
-from kvsim.profile import load_profile
+from kvsim.costs.analytic import AnalyticCostModel
+from kvsim.costs.base import StepBatch
+from kvsim.costs.profile_schema import load_profile
 from kvsim.run import make_cost_model
 from tests.helpers import ROOT, small_scenario
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvsim.core.block_hash import block_keys
 from kvsim.core.block_pool import BlockPool
-from kvsim.core.prefix import block_keys
 
 ops = st.lists(
     st.tuples(

@@ -13,7 +13,7 @@ from tests.helpers import ROOT, make_workload, small_scenario
 pytest.importorskip("torch")
 
 from calibrate.cli import main
-from kvsim.profile import load_profile
+from kvsim.costs.profile_schema import load_profile
 from kvsim.run import run_scenario
 
 SHIPPED = "scenarios/profiles/cpu-quick-llama-3.1-8b.json"

@@ -1,7 +1,7 @@
 """Keeps docs/design-documents.md honest: kvsim's side of each comparison, recomputed."""
 
-from kvsim.formats import make_format
-from kvsim.models import PRESETS, ModelSpec
+from kvsim.spec.formats import make_format
+from kvsim.spec.models import PRESETS, ModelSpec
 
 FP16, FP8, INT4 = (make_format(n)[0] for n in ("fp16", "fp8", "int4"))
 DOCS_30B = ModelSpec(

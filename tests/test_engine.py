@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvsim.costs import AnalyticCostModel, StepBatch
+from kvsim.costs.analytic import AnalyticCostModel
+from kvsim.costs.base import StepBatch
 from kvsim.run import run_scenario
 from tests.helpers import make_workload, records, small_scenario
 
@@ -172,8 +173,8 @@ def test_prefix_affinity_router_sends_shared_prefixes_together():
 
 def test_fast_forward_equals_stepping_on_a_real_trace_under_memory_pressure():
     """600 Mooncake requests on a pool of 4,000 blocks: evictions, preemptions and prefix hits."""
-    from kvsim.scenario import scenario_from_dict
-    from kvsim.workload import load_workload
+    from kvsim.spec.scenario import scenario_from_dict
+    from kvsim.spec.workload import load_workload
     from tests.helpers import ROOT
 
     trace = {

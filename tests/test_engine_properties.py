@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import kvsim.run as krun
 from kvsim.core.block_pool import BlockPool
-from kvsim.core.scheduler import Scheduler, Status
+from kvsim.core.sched.scheduler import Scheduler, Status
 from tests.helpers import make_workload, records, small_scenario
 
 

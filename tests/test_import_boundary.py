@@ -26,3 +26,55 @@ def test_kvsim_never_imports_torch_triton_kernels_or_calibrate():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
+
+
+# The layers of kvsim, lowest first (docs/architecture.md). A module may import its own layer and
+# the layers below it, never one above: the pure core knows no clock, the cost seam no engine.
+LAYERS = [
+    ("errors", "units"),
+    ("spec",),
+    ("core",),
+    ("costs",),
+    ("sim",),
+    ("results",),
+    ("accuracy", "kvsize", "render", "run"),
+    ("report",),
+    ("cli", "__main__", "__init__"),
+]
+
+
+def _layer_of(module: str) -> int:
+    top = module.split(".")[1] if module.count(".") else "__init__"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS and docs/architecture.md")
+
+
+def test_imports_point_one_way_and_core_has_no_clock():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "kvsim"
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        if module == "kvsim":
+            module = "kvsim.__init__"
+        mine = _layer_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if (
+                    module.startswith(("kvsim.core", "kvsim.spec", "kvsim.costs"))
+                    and name.split(".")[0] == "simpy"
+                ):
+                    bad.append(f"{module} imports simpy: the pure layers own no clock")
+                if name.startswith("kvsim.") and _layer_of(name) > mine:
+                    bad.append(f"{module} (layer {mine}) imports {name} (layer {_layer_of(name)})")
+    assert not bad, "\n".join(bad)

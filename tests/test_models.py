@@ -5,8 +5,8 @@ import json
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.formats import make_format
-from kvsim.models import PRESETS, Attention, from_hf_config, load_model
+from kvsim.spec.formats import make_format
+from kvsim.spec.models import PRESETS, Attention, from_hf_config, load_model
 
 FP16 = make_format("fp16")[0]
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.costs import AnalyticCostModel, StepBatch
+from kvsim.costs.analytic import AnalyticCostModel
+from kvsim.costs.base import StepBatch
+from kvsim.costs.profile import ProfileCostModel, RateTable, load_profile_cost_model
+from kvsim.costs.profile_schema import gpu_matches, load_profile
 from kvsim.errors import KvsimError
-from kvsim.profile import ProfileCostModel, RateTable, gpu_matches, load_profile, load_profile_cost_model
 from tests.helpers import small_scenario
 
 SHIPPED = "scenarios/profiles/cpu-quick-llama-3.1-8b.json"

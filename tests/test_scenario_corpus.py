@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.scenario import load_scenario
+from kvsim.spec.scenario import load_scenario
 
 HERE = Path(__file__).parent / "scenarios"
 VALID = sorted((HERE / "valid").glob("*.yaml"))

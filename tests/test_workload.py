@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.scenario import LengthDist, SyntheticConfig, WorkloadConfig
-from kvsim.workload import BURSTGPT_FAILED, Workload, load_workload
+from kvsim.spec.scenario import LengthDist, SyntheticConfig, WorkloadConfig
+from kvsim.spec.traces import BURSTGPT_FAILED
+from kvsim.spec.workload import Workload, load_workload
 
 DATA = Path(__file__).parent / "data" / "traces"
 BUNDLED = Path(__file__).parent.parent / "scenarios" / "traces"

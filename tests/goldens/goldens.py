@@ -45,10 +45,10 @@ def produce(name: str, out_dir: Path) -> tuple[dict[str, Any], list[list[str]]]:
     """Run golden `name` in-process and write its run directory; returns (summary, csv rows)."""
     sys.path.insert(0, str(HERE.parent.parent))
     from kvsim.run import run_scenario, write_run
-    from kvsim.scenario import load_scenario
+    from kvsim.spec.scenario import load_scenario
 
     result = run_scenario(load_scenario(SCENARIOS / f"{name}.yaml"))
-    write_run(result, out_dir, html=False)
+    write_run(result, out_dir)
     summary = json.loads((out_dir / "summary.json").read_text())
     with (out_dir / "requests.csv").open() as f:
         rows = list(csv.reader(f))

@@ -1,4 +1,4 @@
-"""Cache layouts match kvsim.formats byte for byte; the torch quantizers behave as documented."""
+"""Cache layouts match kvsim.spec.formats byte for byte; the torch quantizers behave as documented."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kernels.kv_cache import (  # noqa: E402
     quantize_ref,
     resolve_format,
 )
-from kvsim.formats import make_format  # noqa: E402
+from kvsim.spec.formats import make_format  # noqa: E402
 
 FORMATS = [
     ("fp16", {}),

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.core.block_pool import BlockPool
-from kvsim.core.scheduler import Scheduler, Sequence, Status, StepPlan
-from kvsim.costs import CostModel, StepBatch
+from kvsim.core.sched.scheduler import Scheduler, Sequence, StepPlan
+from kvsim.costs.base import CostModel, StepBatch
 
 MAX_FF_STEPS = 2048
 
@@ -142,76 +141,3 @@ class Replica:
         k = max(1, min(k, int(np.searchsorted(ends, barrier, side="left"))))
         self.cost.observe_decode(m, sum_ctx[:k])
         return k, float(ends[k - 1])
-
-
-class Router:
-    """Chooses a replica for each arriving request."""
-
-    def __init__(self, policy: str, replicas: list[Replica]) -> None:
-        self.policy = policy
-        self.replicas = replicas
-        self._rr = 0
-
-    def choose(self, seq: Sequence) -> Replica:
-        reps = self.replicas
-        if len(reps) == 1:
-            return reps[0]
-        if self.policy == "round_robin":
-            r = reps[self._rr % len(reps)]
-            self._rr += 1
-            return r
-        if self.policy == "prefix_affinity" and seq.keys:
-            # Longest cached prefix wins; ties (and no hit anywhere) go to the least loaded.
-            best = max(
-                range(len(reps)),
-                key=lambda i: (
-                    reps[i].sched.pool.num_prefix_hits(seq.keys),
-                    -reps[i].sched.outstanding_tokens,
-                    -i,
-                ),
-            )
-            if reps[best].sched.pool.num_prefix_hits(seq.keys) > 0:
-                return reps[best]
-        return min(reps, key=lambda r: (r.sched.outstanding_tokens, r.index))
-
-
-@dataclass
-class ArrivalFeed:
-    """Arrival times and the process that routes each request at its arrival instant."""
-
-    times: np.ndarray
-    end_s: float
-    cursor: int = 0
-
-    def next_time(self) -> float:
-        return float(self.times[self.cursor]) if self.cursor < len(self.times) else self.end_s
-
-
-def arrival_process(
-    env: simpy.Environment,
-    feed: ArrivalFeed,
-    make_seq: Callable[[int], Sequence],
-    router: Router,
-):  # type: ignore[no-untyped-def]
-    n = len(feed.times)
-    while feed.cursor < n:
-        t = float(feed.times[feed.cursor])
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        i = feed.cursor
-        feed.cursor += 1
-        seq = make_seq(i)
-        if seq.status is not Status.REJECTED:  # rejected ones stay in the run's records
-            router.choose(seq).submit(seq)
-
-
-def make_pool_and_scheduler(
-    num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int, chunked_prefill: bool
-) -> Scheduler:
-    return Scheduler(
-        BlockPool(num_blocks),
-        block_size=block_size,
-        max_num_seqs=max_num_seqs,
-        max_batched_tokens=max_batched_tokens,
-        chunked_prefill=chunked_prefill,
-    )

@@ -1,4 +1,4 @@
-"""The workload: request arrivals and lengths, read from a trace or generated, as numpy arrays.
+"""Trace readers: request arrivals and lengths from a file, as numpy arrays.
 
 A `Workload` holds, per request, its arrival time (s), prompt and output lengths (tokens) and, when the
 source has prefix information, the chained block hashes of its prompt (``hash_ids``): one int64 id per
@@ -39,15 +39,6 @@ unless ``skip_bad_lines``, which skips and counts it. The window ``[start, start
 trace time (Mooncake's ms / 1000, Azure's seconds since its first row, the file's seconds otherwise)
 and rebased to 0; ``rate_scale`` k then divides the times (k = 2 replays twice as fast).
 
-Synthetic (``format == "synthetic"``): Poisson or gamma arrivals of sessions; a session's turn t arrives
-at its start + t * think_time (no wait for the previous reply, which the generator cannot know). The
-session arrival rate is ``rate / session_turns``, so the request rate is ``rate`` in the long run. Turn
-t's prompt is the previous prompt + the previous output + new sampled input tokens; with shared system
-prompts, each session starts with one of ``shared_prefix_count`` system prompts. ``input``/``output``
-distributions apply to each turn's new tokens, clipped to ``[min, max]``. Block ids are 16 tokens and
-follow content: full blocks of a system prompt are shared by every session using it, full blocks of a
-session's token stream by all its later turns; a prompt's partial last block gets an id of its own.
-
 Left out: token contents, per-request models or adapters, priorities, BurstGPT's session and model
 columns, and closed-loop clients (arrivals never depend on how fast the cluster serves).
 """
@@ -58,7 +49,6 @@ import csv
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -66,11 +56,10 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.scenario import LengthDist, SyntheticConfig, WorkloadConfig
+from kvsim.spec.scenario import WorkloadConfig
 
 MOONCAKE_BLOCK_TOKENS = 512
 GENERIC_BLOCK_TOKENS = 16
-SYNTHETIC_BLOCK_TOKENS = 16  # vLLM's default KV block size
 BURSTGPT_FAILED = "burstgpt_failed_zero_response"
 
 _CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
@@ -80,24 +69,6 @@ _CSV_COLUMNS: dict[str, tuple[str, str, str]] = {
     "generic": ("arrival_s", "prompt_tokens", "output_tokens"),
 }
 _BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Requests in arrival order; row i of every array is request i."""
-
-    arrival_s: np.ndarray  # (n,) float64, non-decreasing, s from the start of the window
-    prompt_tokens: np.ndarray  # (n,) int64 >= 1
-    output_tokens: np.ndarray  # (n,) int64 >= 1
-    hash_ids: list[np.ndarray] | None  # n arrays of ceil(prompt / G) int64 prefix-unique ids
-    hash_block_tokens: int  # G
-    source: str  # trace path or "synthetic"
-    line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
-    skipped_lines: int  # malformed lines skipped (skip_bad_lines)
-    dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
-
-    def __len__(self) -> int:
-        return len(self.arrival_s)
 
 
 class _BadLine(Exception):
@@ -425,133 +396,3 @@ def _read_trace(cfg: WorkloadConfig) -> tuple[_Rows, int | None]:
             detail = f"all {dropped} requests were dropped ({', '.join(rows.dropped)})"
         raise KvsimError(f"the trace has no requests: {detail}", source=rows.file)
     return rows, block
-
-
-def _lengths(rng: np.random.Generator, dist: LengthDist, n: int) -> np.ndarray:
-    """n lengths (tokens, int64) with the given arithmetic mean and stdev, rounded and clipped."""
-    mean, sd = dist.mean, dist.stdev
-    if dist.kind == "constant" or (sd == 0.0 and dist.kind in ("uniform", "lognormal")):
-        x = np.full(n, mean)
-    elif dist.kind == "uniform":
-        half = math.sqrt(3.0) * sd  # U(a, b) has stdev (b - a) / sqrt(12)
-        x = rng.uniform(mean - half, mean + half, n)
-    elif dist.kind == "lognormal":
-        sigma2 = math.log1p((sd / mean) ** 2)
-        x = rng.lognormal(math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2), n)
-    elif dist.kind == "exponential":
-        x = rng.exponential(mean, n)
-    else:
-        raise KvsimError(f"unknown length distribution {dist.kind!r}", source="workload.synthetic")
-    return np.clip(np.rint(x), max(dist.lo, 1), max(dist.hi, 1)).astype(np.int64)
-
-
-def synthetic_workload(
-    syn: SyntheticConfig, *, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
-    """Generate (arrival_s, prompt_tokens, output_tokens, hash_ids, G), sorted by arrival."""
-    rng = np.random.Generator(np.random.PCG64(seed))
-    n, turns, g = syn.num_requests, syn.session_turns, SYNTHETIC_BLOCK_TOKENS
-    num_sessions = -(-n // turns)
-    rate = syn.rate_per_s / turns  # sessions per second, so requests arrive at rate_per_s
-    if syn.arrival == "poisson":
-        gaps = rng.exponential(1.0 / rate, num_sessions)
-    elif syn.arrival == "gamma":
-        gaps = rng.gamma(1.0 / syn.cv**2, syn.cv**2 / rate, num_sessions)
-    else:
-        raise KvsimError(f"unknown arrival process {syn.arrival!r}", source="workload.synthetic")
-    session_start = np.cumsum(gaps) - gaps[0]  # the first session arrives at 0
-    new_input = _lengths(rng, syn.input, n)
-    output = _lengths(rng, syn.output, n)
-    shared = syn.shared_prefix_tokens
-    system = rng.integers(syn.shared_prefix_count, size=num_sessions) if shared else np.zeros(num_sessions)
-
-    req = np.arange(n)
-    session, turn = req // turns, req % turns
-    arrival = session_start[session] + syn.think_time_s * turn
-    # Turn t's prompt = shared + sum over earlier turns of (input + output) + its own input.
-    grown = np.cumsum(new_input + output) - (new_input + output)
-    prompt = shared + grown - grown[session * turns] + new_input
-
-    # Block ids by content. A session's token stream (system prompt, in_0, out_0, in_1, ...) is fixed,
-    # and every turn's prompt is a prefix of it, so a full block is named by (session, block index), or
-    # (system prompt, block index) while it lies inside the system prompt; a partial last block differs
-    # from every other block (the next turn fills it further), so it gets a fresh id.
-    sys_blocks = shared // g
-    full = prompt // g
-    last_full = full[np.minimum((np.arange(num_sessions) + 1) * turns, n) - 1]  # prompts grow per turn
-    span = last_full - sys_blocks
-    session_base = syn.shared_prefix_count * sys_blocks + np.cumsum(span) - span - sys_blocks
-    partial_base = syn.shared_prefix_count * sys_blocks + int(span.sum())
-
-    order = np.argsort(arrival, kind="stable")
-    arrival, prompt, output, full, session = (
-        arrival[order],
-        prompt[order],
-        output[order],
-        full[order],
-        session[order],
-    )
-    num_blocks = -(-prompt // g)
-    first = np.cumsum(num_blocks) - num_blocks
-    owner = np.repeat(req, num_blocks)  # request (in arrival order) of each block
-    pos = np.arange(int(num_blocks.sum())) - first[owner]
-    ids = np.where(
-        pos < sys_blocks,
-        system.astype(np.int64)[session[owner]] * sys_blocks + pos,
-        np.where(pos < full[owner], session_base[session[owner]] + pos, partial_base + owner),
-    ).astype(np.int64)
-    hash_ids = np.split(ids, first[1:])
-    return arrival.astype(np.float64), prompt.astype(np.int64), output.astype(np.int64), hash_ids, g
-
-
-def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
-    """Read or generate the workload, then window, rebase, rate-scale and cap it.
-
-    Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
-    """
-    lines: np.ndarray | None = None
-    skipped = 0
-    dropped_t: dict[str, list[float]] = {}
-    origin = 0.0
-    if cfg.format == "synthetic":
-        if cfg.synthetic is None:
-            raise KvsimError("format synthetic needs workload.synthetic", source="workload")
-        t, prompt, output, hashes, block = synthetic_workload(cfg.synthetic, seed=seed)
-        hash_ids: list[np.ndarray] | None = hashes
-        source = "synthetic"
-    else:
-        rows, g = _read_trace(cfg)
-        origin = rows.origin
-        t = np.array(rows.t, np.float64) - origin
-        prompt = np.array(rows.prompt, np.int64)
-        output = np.array(rows.output, np.int64)
-        lines = np.array(rows.lines, np.int64)
-        hash_ids = _prefix_unique(rows.hashes) if g is not None else None
-        block = g if g is not None else GENERIC_BLOCK_TOKENS
-        source, skipped, dropped_t = rows.file, rows.skipped, rows.dropped
-
-    start = cfg.start_s
-    end = math.inf if cfg.duration_s is None else start + cfg.duration_s
-    lo, hi = np.searchsorted(t, [start, end], side="left")
-    if cfg.max_requests is not None:
-        hi = min(hi, lo + cfg.max_requests)
-    if hi <= lo:
-        window = f"[{start:g}, {end:g}) s" if cfg.duration_s is not None else f"[{start:g} s, end)"
-        raise KvsimError(
-            f"no requests in the window {window}; the trace spans {t[0]:g} .. {t[-1]:g} s", source=source
-        )
-    dropped = {}
-    for reason, times in dropped_t.items():
-        dt = np.asarray(times) - origin
-        dropped[reason] = int(np.count_nonzero((dt >= start) & (dt < end)))
-    return Workload(
-        arrival_s=(t[lo:hi] - start) / cfg.rate_scale,
-        prompt_tokens=prompt[lo:hi],
-        output_tokens=output[lo:hi],
-        hash_ids=None if hash_ids is None else hash_ids[lo:hi],
-        hash_block_tokens=block,
-        source=source,
-        line_numbers=None if lines is None else lines[lo:hi],
-        skipped_lines=skipped,
-        dropped=dropped,
-    )

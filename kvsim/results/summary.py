@@ -14,15 +14,13 @@ Definitions (also in scenarios/README.md):
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kvsim.core.scheduler import Sequence, Status
+from kvsim.core.sched.scheduler import Sequence, Status
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 
@@ -113,56 +111,3 @@ def summarize(
         "cost_per_mtok_usd": cost / (tokens / 1e6) if tokens else None,
         "cost_per_output_mtok_usd": cost / (out_tokens / 1e6) if out_tokens else None,
     }
-
-
-REQUEST_COLUMNS = (
-    "id",
-    "replica",
-    "arrival_s",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "prompt_tokens",
-    "output_tokens",
-    "cached_tokens",
-    "preemptions",
-    "status",
-    "reason",
-)
-
-
-def _t(x: float) -> str:
-    return "" if x != x else repr(round(x, 9))
-
-
-def write_requests_csv(path: Path, seqs: list[Sequence]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(REQUEST_COLUMNS)
-        for s in seqs:
-            w.writerow(
-                (
-                    s.id,
-                    s.replica,
-                    _t(s.arrival_s),
-                    _t(s.first_scheduled_s),
-                    _t(s.first_token_s),
-                    _t(s.finish_s),
-                    s.prompt_len,
-                    s.output_len,
-                    max(s.num_cached_tokens, 0),
-                    s.preemptions,
-                    status_of(s),
-                    s.reason,
-                )
-            )
-
-
-def write_timeseries_csv(path: Path, samples: list[tuple[float, int, int, int, int, int, int]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            ("t_s", "replica", "kv_used_blocks", "kv_cached_blocks", "kv_free_blocks", "running", "waiting")
-        )
-        for row in sorted(samples):
-            w.writerow((repr(round(row[0], 6)), *row[1:]))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.formats import KVFormat
+from kvsim.spec.formats import KVFormat
 
 
 class Attention(str, Enum):

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.models import Attention
-from kvsim.scenario import Scenario
+from kvsim.spec.models import Attention
+from kvsim.spec.scenario import Scenario
 
 NON_TORCH_BYTES = 2**30
 

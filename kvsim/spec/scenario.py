@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 
 from kvsim.errors import KvsimError
-from kvsim.formats import KVFormat, make_format
-from kvsim.hardware import GPUSpec, load_gpu
-from kvsim.models import ModelSpec, load_model, with_weight_dtype
-from kvsim.schema import Section
+from kvsim.spec.formats import KVFormat, make_format
+from kvsim.spec.hardware import GPUSpec, load_gpu
+from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.schema import Section
 from kvsim.units import (
     parse_bandwidth,
     parse_duration,

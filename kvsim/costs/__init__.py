@@ -1,0 +1,1 @@
+"""The one cost seam: `base` (protocol, batch), `analytic` (roofline), `profile` (measured)."""

@@ -1,0 +1,1 @@
+"""Typed results: the run summary and the run directory's files."""

@@ -1,0 +1,61 @@
+"""Run-directory files: per-request records (``requests.csv``) and the occupancy time series."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from kvsim.core.sched.scheduler import Sequence
+from kvsim.results.summary import status_of
+
+REQUEST_COLUMNS = (
+    "id",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "preemptions",
+    "status",
+    "reason",
+)
+
+
+def _t(x: float) -> str:
+    return "" if x != x else repr(round(x, 9))
+
+
+def write_requests_csv(path: Path, seqs: list[Sequence]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        for s in seqs:
+            w.writerow(
+                (
+                    s.id,
+                    s.replica,
+                    _t(s.arrival_s),
+                    _t(s.first_scheduled_s),
+                    _t(s.first_token_s),
+                    _t(s.finish_s),
+                    s.prompt_len,
+                    s.output_len,
+                    max(s.num_cached_tokens, 0),
+                    s.preemptions,
+                    status_of(s),
+                    s.reason,
+                )
+            )
+
+
+def write_timeseries_csv(path: Path, samples: list[tuple[float, int, int, int, int, int, int]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ("t_s", "replica", "kv_used_blocks", "kv_cached_blocks", "kv_free_blocks", "running", "waiting")
+        )
+        for row in sorted(samples):
+            w.writerow((repr(round(row[0], 6)), *row[1:]))

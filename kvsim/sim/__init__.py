@@ -1,0 +1,1 @@
+"""The SimPy shell: replicas that own time, and the cluster around them."""

@@ -1,0 +1,1 @@
+"""Validated, frozen inputs: scenario and schema, models, KV formats, hardware, workloads."""

@@ -1,0 +1,90 @@
+"""The workload: request arrivals and lengths, read from a trace or generated, as numpy arrays.
+
+A `Workload` holds, per request, its arrival time, prompt and output lengths and, when the source has
+prefix information, the prefix-unique block ids of its prompt. ``load_workload(cfg, seed=...)`` reads
+a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), then applies the window,
+the rate scale and the request cap, in that order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.spec.scenario import WorkloadConfig
+from kvsim.spec.synthetic import synthetic_workload
+from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, _prefix_unique, _read_trace
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order; row i of every array is request i."""
+
+    arrival_s: np.ndarray  # (n,) float64, non-decreasing, s from the start of the window
+    prompt_tokens: np.ndarray  # (n,) int64 >= 1
+    output_tokens: np.ndarray  # (n,) int64 >= 1
+    hash_ids: list[np.ndarray] | None  # n arrays of ceil(prompt / G) int64 prefix-unique ids
+    hash_block_tokens: int  # G
+    source: str  # trace path or "synthetic"
+    line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
+    skipped_lines: int  # malformed lines skipped (skip_bad_lines)
+    dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
+    """Read or generate the workload, then window, rebase, rate-scale and cap it.
+
+    Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
+    """
+    lines: np.ndarray | None = None
+    skipped = 0
+    dropped_t: dict[str, list[float]] = {}
+    origin = 0.0
+    if cfg.format == "synthetic":
+        if cfg.synthetic is None:
+            raise KvsimError("format synthetic needs workload.synthetic", source="workload")
+        t, prompt, output, hashes, block = synthetic_workload(cfg.synthetic, seed=seed)
+        hash_ids: list[np.ndarray] | None = hashes
+        source = "synthetic"
+    else:
+        rows, g = _read_trace(cfg)
+        origin = rows.origin
+        t = np.array(rows.t, np.float64) - origin
+        prompt = np.array(rows.prompt, np.int64)
+        output = np.array(rows.output, np.int64)
+        lines = np.array(rows.lines, np.int64)
+        hash_ids = _prefix_unique(rows.hashes) if g is not None else None
+        block = g if g is not None else GENERIC_BLOCK_TOKENS
+        source, skipped, dropped_t = rows.file, rows.skipped, rows.dropped
+
+    start = cfg.start_s
+    end = math.inf if cfg.duration_s is None else start + cfg.duration_s
+    lo, hi = np.searchsorted(t, [start, end], side="left")
+    if cfg.max_requests is not None:
+        hi = min(hi, lo + cfg.max_requests)
+    if hi <= lo:
+        window = f"[{start:g}, {end:g}) s" if cfg.duration_s is not None else f"[{start:g} s, end)"
+        raise KvsimError(
+            f"no requests in the window {window}; the trace spans {t[0]:g} .. {t[-1]:g} s", source=source
+        )
+    dropped = {}
+    for reason, times in dropped_t.items():
+        dt = np.asarray(times) - origin
+        dropped[reason] = int(np.count_nonzero((dt >= start) & (dt < end)))
+    return Workload(
+        arrival_s=(t[lo:hi] - start) / cfg.rate_scale,
+        prompt_tokens=prompt[lo:hi],
+        output_tokens=output[lo:hi],
+        hash_ids=None if hash_ids is None else hash_ids[lo:hi],
+        hash_block_tokens=block,
+        source=source,
+        line_numbers=None if lines is None else lines[lo:hi],
+        skipped_lines=skipped,
+        dropped=dropped,
+    )
