@@ -21,8 +21,9 @@ import simpy
 from kvsim.accuracy import accuracy_note
 from kvsim.core.block_hash import block_keys
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
+from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
-from kvsim.core.sched.scheduler import Scheduler, Sequence, Status
+from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.errors import KvsimError
@@ -37,7 +38,7 @@ from kvsim.spec.workload import Workload, load_workload
 @dataclass
 class RunResult:
     scenario: Scenario
-    seqs: list[Sequence]
+    seqs: list[Request]
     stats: list[ReplicaStats]
     plan: MemoryPlan
     summary: dict[str, Any]
@@ -101,7 +102,7 @@ def run_scenario(
     env = simpy.Environment()
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     feed = ArrivalFeed(times=wl.arrival_s, end_s=end_s)
-    seqs: list[Sequence] = []
+    seqs: list[Request] = []
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
@@ -130,21 +131,21 @@ def run_scenario(
     chunked = sc.scheduler.chunked_prefill
     prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
 
-    def make_seq(i: int) -> Sequence:
+    def make_seq(i: int) -> Request:
         p, o = int(prompts[i]), int(outputs[i])
         if use_prefix:
             keys, sizes = block_keys(wl.hash_ids[i], p, wl.hash_block_tokens, bs)  # type: ignore[index]
         else:
             keys, sizes = [], []
-        seq = Sequence(i, float(arrivals[i]), p, o, keys, sizes)
+        seq = Request(i, float(arrivals[i]), p, o, keys, sizes)
         seqs.append(seq)
         if p + o > max_ctx:
-            seq.status, seq.reason = Status.REJECTED, "longer than the model's context"
+            seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
         elif -(-(p + o - 1) // bs) > plan.num_blocks:  # the last token is never stored
-            seq.status, seq.reason = Status.REJECTED, "needs more KV blocks than a replica has"
+            seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
-                Status.REJECTED,
+                RequestStatus.REJECTED,
                 "prompt exceeds max_batched_tokens without chunked prefill",
             )
         return seq

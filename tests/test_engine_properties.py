@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 import kvsim.run as krun
 from kvsim.core.block_pool import BlockPool
-from kvsim.core.sched.scheduler import Scheduler, Status
+from kvsim.core.request import RequestStatus
+from kvsim.core.sched.scheduler import Scheduler
 from tests.helpers import make_workload, records, small_scenario
 
 
@@ -133,8 +134,8 @@ def test_invariants_completion_and_fast_forward_equality(case):
         r = res.summary["requests"]
         assert r["unfinished"] == 0  # nothing is lost: every request completes or is rejected
         for s in res.seqs:
-            assert s.status in (Status.FINISHED, Status.REJECTED)
-            if s.status is Status.FINISHED:
+            assert s.status in (RequestStatus.FINISHED, RequestStatus.REJECTED)
+            if s.status is RequestStatus.FINISHED:
                 assert s.num_generated == s.output_len
                 assert s.arrival_s <= s.first_scheduled_s <= s.first_token_s <= s.finish_s
         runs.append(res)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.core.sched.scheduler import Sequence
+from kvsim.core.request import Request
 
 
 class Router:
@@ -15,7 +15,7 @@ class Router:
         self.replicas = replicas
         self._rr = 0
 
-    def choose(self, seq: Sequence) -> Any:
+    def choose(self, seq: Request) -> Any:
         reps = self.replicas
         if len(reps) == 1:
             return reps[0]

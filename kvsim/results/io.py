@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from kvsim.core.sched.scheduler import Sequence
+from kvsim.core.request import Request
 from kvsim.results.summary import status_of
 
 REQUEST_COLUMNS = (
@@ -28,7 +28,7 @@ def _t(x: float) -> str:
     return "" if x != x else repr(round(x, 9))
 
 
-def write_requests_csv(path: Path, seqs: list[Sequence]) -> None:
+def write_requests_csv(path: Path, seqs: list[Request]) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(REQUEST_COLUMNS)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.core.sched.scheduler import Sequence, Status
+from kvsim.core.request import Request, RequestStatus
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 
@@ -34,16 +34,16 @@ def dist(values: np.ndarray) -> dict[str, float | None]:
     return out
 
 
-def status_of(seq: Sequence) -> str:
-    if seq.status is Status.FINISHED:
+def status_of(seq: Request) -> str:
+    if seq.status is RequestStatus.FINISHED:
         return "completed"
-    if seq.status is Status.REJECTED:
+    if seq.status is RequestStatus.REJECTED:
         return "rejected"
     return "unfinished"
 
 
 def summarize(
-    seqs: list[Sequence],
+    seqs: list[Request],
     *,
     simulated_s: float,
     num_gpus: int,
@@ -52,8 +52,8 @@ def summarize(
     tpot_slo_s: float,
     percentile: float,
 ) -> dict[str, Any]:
-    done = [s for s in seqs if s.status is Status.FINISHED]
-    rejected = [s for s in seqs if s.status is Status.REJECTED]
+    done = [s for s in seqs if s.status is RequestStatus.FINISHED]
+    rejected = [s for s in seqs if s.status is RequestStatus.REJECTED]
     arr = np.array([s.arrival_s for s in done])
     first = np.array([s.first_token_s for s in done])
     fin = np.array([s.finish_s for s in done])

@@ -10,8 +10,9 @@ import numpy as np
 import simpy
 
 from kvsim.core.block_pool import BlockPool
+from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
-from kvsim.core.sched.scheduler import Scheduler, Sequence, Status
+from kvsim.core.sched.scheduler import Scheduler
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ArrivalFeed:
 def arrival_process(
     env: simpy.Environment,
     feed: ArrivalFeed,
-    make_seq: Callable[[int], Sequence],
+    make_seq: Callable[[int], Request],
     router: Router,
 ):  # type: ignore[no-untyped-def]
     n = len(feed.times)
@@ -40,7 +41,7 @@ def arrival_process(
         i = feed.cursor
         feed.cursor += 1
         seq = make_seq(i)
-        if seq.status is not Status.REJECTED:  # rejected ones stay in the run's records
+        if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
             router.choose(seq).submit(seq)
 
 

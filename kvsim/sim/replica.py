@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.core.sched.scheduler import Scheduler, Sequence, StepPlan
+from kvsim.core.request import Request
+from kvsim.core.sched.scheduler import Scheduler, StepPlan
 from kvsim.costs.base import CostModel, StepBatch
 
 MAX_FF_STEPS = 2048
@@ -56,7 +57,7 @@ class Replica:
         self._next_sample = 0.0
         self.process = env.process(self.run())
 
-    def submit(self, seq: Sequence) -> None:
+    def submit(self, seq: Request) -> None:
         seq.replica = self.index
         self.sched.add(seq)
         if self.wake is not None and not self.wake.triggered:

@@ -18,87 +18,20 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
 from kvsim.core.block_pool import BlockPool
-
-
-class Status(str, Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "completed"
-    REJECTED = "rejected"
-
-
-class Sequence:
-    """One request inside an engine. Times are filled in by the time shell."""
-
-    __slots__ = (
-        "arrival_s",
-        "finish_s",
-        "first_scheduled_s",
-        "first_token_s",
-        "held_keys",
-        "id",
-        "key_cum",
-        "keys",
-        "nblocks",
-        "num_cached_tokens",
-        "num_computed",
-        "num_generated",
-        "num_private",
-        "num_tokens",
-        "output_len",
-        "preemptions",
-        "prompt_len",
-        "reason",
-        "replica",
-        "status",
-    )
-
-    def __init__(
-        self,
-        id: int,
-        arrival_s: float,
-        prompt_len: int,
-        output_len: int,
-        keys: list[int],
-        key_sizes: list[int],
-    ) -> None:
-        self.id = id
-        self.arrival_s = arrival_s
-        self.prompt_len = prompt_len
-        self.output_len = output_len
-        self.keys = keys  # prefix-cache entries of the prompt's full blocks, in order
-        cum = [0]
-        for size in key_sizes:
-            cum.append(cum[-1] + size)
-        self.key_cum = cum  # blocks covered by the first i entries
-        self.nblocks = 0  # blocks held: the entries' blocks plus private ones
-        self.num_tokens = prompt_len  # prompt + generated so far
-        self.num_computed = 0  # tokens whose KV is in the cache
-        self.num_generated = 0
-        self.held_keys: list[int] = []  # cached entries referenced, in block order (a prefix)
-        self.num_private = 0  # unhashed blocks after them
-        self.num_cached_tokens = -1  # prefix-hit tokens at first admission (-1: never admitted)
-        self.preemptions = 0
-        self.status = Status.WAITING
-        self.reason = ""
-        self.replica = -1
-        self.first_scheduled_s = float("nan")
-        self.first_token_s = float("nan")
-        self.finish_s = float("nan")
+from kvsim.core.request import Request, RequestStatus
 
 
 @dataclass
 class StepPlan:
-    seqs: list[Sequence] = field(default_factory=list)
+    seqs: list[Request] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     ctx_before: list[int] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
     all_decoding: bool = True  # every sequence scheduled so far decodes one token past its first
 
     @property
@@ -130,8 +63,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.chunked_prefill = chunked_prefill
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
         self.outstanding_tokens = 0
         self.peak_used_blocks = 0  # referenced by some request
         self.peak_occupied_blocks = 0  # referenced or cached-but-free
@@ -147,22 +80,22 @@ class Scheduler:
             self.peak_occupied_blocks = occupied
 
     # ---- admission --------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Request) -> None:
         self.waiting.append(seq)
         self.outstanding_tokens += seq.prompt_len + seq.output_len - 1
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Request) -> None:
         self.pool.release(seq.num_private, seq.held_keys)
         seq.held_keys = []
         seq.num_private = 0
         seq.nblocks = 0
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Request) -> None:
         self._release(seq)
         self.outstanding_tokens += seq.num_computed
         seq.num_computed = 0
         seq.preemptions += 1
-        seq.status = Status.WAITING
+        seq.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(seq)
 
     def schedule(self) -> StepPlan:
@@ -233,7 +166,7 @@ class Scheduler:
             self.outstanding_tokens -= hit_blocks * bs
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = hit_blocks * bs
-            seq.status = Status.RUNNING
+            seq.status = RequestStatus.RUNNING
             running.append(seq)
             plan.admitted.append(seq)
             add_seq(seq)
@@ -244,10 +177,10 @@ class Scheduler:
         return plan
 
     # ---- after the step ---------------------------------------------------------------------------
-    def complete(self, plan: StepPlan) -> tuple[list[Sequence], list[Sequence]]:
+    def complete(self, plan: StepPlan) -> tuple[list[Request], list[Request]]:
         """Apply a finished step. Returns (sequences that sampled their first token, finished)."""
-        first: list[Sequence] = []
-        done: list[Sequence] = []
+        first: list[Request] = []
+        done: list[Request] = []
         bs = self.block_size
         for seq, n in zip(plan.seqs, plan.num_new, strict=True):
             seq.num_computed += n
@@ -268,14 +201,14 @@ class Scheduler:
             self._finish(done)
         return first, done
 
-    def _finish(self, done: list[Sequence]) -> None:
+    def _finish(self, done: list[Request]) -> None:
         for seq in done:
             self._release(seq)
-            seq.status = Status.FINISHED
+            seq.status = RequestStatus.FINISHED
         gone = {id(s) for s in done}
         self.running = [s for s in self.running if id(s) not in gone]
 
-    def _promote(self, seq: Sequence, start: int, end: int) -> None:
+    def _promote(self, seq: Request, start: int, end: int) -> None:
         """Entries start..end-1 just became full: the pool caches them (or shares equal content)."""
         keys = seq.keys[start:end]
         cum = seq.key_cum
@@ -313,7 +246,7 @@ class Scheduler:
             k = lo + 1
         return k, sum_c + np.arange(k, dtype=np.int64) * len(seqs)
 
-    def _blocks_through(self, seqs: list[Sequence], j: int) -> int:
+    def _blocks_through(self, seqs: list[Request], j: int) -> int:
         """New blocks the sequences need to run decode steps 0..j (step 0's are already held)."""
         bs = self.block_size
         total = 0
@@ -323,7 +256,7 @@ class Scheduler:
                 total += n
         return total
 
-    def advance_decode(self, plan: StepPlan, k: int) -> list[Sequence]:
+    def advance_decode(self, plan: StepPlan, k: int) -> list[Request]:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished."""
         bs = self.block_size
         extra = 0
