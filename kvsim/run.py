@@ -187,7 +187,7 @@ def run_scenario(
         warnings.append(
             "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
         )
-    peak_occ = max(r.sched.peak_occupied_blocks for r in replicas)
+    peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
     summary.update(
         {
             "scenario": sc.name,
@@ -198,12 +198,12 @@ def run_scenario(
                 + plan.activation_reserve_bytes
                 + peak_occ * plan.block_bytes_per_gpu
             ),
-            "kv_peak_used_blocks": max(r.sched.peak_used_blocks for r in replicas),
+            "kv_peak_used_blocks": max(r.sched.kv.peak_used_blocks for r in replicas),
             "kv_blocks_per_replica": plan.num_blocks,
             "kv_block_bytes": plan.block_bytes_per_gpu,
             "kv_tokens_per_replica": plan.tokens_per_replica,
             "memory_plan": asdict(plan),
-            "prefix_cache_evictions": sum(r.sched.pool.evictions for r in replicas),
+            "prefix_cache_evictions": sum(r.sched.kv.pool.evictions for r in replicas),
             "steps": sum(s.steps for s in stats),
             # Share of simulated time each replica spent running steps (its GPUs busy), mean and max.
             "replica_busy_fraction": {

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.core.block_hash import block_keys
-from kvsim.core.block_pool import BlockPool
+from kvsim.core.block_pool import BlockPool, BlockRemoved, BlockStored
 
 ops = st.lists(
     st.tuples(
@@ -75,8 +75,7 @@ def test_pool_invariants_hold_under_any_sequence(num_blocks, script, probe):
     ever: list[int] = []  # every key ever registered, evicted ones included
     for op, n, key in script:
         if op == "alloc" and pool.can_allocate(n):
-            pool.allocate(n)
-            shadow.allocate(n)
+            assert pool.allocate(n) == shadow.allocate(n)
             owners.append((n, []))
         elif op == "register" and owners:
             priv, held = owners.pop()
@@ -133,15 +132,19 @@ def test_freed_cached_blocks_reusable_by_key_until_reallocated(n_keys, evict):
     pool.check()
 
 
-def test_copy_on_write_copies_only_while_shared():
-    pool = BlockPool(4)
-    pool.allocate(1)
-    pool.register([42])
-    pool.fork([42])  # parent and child share the tail block
-    assert pool.refs[42] == 2
-    assert pool.write_shared_tail(42) is True  # child writes: gets a private copy
-    assert pool.refs[42] == 1 and pool.private == 1
-    assert pool.write_shared_tail(42) is False  # parent alone now: writes in place
+def test_allocate_returns_evicted_entries_and_events_describe_them():
+    pool = BlockPool(4, events=True)
+    pool.allocate(3)
+    pool.stamp = 7
+    assert pool.register([1, 2], [1, 2]) == [1, 2]
+    assert pool.last_access == {1: 7, 2: 7}
+    pool.stamp = 9
+    pool.release(0, [1, 2])  # tail first: 2 is older in the LRU than 1
+    assert pool.last_access == {1: 9, 2: 9}
+    assert pool.allocate(1) == []  # an empty block is left: nothing evicted
+    assert pool.allocate(2) == [2]  # entry 2 (two blocks) goes first
+    assert pool.take_events() == [BlockStored((1, 2), (1, 2)), BlockRemoved((2,))]
+    assert pool.take_events() == []
     pool.check()
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvsim.run as krun
-from kvsim.core.block_pool import BlockPool
+from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import RequestStatus
 from kvsim.core.sched.scheduler import Scheduler
 from tests.helpers import make_workload, records, small_scenario
@@ -22,20 +22,24 @@ class CheckedScheduler(Scheduler):
 
     def check(self) -> None:
         self.checks += 1
-        pool = self.pool
+        kv = self.kv
+        pool = kv.pool
         pool.check()
         private = 0
         refs: dict[int, int] = {}
         for seq in self.running:
             n_held = len(seq.held_keys)
             assert seq.held_keys == seq.keys[:n_held]
-            assert seq.nblocks == seq.key_cum[n_held] + seq.num_private
-            assert seq.nblocks * self.block_size >= seq.num_computed
+            assert seq.num_blocks == seq.key_cum[n_held] + seq.num_private
+            assert seq.num_blocks * self.block_size >= seq.num_computed
+            table = kv.block_table(seq)
+            assert sum(run.num_blocks for run in table) == seq.num_blocks
+            assert [run.key for run in table if run.key is not None] == seq.held_keys
             private += seq.num_private
             for k in seq.held_keys:
                 refs[k] = refs.get(k, 0) + 1
         for seq in self.waiting:
-            assert seq.nblocks == 0 and seq.num_computed == 0 and not seq.held_keys
+            assert seq.num_blocks == 0 and seq.num_computed == 0 and not seq.held_keys
         assert private == pool.private
         assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         remaining = sum(
@@ -65,8 +69,7 @@ made: list[CheckedScheduler] = []
 def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_prefill):  # type: ignore[no-untyped-def]
     made.append(
         sched := CheckedScheduler(
-            BlockPool(num_blocks),
-            block_size=block_size,
+            KVCacheManager(num_blocks, block_size),
             max_num_seqs=max_num_seqs,
             max_batched_tokens=max_batched_tokens,
             chunked_prefill=chunked_prefill,

@@ -18,18 +18,41 @@ Two requests computing the same prompt at once: the second one's copy is freed w
 to be cached already, and it shares the first's (vLLM v1 keeps both physical copies cached until
 their owners finish), so bursts of identical concurrent prompts use a little less memory here.
 
-Copy-on-write (parallel sampling / beam forks): `fork` adds references to a sequence's blocks;
-the first write into a shared, not-yet-full block copies it (`write_shared_tail`).
+Every cached entry carries a last-access stamp (the manager's step counter when it was last
+referenced or released), for policies that move cold blocks down a tier. With ``events=True`` the
+pool records `BlockStored` / `BlockRemoved` events (vLLM's KV events, which KV-aware routers and a
+cluster-wide prefix index consume); `take_events` hands them over and clears the list.
+
+Left out: copy-on-write forks (parallel sampling, beam search): nothing in a trace asks for them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Cache entries registered (their blocks now hold reusable content)."""
+
+    keys: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Cache entries evicted (their blocks were reallocated)."""
+
+    keys: tuple[int, ...]
+
+
+PoolEvent = BlockStored | BlockRemoved
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, events: bool = False) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -40,6 +63,9 @@ class BlockPool:
         self.lru_blocks = 0  # blocks held by unreferenced cached entries
         self.private = 0  # referenced unhashed blocks, all owners together
         self.evictions = 0  # cached blocks reclaimed for new allocations
+        self.last_access: dict[int, int] = {}  # cached entry key -> stamp of its last reference/release
+        self.stamp = 0  # the owner's clock (steps); set by the KV cache manager
+        self._events: list[PoolEvent] | None = [] if events else None
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -77,28 +103,37 @@ class BlockPool:
     # ---- mutations --------------------------------------------------------------------------------
     def acquire_cached(self, keys: Iterable[int]) -> None:
         """Reference cached entries (prefix hits); unreferenced ones leave the LRU."""
-        refs, lru = self.refs, self.lru
+        refs, lru, last = self.refs, self.lru, self.last_access
+        stamp = self.stamp
         for k in keys:
             r = refs[k]
             if r == 0:
                 self.lru_blocks -= lru.pop(k)
             refs[k] = r + 1
+            last[k] = stamp
 
-    def allocate(self, n: int) -> None:
-        """Take `n` private blocks: empty ones first, then evict the oldest cached-free entries."""
+    def allocate(self, n: int) -> list[int]:
+        """Take `n` private blocks: empty ones first, then evict the oldest cached-free entries.
+        Returns the keys of the entries evicted (usually none)."""
         if n > self.free + self.lru_blocks:
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
+        evicted: list[int] = []
         if n > self.free:
-            lru, refs, size = self.lru, self.refs, self.size
+            lru, refs, size, last = self.lru, self.refs, self.size, self.last_access
             while n > self.free:
                 k, s = lru.popitem(last=False)
                 del refs[k]
                 del size[k]
+                del last[k]
                 self.lru_blocks -= s
                 self.free += s
                 self.evictions += s
+                evicted.append(k)
+            if self._events is not None:
+                self._events.append(BlockRemoved(tuple(evicted)))
         self.free -= n
         self.private += n
+        return evicted
 
     def register(self, keys: Sequence[int], sizes: Sequence[int] | None = None) -> list[int]:
         """Turn private blocks that just became full into cached entries under `keys`.
@@ -107,7 +142,8 @@ class BlockPool:
         registered twice. Returns the keys registered; the caller decides what to do with the rest.
         """
         out = []
-        refs, size = self.refs, self.size
+        refs, size, last = self.refs, self.size, self.last_access
+        stamp = self.stamp
         moved = 0
         for i, k in enumerate(keys):
             if k in refs:
@@ -115,10 +151,13 @@ class BlockPool:
             s = 1 if sizes is None else sizes[i]
             refs[k] = 1
             size[k] = s
+            last[k] = stamp
             moved += s
             out.append(k)
         self.private -= moved
         assert self.private >= 0
+        if out and self._events is not None:
+            self._events.append(BlockStored(tuple(out), tuple(size[k] for k in out)))
         return out
 
     def promote(self, keys: Sequence[int], sizes: Sequence[int]) -> None:
@@ -143,32 +182,23 @@ class BlockPool:
         assert 0 <= private <= self.private
         self.private -= private
         self.free += private
-        refs, lru, size = self.refs, self.lru, self.size
+        refs, lru, size, last = self.refs, self.lru, self.size, self.last_access
+        stamp = self.stamp
         for k in reversed(keys):
             r = refs[k] - 1
             refs[k] = r
+            last[k] = stamp
             if r == 0:
                 s = size[k]
                 lru[k] = s
                 self.lru_blocks += s
 
-    def fork(self, keys: Sequence[int]) -> None:
-        """A child sequence shares the parent's cached blocks (one more reference each)."""
-        self.acquire_cached(keys)
-
-    def write_shared_tail(self, tail_key: int) -> bool:
-        """Copy-on-write of a shared, partially filled block before writing into it.
-
-        `tail_key` names the shared tail (cached with a reference per sharer). If others still
-        reference it, the writer gets a private copy and drops its reference; the last sharer
-        writes in place. Returns True when a copy was made.
-        """
-        r = self.refs[tail_key]
-        if r > 1:
-            self.allocate(self.size[tail_key])
-            self.refs[tail_key] = r - 1
-            return True
-        return False
+    def take_events(self) -> list[PoolEvent]:
+        """The events recorded since the last call (empty unless the pool records events)."""
+        if self._events is None:
+            return []
+        out, self._events = self._events, []
+        return out
 
     def check(self) -> None:
         """Invariants (used by property tests)."""
@@ -176,5 +206,6 @@ class BlockPool:
         assert all(r >= 0 for r in self.refs.values())
         assert all(self.refs[k] == 0 and self.size[k] == s for k, s in self.lru.items())
         assert self.lru_blocks == sum(self.lru.values())
+        assert self.last_access.keys() == self.refs.keys()
         referenced = sum(self.size[k] for k, r in self.refs.items() if r > 0)
         assert self.free + self.lru_blocks + referenced + self.private == self.num_blocks

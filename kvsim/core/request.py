@@ -36,7 +36,7 @@ class Request:
         "id",
         "key_cum",
         "keys",
-        "nblocks",
+        "num_blocks",
         "num_cached_tokens",
         "num_computed",
         "num_generated",
@@ -68,7 +68,7 @@ class Request:
         for size in key_sizes:
             cum.append(cum[-1] + size)
         self.key_cum = cum  # blocks covered by the first i entries
-        self.nblocks = 0  # blocks held: the entries' blocks plus private ones
+        self.num_blocks = 0  # blocks held: the entries' blocks plus private ones
         self.num_tokens = prompt_len  # prompt + generated so far
         self.num_computed = 0  # tokens whose KV is in the cache
         self.num_generated = 0

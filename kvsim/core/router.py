@@ -28,11 +28,11 @@ class Router:
             best = max(
                 range(len(reps)),
                 key=lambda i: (
-                    reps[i].sched.pool.num_prefix_hits(seq.keys),
+                    reps[i].sched.kv.num_prefix_hits(seq.keys),
                     -reps[i].sched.outstanding_tokens,
                     -i,
                 ),
             )
-            if reps[best].sched.pool.num_prefix_hits(seq.keys) > 0:
+            if reps[best].sched.kv.num_prefix_hits(seq.keys) > 0:
                 return reps[best]
         return min(reps, key=lambda r: (r.sched.outstanding_tokens, r.index))

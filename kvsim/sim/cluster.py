@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from kvsim.core.block_pool import BlockPool
+from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
@@ -49,8 +49,7 @@ def make_pool_and_scheduler(
     num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int, chunked_prefill: bool
 ) -> Scheduler:
     return Scheduler(
-        BlockPool(num_blocks),
-        block_size=block_size,
+        KVCacheManager(num_blocks, block_size),
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         chunked_prefill=chunked_prefill,

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from kvsim.core.horizon import decode_window
 from kvsim.core.request import Request
-from kvsim.core.sched.scheduler import Scheduler, StepPlan
+from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, StepBatch
 
 MAX_FF_STEPS = 2048
@@ -65,7 +67,7 @@ class Replica:
 
     def _sample(self) -> None:
         if self.clock >= self._next_sample:
-            pool = self.sched.pool
+            pool = self.sched.kv.pool
             self.stats.samples.append(
                 (
                     self.clock,
@@ -105,15 +107,7 @@ class Replica:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                         seq.first_scheduled_s = self.clock
-                batch = StepBatch(
-                    tuple(plan.num_new),
-                    tuple(plan.ctx_before),
-                    sum(
-                        1
-                        for s, n in zip(plan.seqs, plan.num_new, strict=True)
-                        if s.num_computed + n == s.num_tokens
-                    ),
-                )
+                batch = StepBatch(tuple(plan.num_new), tuple(plan.ctx_before), plan.num_sampling)
                 t_end = self.clock + self.cost.step_time(batch)
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
@@ -126,15 +120,16 @@ class Replica:
             self.stats.events += 1
             self.stats.busy_s += self.clock - start
 
-    def _decode_steps(self, plan: StepPlan) -> tuple[int, float]:
+    def _decode_steps(self, plan: SchedulerOutput) -> tuple[int, float]:
         """Steps to advance at once and the end time of the last one."""
-        m = len(plan.seqs)
+        m = len(plan.reqs)
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             d = self.cost.decode_step_times(m, sum_ctx)
             self.cost.observe_decode(m, sum_ctx)
             return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
-        k, sum_ctx = self.sched.decode_horizon(plan, MAX_FF_STEPS)
+        window = decode_window(plan, self.sched.kv, MAX_FF_STEPS)
+        k, sum_ctx = window.num_steps, window.sum_ctx
         d = self.cost.decode_step_times(m, sum_ctx)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:]
         barrier = self.barrier()

@@ -1,0 +1,184 @@
+"""The KV cache manager: what the scheduler asks about a request's blocks, in vLLM v1's words.
+
+The scheduler never touches the block pool; it asks this manager (vLLM v1: ``KVCacheManager``
+between ``sched/scheduler.py`` and ``block_pool.py``; nano-vllm: ``BlockManager.can_allocate`` /
+``may_append``):
+
+- `get_computed_blocks(req)`: the prefix-cache hits of a waiting request, as (cache entries hit,
+  tokens whose KV they hold), with vLLM's rule that at least one token is always computed;
+- `allocate_slots(req, num_new_tokens)`: blocks for a running request's next tokens, or False with
+  nothing changed when they do not fit (the scheduler then preempts);
+- `admit(req, num_hits, num_new_tokens)`: take the hits and the new blocks of a waiting request, or
+  False when they do not fit;
+- `cache_blocks(req, num_computed_tokens)`: turn the request's blocks that are full up to that many
+  tokens into cache entries;
+- `free(req)`: release everything the request holds.
+
+A request's block table is a run of cache entries (a prefix of its prompt's entry keys, each
+covering ``entry size`` blocks) followed by one run of private blocks; `block_table(req)` returns it
+as `BlockRun`s with their tier. All blocks live in HBM here; the memory-tier work adds tiers to the
+runs. Resident tokens equal computed tokens while no token is evicted.
+
+The manager also keeps the memory peaks (noted after every allocation, before any release) and the
+step stamp the pool uses for last-access times.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from enum import Enum
+
+from kvsim.core.block_pool import BlockPool
+from kvsim.core.request import Request
+
+
+class Tier(str, Enum):
+    HBM = "hbm"
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """Consecutive blocks of one request: a cache entry (``key``) or private blocks (``key`` None)."""
+
+    key: int | None
+    num_blocks: int
+    tier: Tier = Tier.HBM
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, *, events: bool = False) -> None:
+        self.pool = BlockPool(num_blocks, events=events)
+        self.block_size = block_size
+        self.peak_used_blocks = 0  # referenced by some request
+        self.peak_occupied_blocks = 0  # referenced or cached-but-free
+
+    # ---- queries ----------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take: empty plus cached-but-unreferenced."""
+        return self.pool.free + self.pool.lru_blocks
+
+    @property
+    def num_empty_blocks(self) -> int:
+        """Blocks that hold nothing (taking them evicts no cache entry)."""
+        return self.pool.free
+
+    def num_prefix_hits(self, keys: list[int]) -> int:
+        return self.pool.num_prefix_hits(keys)
+
+    def get_computed_blocks(self, req: Request) -> tuple[int, int]:
+        """(cache entries hit, tokens they let the request skip) for a waiting request.
+
+        At least one token is computed (vLLM): a fully cached prompt recomputes its last block's
+        tokens into the block it already holds."""
+        if not req.keys:
+            return 0, 0
+        hits = self.pool.num_prefix_hits(req.keys)
+        hit_blocks = min(req.key_cum[hits], (req.num_tokens - 1) // self.block_size)
+        return hits, hit_blocks * self.block_size
+
+    def blocks_needed(self, req: Request, num_tokens: int) -> int:
+        """New blocks a running request needs to hold `num_tokens` tokens."""
+        return -(-num_tokens // self.block_size) - req.num_blocks
+
+    def blocks_needed_through(self, reqs: list[Request], j: int) -> int:
+        """New blocks the requests need to run decode steps 0..j (step 0's are already held)."""
+        bs = self.block_size
+        total = 0
+        for r in reqs:
+            n = -(-(r.num_computed + j + 1) // bs) - r.num_blocks
+            if n > 0:
+                total += n
+        return total
+
+    def block_table(self, req: Request) -> list[BlockRun]:
+        cum = req.key_cum
+        runs = [BlockRun(k, cum[i + 1] - cum[i]) for i, k in enumerate(req.held_keys)]
+        if req.num_private:
+            runs.append(BlockRun(None, req.num_private))
+        return runs
+
+    def num_resident_tokens(self, req: Request) -> int:
+        return req.num_computed
+
+    # ---- mutations --------------------------------------------------------------------------------
+    def note_peak(self) -> None:
+        """Called after every allocation, before any release: blocks only grow in between."""
+        pool = self.pool
+        occupied = pool.num_blocks - pool.free
+        used = occupied - pool.lru_blocks
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        if occupied > self.peak_occupied_blocks:
+            self.peak_occupied_blocks = occupied
+
+    def allocate_slots(self, req: Request, num_new_blocks: int) -> bool:
+        """Give a running request `num_new_blocks` more private blocks; False (nothing changed) when
+        they do not fit."""
+        pool = self.pool
+        if num_new_blocks > pool.free + pool.lru_blocks:
+            return False
+        pool.allocate(num_new_blocks)
+        req.num_private += num_new_blocks
+        req.num_blocks += num_new_blocks
+        return True
+
+    def admit(self, req: Request, num_hits: int, num_new_tokens: int) -> bool:
+        """Take a waiting request's first `num_hits` cache entries and the blocks for its next
+        `num_new_tokens` tokens; False (nothing changed) when they do not fit."""
+        bs = self.block_size
+        pool = self.pool
+        held_blocks = req.key_cum[num_hits] if req.keys else 0
+        computed = min(held_blocks, (req.num_tokens - 1) // bs) * bs
+        need = max(0, -(-(computed + num_new_tokens) // bs) - held_blocks)
+        hit_keys = req.keys[:num_hits]
+        if need + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks:
+            return False
+        pool.acquire_cached(hit_keys)
+        pool.allocate(need)
+        req.held_keys = hit_keys
+        req.num_private = need
+        req.num_blocks = held_blocks + need
+        req.num_computed = computed
+        return True
+
+    def cache_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Cache the request's entries that are full once `num_computed_tokens` tokens are computed
+        (or, where equal content is cached already, share it and free the request's copy)."""
+        start = len(req.held_keys)
+        if start == len(req.keys):
+            return
+        cum = req.key_cum
+        end = bisect_right(cum, num_computed_tokens // self.block_size) - 1  # entries fully computed
+        if end <= start:
+            return
+        keys = req.keys[start:end]
+        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, end)])
+        req.num_private -= cum[end] - cum[start]
+        req.held_keys = req.held_keys + keys if req.held_keys else keys
+
+    def grow_decode(self, reqs: list[Request], num_steps: int) -> None:
+        """Blocks for `num_steps` decode steps just applied to `reqs` (their computed counts already
+        advanced; the first step's blocks were allocated when it was scheduled)."""
+        bs = self.block_size
+        extra = 0
+        for r in reqs:
+            n = -(-r.num_computed // bs) - r.num_blocks
+            if n > 0:
+                r.num_private += n
+                r.num_blocks += n
+                extra += n
+        if extra:
+            self.pool.allocate(extra)
+        self.note_peak()
+
+    def free(self, req: Request) -> None:
+        self.pool.release(req.num_private, req.held_keys)
+        req.held_keys = []
+        req.num_private = 0
+        req.num_blocks = 0
