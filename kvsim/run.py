@@ -121,7 +121,7 @@ def run_scenario(
                 sched,
                 cost,
                 fast_forward=sc.sim.fast_forward,
-                barrier=feed.next_time,
+                next_outside_event=lambda: end_s,
                 sample_every_s=sample_every,
             )
         )

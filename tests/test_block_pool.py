@@ -137,10 +137,11 @@ def test_allocate_returns_evicted_entries_and_events_describe_them():
     pool.allocate(3)
     pool.stamp = 7
     assert pool.register([1, 2], [1, 2]) == [1, 2]
-    assert pool.last_access == {1: 7, 2: 7}
+    assert (pool.last_access(1), pool.last_access(2)) == (7, 7)  # referenced: touched now
     pool.stamp = 9
     pool.release(0, [1, 2])  # tail first: 2 is older in the LRU than 1
-    assert pool.last_access == {1: 9, 2: 9}
+    pool.stamp = 12
+    assert (pool.last_access(1), pool.last_access(2)) == (9, 9)  # unreferenced: when released
     assert pool.allocate(1) == []  # an empty block is left: nothing evicted
     assert pool.allocate(2) == [2]  # entry 2 (two blocks) goes first
     assert pool.take_events() == [BlockStored((1, 2), (1, 2)), BlockRemoved((2,))]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.goldens.goldens import EXPECTED, diff_rows, diff_summary, golden_names, produce
+from tests.goldens.goldens import EXPECTED, diff_rows, diff_summary, golden_names, normalise, produce
 
 
 @pytest.mark.parametrize("name", golden_names())
@@ -20,7 +20,7 @@ def test_golden(name: str, tmp_path: Path) -> None:
     expected = EXPECTED / name
     assert (expected / "summary.json").is_file(), f"no golden for {name}: run goldens.py --regen {name}"
     summary, rows = produce(name, tmp_path)
-    golden = json.loads((expected / "summary.json").read_text())
+    golden = normalise(json.loads((expected / "summary.json").read_text()))
     with (expected / "requests.csv").open() as f:
         golden_rows = list(csv.reader(f))
     problems = diff_summary(golden, summary) + diff_rows(golden_rows, rows)

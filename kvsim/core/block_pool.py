@@ -18,8 +18,12 @@ Two requests computing the same prompt at once: the second one's copy is freed w
 to be cached already, and it shares the first's (vLLM v1 keeps both physical copies cached until
 their owners finish), so bursts of identical concurrent prompts use a little less memory here.
 
-Every cached entry carries a last-access stamp (the manager's step counter when it was last
-referenced or released), for policies that move cold blocks down a tier. With ``events=True`` the
+Every cached entry has a last-access stamp (the manager's step counter), for policies that move
+cold blocks down a tier: a referenced entry is touched by its running requests every step, so its
+stamp is the current one; an unreferenced entry's is the step its last holder released it, kept as
+its value in the LRU. Memory: an hour of traffic leaves hundreds of thousands of cached entries per
+cluster, so an entry costs one `refs` slot and, while unreferenced, one LRU node; its size is stored
+only when it is not one block. With ``events=True`` the
 pool records `BlockStored` / `BlockRemoved` events (vLLM's KV events, which KV-aware routers and a
 cluster-wide prefix index consume); `take_events` hands them over and clears the list.
 
@@ -58,12 +62,11 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.free = num_blocks  # empty blocks
         self.refs: dict[int, int] = {}  # cached entry key -> reference count (>= 0)
-        self.size: dict[int, int] = {}  # cached entry key -> blocks it covers
-        self.lru: OrderedDict[int, int] = OrderedDict()  # unreferenced entries, oldest first -> size
+        self.sizes: dict[int, int] = {}  # cached entry key -> blocks it covers, where not 1
+        self.lru: OrderedDict[int, int] = OrderedDict()  # unreferenced entries, oldest first -> stamp
         self.lru_blocks = 0  # blocks held by unreferenced cached entries
         self.private = 0  # referenced unhashed blocks, all owners together
         self.evictions = 0  # cached blocks reclaimed for new allocations
-        self.last_access: dict[int, int] = {}  # cached entry key -> stamp of its last reference/release
         self.stamp = 0  # the owner's clock (steps); set by the KV cache manager
         self._events: list[PoolEvent] | None = [] if events else None
 
@@ -82,6 +85,14 @@ class BlockPool:
         """Blocks some request references (private or cached)."""
         return self.num_blocks - self.free - self.lru_blocks
 
+    def size(self, key: int) -> int:
+        """Blocks the cached entry `key` covers."""
+        return self.sizes.get(key, 1)
+
+    def last_access(self, key: int) -> int:
+        """Stamp of the last step that touched cached entry `key`."""
+        return self.stamp if self.refs[key] > 0 else self.lru[key]
+
     def num_prefix_hits(self, keys: Sequence[int]) -> int:
         """Length of the leading run of `keys` whose entries are cached."""
         refs = self.refs
@@ -94,8 +105,8 @@ class BlockPool:
 
     def unreferenced_blocks(self, keys: Iterable[int]) -> int:
         """Blocks among cached `keys` that sit in the LRU (taking them shrinks num_free)."""
-        lru = self.lru
-        return sum(lru[k] for k in keys if k in lru)
+        lru, sizes = self.lru, self.sizes
+        return sum(sizes.get(k, 1) for k in keys if k in lru)
 
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
@@ -103,14 +114,13 @@ class BlockPool:
     # ---- mutations --------------------------------------------------------------------------------
     def acquire_cached(self, keys: Iterable[int]) -> None:
         """Reference cached entries (prefix hits); unreferenced ones leave the LRU."""
-        refs, lru, last = self.refs, self.lru, self.last_access
-        stamp = self.stamp
+        refs, lru, sizes = self.refs, self.lru, self.sizes
         for k in keys:
             r = refs[k]
             if r == 0:
-                self.lru_blocks -= lru.pop(k)
+                del lru[k]
+                self.lru_blocks -= sizes.get(k, 1)
             refs[k] = r + 1
-            last[k] = stamp
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` private blocks: empty ones first, then evict the oldest cached-free entries.
@@ -119,12 +129,11 @@ class BlockPool:
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
         evicted: list[int] = []
         if n > self.free:
-            lru, refs, size, last = self.lru, self.refs, self.size, self.last_access
+            lru, refs, sizes = self.lru, self.refs, self.sizes
             while n > self.free:
-                k, s = lru.popitem(last=False)
+                k, _ = lru.popitem(last=False)
                 del refs[k]
-                del size[k]
-                del last[k]
+                s = sizes.pop(k, 1)
                 self.lru_blocks -= s
                 self.free += s
                 self.evictions += s
@@ -142,22 +151,21 @@ class BlockPool:
         registered twice. Returns the keys registered; the caller decides what to do with the rest.
         """
         out = []
-        refs, size, last = self.refs, self.size, self.last_access
-        stamp = self.stamp
+        refs, stored = self.refs, self.sizes
         moved = 0
         for i, k in enumerate(keys):
             if k in refs:
                 continue
             s = 1 if sizes is None else sizes[i]
             refs[k] = 1
-            size[k] = s
-            last[k] = stamp
+            if s != 1:
+                stored[k] = s
             moved += s
             out.append(k)
         self.private -= moved
         assert self.private >= 0
         if out and self._events is not None:
-            self._events.append(BlockStored(tuple(out), tuple(size[k] for k in out)))
+            self._events.append(BlockStored(tuple(out), tuple(stored.get(k, 1) for k in out)))
         return out
 
     def promote(self, keys: Sequence[int], sizes: Sequence[int]) -> None:
@@ -182,16 +190,14 @@ class BlockPool:
         assert 0 <= private <= self.private
         self.private -= private
         self.free += private
-        refs, lru, size, last = self.refs, self.lru, self.size, self.last_access
+        refs, lru, sizes = self.refs, self.lru, self.sizes
         stamp = self.stamp
         for k in reversed(keys):
             r = refs[k] - 1
             refs[k] = r
-            last[k] = stamp
             if r == 0:
-                s = size[k]
-                lru[k] = s
-                self.lru_blocks += s
+                lru[k] = stamp
+                self.lru_blocks += sizes.get(k, 1)
 
     def take_events(self) -> list[PoolEvent]:
         """The events recorded since the last call (empty unless the pool records events)."""
@@ -204,8 +210,8 @@ class BlockPool:
         """Invariants (used by property tests)."""
         assert self.free >= 0 and self.private >= 0
         assert all(r >= 0 for r in self.refs.values())
-        assert all(self.refs[k] == 0 and self.size[k] == s for k, s in self.lru.items())
-        assert self.lru_blocks == sum(self.lru.values())
-        assert self.last_access.keys() == self.refs.keys()
-        referenced = sum(self.size[k] for k, r in self.refs.items() if r > 0)
+        assert all(self.refs[k] == 0 for k in self.lru)
+        assert self.sizes.keys() <= self.refs.keys() and all(s != 1 for s in self.sizes.values())
+        assert self.lru_blocks == sum(self.size(k) for k in self.lru)
+        referenced = sum(self.size(k) for k, r in self.refs.items() if r > 0)
         assert self.free + self.lru_blocks + referenced + self.private == self.num_blocks

@@ -5,10 +5,14 @@ can end a window contributes a bound, and the window is their minimum:
 
 - ``max_steps``: a cap on the window (memory of the per-step arrays);
 - ``outputs``: the first request to reach its output length finishes at that step;
-- ``empty_blocks``: the window only takes empty blocks (an eviction could shorten a waiting
-  request's prefix hits and let it in at the next step, and evicting an entry returns its surplus
-  blocks to the free pool, so occupancy would dip and rise unseen), so it ends before the first
-  step whose new blocks exceed the empty ones (step 0's blocks are already allocated);
+- ``empty_blocks`` / ``free_blocks``: the window ends before the first step whose new blocks do
+  not fit (step 0's are already allocated). While a request waits that could be admitted but for
+  blocks, only empty blocks count: evicting a cached entry could shorten its prefix hits and let it
+  in (or keep it out) at the next step. With nothing waiting, or the running cap reached, evicting
+  cached-but-free entries inside the window is safe: a batch allocation evicts the same least-
+  recently-used entries that one-block-per-step allocations would (nothing is released inside a
+  window, so the LRU order is fixed), and the replica applies the steps that ended before any
+  instant at which the router reads its prefix cache (`Replica.num_prefix_hits`);
 - ``outside_event``: the next event from outside the replica (end of the simulation now; transfer
   completions and closed-loop turns later): only steps that end strictly before it run, and at least
   one. Arrivals are not outside events: one routed to this replica cuts its window where it lands
@@ -43,8 +47,11 @@ class DecodeWindow:
         return self.sum_ctx + self.num_seqs
 
 
-def decode_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> DecodeWindow:
-    """The longest run of decode-only steps, the scheduled one first, that no mechanism ends early."""
+def decode_window(
+    out: SchedulerOutput, kv: KVCacheManager, max_steps: int, *, may_evict: bool = False
+) -> DecodeWindow:
+    """The longest run of decode-only steps, the scheduled one first, that no mechanism ends early.
+    `may_evict`: whether the window may evict cached-but-free entries (see the module docstring)."""
     reqs = out.reqs
     k, bound = max_steps, "max_steps"
     sum_c = 0
@@ -53,16 +60,16 @@ def decode_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> D
         if left < k:
             k, bound = left, "outputs"
         sum_c += r.num_computed
-    empty = kv.num_empty_blocks
-    if kv.blocks_needed_through(reqs, k - 1) > empty:
+    avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
+    if kv.blocks_needed_through(reqs, k - 1) > avail:
         lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if kv.blocks_needed_through(reqs, mid) <= empty:
+            if kv.blocks_needed_through(reqs, mid) <= avail:
                 lo = mid
             else:
                 hi = mid - 1
-        k, bound = lo + 1, "empty_blocks"
+        k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
     return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound)
 
 

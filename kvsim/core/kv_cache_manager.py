@@ -167,15 +167,49 @@ class KVCacheManager:
         advanced; the first step's blocks were allocated when it was scheduled)."""
         bs = self.block_size
         extra = 0
+        pool = self.pool
+        steps: list[int] = []  # the step (1..num_steps-1) at which stepping would take each block
         for r in reqs:
             n = -(-r.num_computed // bs) - r.num_blocks
             if n > 0:
+                # Block b of the request's table is taken by the step that writes its first token.
+                first = r.num_blocks * bs - (r.num_computed - num_steps)  # 1-based step of the first
+                steps.extend(range(first, first + n * bs, bs))
                 r.num_private += n
                 r.num_blocks += n
                 extra += n
+        if extra > pool.free and pool.sizes and pool.lru:
+            self._note_stepwise_peak(sorted(steps))
         if extra:
-            self.pool.allocate(extra)
+            pool.allocate(extra)
         self.note_peak()
+
+    def _note_stepwise_peak(self, steps: list[int]) -> None:
+        """The occupancy peak stepping would see while a window's allocations evict cached entries.
+
+        One batch allocation evicts the same least-recently-used entries as one allocation per step,
+        but an entry larger than one block returns its surplus to the empty blocks, so occupancy
+        after some intermediate step can exceed the batch's final one. `steps` lists, sorted, the
+        step that takes each new block; the LRU order is fixed inside a window (nothing is released).
+        """
+        pool = self.pool
+        empty0 = pool.free
+        evicted_blocks = 0
+        lru = iter(pool.lru)
+        min_empty = empty0
+        i = 0
+        while i < len(steps):
+            j = i
+            while j < len(steps) and steps[j] == steps[i]:
+                j += 1
+            taken = j  # blocks taken by the end of step steps[i]
+            while empty0 + evicted_blocks < taken:
+                evicted_blocks += pool.size(next(lru))
+            min_empty = min(min_empty, empty0 + evicted_blocks - taken)
+            i = j
+        occupied = pool.num_blocks - min_empty
+        if occupied > self.peak_occupied_blocks:
+            self.peak_occupied_blocks = occupied
 
     def free(self, req: Request) -> None:
         self.pool.release(req.num_private, req.held_keys)

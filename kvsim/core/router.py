@@ -1,38 +1,63 @@
-"""Which replica an arriving request goes to: round robin, least outstanding tokens, prefix affinity."""
+"""Which replica an arriving request goes to.
+
+Policies: ``round_robin``; ``least_outstanding_tokens`` (fewest tokens still to compute, queued
+prompts included: vLLM's router and Dynamo's KV router weigh load this way); ``least_outstanding_requests``
+(fewest requests running or waiting, as Vidur's and llm-d's simplest load balancers do);
+``prefix_affinity`` (the replica whose prefix cache holds the longest leading run of the request's
+blocks; ties and no hit anywhere go to the least outstanding tokens). Ties go to the lowest index.
+
+The router reads each replica's state at the arrival instant through `ReplicaView`, which a replica
+in the middle of a fast-forward window answers in closed form.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, TypeVar
 
 from kvsim.core.request import Request
+
+POLICIES = ("round_robin", "least_outstanding_tokens", "least_outstanding_requests", "prefix_affinity")
+
+
+class ReplicaView(Protocol):
+    index: int
+
+    def outstanding_tokens_at(self, t: float) -> int: ...
+
+    @property
+    def num_requests(self) -> int: ...
+
+    def num_prefix_hits(self, keys: list[int]) -> int: ...
+
+
+R = TypeVar("R", bound=ReplicaView)
 
 
 class Router:
     """Chooses a replica for each arriving request."""
 
-    def __init__(self, policy: str, replicas: list[Any]) -> None:
+    def __init__(self, policy: str, replicas: list[R]) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; expected one of {', '.join(POLICIES)}")
         self.policy = policy
-        self.replicas = replicas
+        self.replicas: list[ReplicaView] = list(replicas)
         self._rr = 0
 
-    def choose(self, seq: Request) -> Any:
+    def choose(self, req: Request, now: float) -> ReplicaView:
         reps = self.replicas
         if len(reps) == 1:
             return reps[0]
-        if self.policy == "round_robin":
+        policy = self.policy
+        if policy == "round_robin":
             r = reps[self._rr % len(reps)]
             self._rr += 1
             return r
-        if self.policy == "prefix_affinity" and seq.keys:
-            # Longest cached prefix wins; ties (and no hit anywhere) go to the least loaded.
-            best = max(
-                range(len(reps)),
-                key=lambda i: (
-                    reps[i].sched.kv.num_prefix_hits(seq.keys),
-                    -reps[i].sched.outstanding_tokens,
-                    -i,
-                ),
-            )
-            if reps[best].sched.kv.num_prefix_hits(seq.keys) > 0:
+        if policy == "least_outstanding_requests":
+            return min(reps, key=lambda r: (r.num_requests, r.index))
+        load = [r.outstanding_tokens_at(now) for r in reps]
+        if policy == "prefix_affinity" and req.keys:
+            hits = [r.num_prefix_hits(req.keys) for r in reps]
+            best = max(range(len(reps)), key=lambda i: (hits[i], -load[i], -i))
+            if hits[best] > 0:
                 return reps[best]
-        return min(reps, key=lambda r: (r.sched.outstanding_tokens, r.index))
+        return reps[min(range(len(reps)), key=lambda i: (load[i], i))]

@@ -42,7 +42,7 @@ def arrival_process(
         feed.cursor += 1
         seq = make_seq(i)
         if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
-            router.choose(seq).submit(seq)
+            router.choose(seq, env.now).submit(seq)  # type: ignore[attr-defined]
 
 
 def make_pool_and_scheduler(

@@ -1,12 +1,16 @@
-"""The SimPy shell: replica engines that own time, a router, and the arrival process.
+"""A replica: one SimPy process running the scheduler's step loop; the clock advances only by step
+durations from the cost model.
 
-Each replica is one SimPy process running the scheduler's step loop; the clock advances only by
-step durations from the cost model. Arrivals are routed at their arrival instant. Where nothing
-can change between steps (decode-only batch, no arrival before the steps end, no completion
-before the last, enough free blocks), several steps are advanced with one event; step durations
-come from the same vectorised cost function and times from the same sequential sums, so results
-equal stepping one by one (tests/test_engine.py checks this); only the occupancy time series, sampled
-once per event, is sparser.
+Fast-forward: where nothing can change between steps (a decode-only batch, no completion before
+the last step, enough empty blocks: `kvsim.core.horizon`), several steps are advanced as one event.
+Step durations come from the same vectorised cost function and times from the same sequential
+sums, so results equal stepping one by one (tests/test_engine.py and the property tests check
+this). An arrival routed here mid-window cuts the window after the step it lands in (`submit`),
+exactly where stepping would first see it; arrivals routed elsewhere leave it alone, and the router
+reads this replica's state at any instant in closed form (`outstanding_tokens_at`): inside a
+decode-only window only the computed-token counts move, one per request per step, and the prefix
+cache does not change. So engine events grow with the requests, not with requests x replicas.
+Only the occupancy time series, sampled once per event, is sparser than stepping's.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.core.horizon import decode_window
+from kvsim.core.horizon import decode_window, steps_before
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
@@ -43,7 +47,7 @@ class Replica:
         cost: CostModel,
         *,
         fast_forward: bool,
-        barrier: Callable[[], float],
+        next_outside_event: Callable[[], float],
         sample_every_s: float,
     ) -> None:
         self.env = env
@@ -51,19 +55,59 @@ class Replica:
         self.sched = scheduler
         self.cost = cost
         self.fast_forward = fast_forward
-        self.barrier = barrier  # time of the next outside event (arrival or end of simulation)
+        self.next_outside_event = next_outside_event  # cluster-level: the end of the simulation, for now
         self.sample_every_s = sample_every_s
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
         self._next_sample = 0.0
+        self._win_ends: list[float] | None = None  # end times of the decode window in flight
+        self._win_k = 0  # steps of it that will run
+        self._win_m = 0  # requests in it
+        self._win_plan: SchedulerOutput | None = None
+        self._win_applied = 0  # steps of it already applied (the router read this replica mid-window)
+        self._win_evicts = False  # whether it evicts cached entries (then reads apply ended steps)
         self.process = env.process(self.run())
 
+    # ---- what the router reads ---------------------------------------------------------------------
+    def outstanding_tokens_at(self, t: float) -> int:
+        """Tokens still to compute at time `t`, steps of the current window that ended before `t`
+        taken off (each computes one token per running request)."""
+        ends = self._win_ends
+        if ends is None:
+            return self.sched.outstanding_tokens
+        done = steps_before(ends, t, self._win_k) - self._win_applied
+        return self.sched.outstanding_tokens - self._win_m * done
+
+    @property
+    def num_requests(self) -> int:
+        return self.sched.num_requests
+
+    def num_prefix_hits(self, keys: list[int]) -> int:
+        if self._win_evicts and self._win_ends is not None:
+            self._apply_ended_steps(self.env.now)  # the window's evictions so far, as stepping has them
+        return self.sched.kv.num_prefix_hits(keys)
+
+    def _apply_ended_steps(self, t: float) -> None:
+        """Apply the steps of the window in flight that ended before `t` (never its last one)."""
+        assert self._win_ends is not None and self._win_plan is not None
+        done = steps_before(self._win_ends, t, self._win_k) - self._win_applied
+        if done > 0:
+            self.sched.advance_decode(self._win_plan, done)
+            self._win_applied += done
+
+    # ---- arrivals -----------------------------------------------------------------------------------
     def submit(self, seq: Request) -> None:
         seq.replica = self.index
         self.sched.add(seq)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
+        elif self._win_ends is not None:
+            # Stepping would first see the request after the step in flight now: cut the window there.
+            k = steps_before(self._win_ends, self.env.now, self._win_k) + 1
+            if k < self._win_k:
+                self._win_k = k
+                self.process.interrupt()
 
     def _sample(self) -> None:
         if self.clock >= self._next_sample:
@@ -96,10 +140,21 @@ class Replica:
             self._sample()
             start = self.clock
             if plan.decode_only:
-                k, t_end = self._decode_steps(plan)
-                yield env.timeout(max(0.0, t_end - env.now))
+                ends, sum_ctx, evicts = self._decode_window(plan)
+                self._win_ends, self._win_k, self._win_m = ends, len(ends), len(plan.reqs)
+                self._win_plan, self._win_applied, self._win_evicts = plan, 0, evicts
+                while True:
+                    try:
+                        yield env.timeout(max(0.0, ends[self._win_k - 1] - env.now))
+                        break
+                    except simpy.Interrupt:  # an arrival cut the window shorter
+                        continue
+                k = self._win_k
+                self._win_ends = self._win_plan = None
+                t_end = ends[k - 1]
+                self.cost.observe_decode(len(plan.reqs), sum_ctx[:k])
                 self.clock = t_end
-                done = sched.advance_decode(plan, k)
+                done = sched.advance_decode(plan, k - self._win_applied)
                 self.stats.steps += k
                 for seq in done:
                     seq.finish_s = t_end
@@ -120,20 +175,22 @@ class Replica:
             self.stats.events += 1
             self.stats.busy_s += self.clock - start
 
-    def _decode_steps(self, plan: SchedulerOutput) -> tuple[int, float]:
-        """Steps to advance at once and the end time of the last one."""
+    def _decode_window(self, plan: SchedulerOutput) -> tuple[list[float], np.ndarray, bool]:
+        """End times of the decode steps this event may run, the batch's cached context before each
+        (for pricing and bookkeeping), and whether the window evicts cached entries."""
         m = len(plan.reqs)
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
-            d = self.cost.decode_step_times(m, sum_ctx)
-            self.cost.observe_decode(m, sum_ctx)
-            return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
-        window = decode_window(plan, self.sched.kv, MAX_FF_STEPS)
-        k, sum_ctx = window.num_steps, window.sum_ctx
+            evicts = False
+        else:
+            sched = self.sched
+            window = decode_window(plan, sched.kv, MAX_FF_STEPS, may_evict=sched.may_evict_in_window)
+            sum_ctx = window.sum_ctx
+            evicts = (
+                sched.kv.blocks_needed_through(plan.reqs, window.num_steps - 1) > sched.kv.num_empty_blocks
+            )
         d = self.cost.decode_step_times(m, sum_ctx)
-        ends = np.cumsum(np.concatenate(([self.clock], d)))[1:]
-        barrier = self.barrier()
+        ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.
-        k = max(1, min(k, int(np.searchsorted(ends, barrier, side="left"))))
-        self.cost.observe_decode(m, sum_ctx[:k])
-        return k, float(ends[k - 1])
+        k = max(1, steps_before(ends, self.next_outside_event()))
+        return ends[:k], sum_ctx, evicts

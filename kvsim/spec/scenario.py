@@ -28,7 +28,7 @@ from kvsim.units import (
 )
 
 TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
-ROUTERS = ("round_robin", "least_outstanding_tokens", "prefix_affinity")
+ROUTERS = ("round_robin", "least_outstanding_tokens", "least_outstanding_requests", "prefix_affinity")
 
 
 @dataclass(frozen=True)

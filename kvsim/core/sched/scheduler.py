@@ -54,6 +54,12 @@ class Scheduler:
         """Requests in this engine (running or waiting)."""
         return len(self.running) + len(self.waiting)
 
+    @property
+    def may_evict_in_window(self) -> bool:
+        """Whether evicting cached entries during a decode-only window cannot change who is admitted
+        next: nothing waits, or the running cap is reached (`kvsim.core.horizon`)."""
+        return not self.waiting or len(self.running) >= self.max_num_seqs
+
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
         self.outstanding_tokens += req.num_computed
@@ -161,11 +167,14 @@ class Scheduler:
         for req in done:
             kv.free(req)
             req.status = RequestStatus.FINISHED
+            req.keys, req.key_cum = [], [0]  # nothing reads them again; a long run keeps every request
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
 
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
-        """Apply k decode-only steps at once (the first already has its blocks). Returns finished."""
+        """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
+        A window may be applied in parts (the router reading the replica mid-window): every part but
+        the last finishes nobody, since the window ends at the first finish."""
         done = []
         for req in out.reqs:
             req.num_computed += k
