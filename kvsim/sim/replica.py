@@ -29,6 +29,10 @@ class ReplicaStats:
     steps: int = 0
     events: int = 0
     busy_s: float = 0.0  # simulated seconds spent running steps
+    # Integral of KV blocks in use (referenced by some request) over simulated time, block-seconds:
+    # the per-replica mean KV use in the summary. Summed step by step in the same order with and
+    # without fast-forward, so both give the same number.
+    kv_block_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -86,17 +90,22 @@ class Replica:
             plan = sched.schedule()
             if plan.empty:
                 self._sample()
+                idle_used = sched.pool.num_used
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
+                self.stats.kv_block_s += idle_used * (env.now - self.clock)
                 self.clock = env.now
                 continue
             self._sample()
             start = self.clock
             if plan.decode_only:
-                k, t_end = self._decode_steps(plan)
+                k, t_end, block_s = self._decode_steps(plan)
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
+                self.stats.kv_block_s = float(
+                    np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1]
+                )
                 done = sched.advance_decode(plan, k)
                 self.stats.steps += k
                 for seq in done:
@@ -114,9 +123,12 @@ class Replica:
                         if s.num_computed + n == s.num_tokens
                     ),
                 )
-                t_end = self.clock + self.cost.step_time(batch)
+                dt = self.cost.step_time(batch)
+                t_end = self.clock + dt
+                used = sched.pool.num_used  # allocated by schedule(), held through the step
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
+                self.stats.kv_block_s += used * dt
                 first, done = sched.complete(plan)
                 self.stats.steps += 1
                 for seq in first:
@@ -126,14 +138,15 @@ class Replica:
             self.stats.events += 1
             self.stats.busy_s += self.clock - start
 
-    def _decode_steps(self, plan: StepPlan) -> tuple[int, float]:
-        """Steps to advance at once and the end time of the last one."""
+    def _decode_steps(self, plan: StepPlan) -> tuple[int, float, np.ndarray]:
+        """Steps to advance at once, the end time of the last one, and each step's KV block-seconds."""
         m = len(plan.seqs)
+        used0 = self.sched.pool.num_used
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             d = self.cost.decode_step_times(m, sum_ctx)
             self.cost.observe_decode(m, sum_ctx)
-            return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
+            return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1]), used0 * d
         k, sum_ctx = self.sched.decode_horizon(plan, MAX_FF_STEPS)
         d = self.cost.decode_step_times(m, sum_ctx)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:]
@@ -141,4 +154,22 @@ class Replica:
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, min(k, int(np.searchsorted(ends, barrier, side="left"))))
         self.cost.observe_decode(m, sum_ctx[:k])
-        return k, float(ends[k - 1])
+        used = _decode_used_blocks(plan.seqs, used0, self.sched.block_size, k)
+        return k, float(ends[k - 1]), used * d[:k]
+
+
+def _decode_used_blocks(seqs: list[Request], used0: int, block_size: int, k: int) -> np.ndarray:
+    """(k,) int64: blocks in use during each of k decode-only steps that start with `used0` in use.
+
+    Step j writes token num_computed + j, so a sequence takes a new block at step
+    nblocks * block_size - num_computed (>= 1: step 0's blocks are held) and every block_size steps
+    after; the blocks taken through step j are what ``Scheduler.advance_decode`` allocates.
+    """
+    first = np.fromiter((s.nblocks * block_size - s.num_computed for s in seqs), np.int64, len(seqs))
+    first = first[first < k]
+    rows = -(-k // block_size)
+    # Crossings of one sequence fall in one column of a (rows, block_size) layout of the steps,
+    # from its first row on: count first crossings per cell, then carry them down the rows.
+    starts = np.bincount(first, minlength=rows * block_size).reshape(rows, block_size)
+    new_at = np.cumsum(starts, axis=0).ravel()[:k]
+    return used0 + np.cumsum(new_at)
