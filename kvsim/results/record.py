@@ -213,14 +213,14 @@ class RunSummary:
     prefix_cache_evictions: int
     # engine
     steps: int
-    replica_busy_fraction: BusyFraction
+    replica_busy_fraction: BusyFraction | None = None  # None in files written before it existed
     engine_events: int
     simulated_s: float
     wall_s: float
     warnings: tuple[str, ...] = ()
     accuracy: AccuracyNote | None = None
     config: RunConfig
-    workload: WorkloadRecord
+    workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
     sim_speed_x: float
     replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
     extra: dict[str, Any] = field(default_factory=dict)
