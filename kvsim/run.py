@@ -42,7 +42,7 @@ from kvsim.results.summary import summarize
 from kvsim.sim.cluster import ArrivalFeed, arrival_process, make_pool_and_scheduler
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.scenario import Scenario
-from kvsim.spec.workload import Workload, load_workload
+from kvsim.spec.workload import Workload, clip_to_context, load_workload
 
 
 @dataclass
@@ -102,6 +102,8 @@ def run_scenario(
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else load_workload(sc.workload, seed=sc.sim.seed)
+    if sc.workload.clip_to_context:
+        wl = clip_to_context(wl, sc.model.max_context)
     plan = plan_memory(sc)
     cost = make_cost_model(sc)
     bs = sc.kv.block_size
@@ -194,6 +196,11 @@ def run_scenario(
         warnings.append(
             f"{n_ctx:,} requests exceed {sc.model.name}'s context of {max_ctx:,} tokens and were rejected"
         )
+    if wl.clipped_to_context:
+        warnings.append(
+            f"{wl.clipped_to_context:,} requests longer than {sc.model.name}'s context of {max_ctx:,} tokens "
+            "were clipped to fit (workload.clip_to_context)"
+        )
     if wl.skipped_lines:
         warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
     for reason, n in sorted(wl.dropped.items()):
@@ -234,7 +241,11 @@ def run_scenario(
         if note is None
         else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
         config=_config(sc, cost, wl),
-        workload=WorkloadRecord(skipped_lines=wl.skipped_lines, dropped=dict(sorted(wl.dropped.items()))),
+        workload=WorkloadRecord(
+            skipped_lines=wl.skipped_lines,
+            dropped=dict(sorted(wl.dropped.items())),
+            clipped_to_context=wl.clipped_to_context,
+        ),
         sim_speed_x=simulated / max(wall, 1e-9),
         replicas=_replica_records(replicas, seqs, simulated),
     )
@@ -290,6 +301,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
         sources={k: v for k, v in sc.cluster.gpu.sources},
+        clip_to_context=sc.workload.clip_to_context,
     )
 
 
