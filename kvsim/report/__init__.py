@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 from plotly.offline import get_plotlyjs
 
@@ -54,7 +55,7 @@ def _page(record: RunSummary, run_dir: Path) -> str:
     s = record.to_dict()  # the sections below index the JSON form; new ones read the record
     scenario = str(s.get("scenario") or run_dir.name)
     requests = _load_csv(run_dir / "requests.csv")
-    slo = s.get("slo") if isinstance(s.get("slo"), dict) else {}
+    slo: dict[str, Any] = s["slo"]  # validated by the reader
     charts, any_fig = _charts_section(requests, _load_csv(run_dir / "timeseries.csv"), slo)
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")

@@ -28,10 +28,9 @@ QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 
 def dist(values: np.ndarray) -> Distribution:
     if values.size == 0:
-        return Distribution(mean=None, **{k: None for k in QUANTILES})
-    return Distribution(
-        mean=float(values.mean()), **{k: float(np.percentile(values, q)) for k, q in QUANTILES.items()}
-    )
+        return Distribution(mean=None, p50=None, p90=None, p99=None, p999=None)
+    p50, p90, p99, p999 = (float(np.percentile(values, q)) for q in QUANTILES.values())
+    return Distribution(mean=float(values.mean()), p50=p50, p90=p90, p99=p99, p999=p999)
 
 
 def status_of(seq: Request) -> str:
