@@ -39,9 +39,9 @@ sc = load_scenario(sys.argv[1], sys.argv[2:])
 t = time.perf_counter()
 r = run_scenario(sc)
 wall = time.perf_counter() - t
-s = r.summary
-print(json.dumps({"wall_s": wall, "simulated_s": s["simulated_s"], "events": s["engine_events"],
-                  "steps": s["steps"], "requests": s["requests"]["total"],
+s = r.record
+print(json.dumps({"wall_s": wall, "simulated_s": s.simulated_s, "events": s.engine_events,
+                  "steps": s.steps, "requests": s.requests.total,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 

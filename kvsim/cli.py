@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_report(out)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
-    print_summary(result.summary)
+    print_summary(result.record)
     print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
     return 0
 

@@ -8,8 +8,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.kvsize import KVSizeRow
+from kvsim.results.record import RunSummary
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
+
+MAX_REPLICA_LINES = 8  # more replicas than this: the per-replica table is in report.html only
 
 
 def _gb(n: float) -> str:
@@ -69,36 +72,48 @@ def print_kv_size(
         con.print(f"  {a['format']}: " + "; ".join(x for x in (measured, cited) if x))
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: RunSummary) -> None:
     con = Console()
-    req = summary["requests"]
-    t = Table(title=f"kvsim run: {summary['scenario']}", title_justify="left")
+    req = summary.requests
+    t = Table(title=f"kvsim run: {summary.scenario}", title_justify="left")
     t.add_column("metric")
     t.add_column("p50", justify="right")
     t.add_column("p90", justify="right")
     t.add_column("p99", justify="right")
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queueing")):
-        d = summary.get(key) or {}
-        t.add_row(label, *(_ms(d.get(q)) for q in ("p50", "p90", "p99")))
+    for d, label in (
+        (summary.ttft_s, "TTFT"),
+        (summary.tpot_s, "TPOT"),
+        (summary.e2e_s, "E2E"),
+        (summary.queue_s, "queueing"),
+    ):
+        t.add_row(label, _ms(d.p50), _ms(d.p90), _ms(d.p99))
     con.print(t)
     con.print(
-        f"requests: {req['total']:,} arrived, {req['completed']:,} completed, {req['rejected']:,} rejected, "
-        f"{req['unfinished']:,} unfinished"
+        f"requests: {req.total:,} arrived, {req.completed:,} completed, {req.rejected:,} rejected, "
+        f"{req.unfinished:,} unfinished"
+    )
+    busy = summary.replica_busy_fraction
+    con.print(
+        f"throughput {summary.throughput_tok_s:,.0f} tok/s (output {summary.output_throughput_tok_s:,.0f}); "
+        f"goodput {summary.goodput_req_s:.2f} req/s; prefix hit rate {summary.prefix_hit_rate:.1%}; "
+        f"preemptions {summary.preemptions:,}"
+        + (f"; replicas busy {busy.mean:.0%}" if busy is not None else "")
     )
     con.print(
-        f"throughput {summary['throughput_tok_s']:,.0f} tok/s (output {summary['output_throughput_tok_s']:,.0f}); "
-        f"goodput {summary['goodput_req_s']:.2f} req/s; prefix hit rate {summary['prefix_hit_rate']:.1%}; "
-        f"preemptions {summary['preemptions']:,}; replicas busy {summary['replica_busy_fraction']['mean']:.0%}"
+        f"KV blocks per replica {summary.kv_blocks_per_replica:,}; HBM peak {summary.hbm_peak_bytes / 2**30:,.1f} GiB; "
+        f"cost {_usd(summary.cost_per_mtok_usd)}/M tokens ({_usd(summary.cost_per_output_mtok_usd)}/M output)"
     )
+    if 1 < len(summary.replicas) <= MAX_REPLICA_LINES:
+        for r in summary.replicas:
+            con.print(
+                f"  replica {r.index}: {r.requests:,} req, busy {r.busy_fraction:.0%}, KV peak "
+                f"{r.kv_peak_used_blocks:,} / mean {r.kv_mean_used_blocks:,.0f} blocks, {r.preemptions:,} preempted"
+            )
     con.print(
-        f"KV blocks per replica {summary['kv_blocks_per_replica']:,}; HBM peak {summary['hbm_peak_bytes'] / 2**30:,.1f} GiB; "
-        f"cost {_usd(summary['cost_per_mtok_usd'])}/M tokens ({_usd(summary['cost_per_output_mtok_usd'])}/M output)"
+        f"simulated {summary.simulated_s:,.1f} s in {summary.wall_s:.2f} s wall "
+        f"({summary.simulated_s / max(summary.wall_s, 1e-9):,.0f}x real time)"
     )
-    con.print(
-        f"simulated {summary['simulated_s']:,.1f} s in {summary['wall_s']:.2f} s wall "
-        f"({summary['simulated_s'] / max(summary['wall_s'], 1e-9):,.0f}x real time)"
-    )
-    for w in summary.get("warnings", []):
+    for w in summary.warnings:
         con.print(f"[yellow]warning:[/] {w}")
 
 

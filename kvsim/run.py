@@ -7,11 +7,10 @@ comes from the scenario's seed, so one seed gives one summary (``wall_s`` aside)
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,22 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.errors import KvsimError
 from kvsim.results.io import write_requests_csv, write_timeseries_csv
+from kvsim.results.record import (
+    AccuracyNote,
+    BusyFraction,
+    ReplicaRecord,
+    RequestCounts,
+    RunConfig,
+    RunSummary,
+    WorkloadRecord,
+    part_from_dict,
+    write_summary,
+)
 from kvsim.results.summary import summarize
 from kvsim.sim.cluster import ArrivalFeed, arrival_process, make_pool_and_scheduler
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.scenario import Scenario
-from kvsim.spec.workload import Workload, load_workload
+from kvsim.spec.workload import Workload, clip_to_context, load_workload
 
 
 @dataclass
@@ -41,7 +51,12 @@ class RunResult:
     seqs: list[Request]
     stats: list[ReplicaStats]
     plan: MemoryPlan
-    summary: dict[str, Any]
+    record: RunSummary
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The record's JSON form, as ``summary.json`` holds it."""
+        return self.record.to_dict()
 
 
 def _refuse_unsimulated(sc: Scenario) -> None:
@@ -87,6 +102,8 @@ def run_scenario(
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else load_workload(sc.workload, seed=sc.sim.seed)
+    if sc.workload.clip_to_context:
+        wl = clip_to_context(wl, sc.model.max_context)
     plan = plan_memory(sc)
     cost = make_cost_model(sc)
     bs = sc.kv.block_size
@@ -154,7 +171,8 @@ def run_scenario(
     _drive(env, span, end_s, progress)
     wall = time.perf_counter() - t0
     simulated = min(env.now, end_s) if math.isfinite(end_s) else env.now
-    summary = summarize(
+    stats = [r.stats for r in replicas]
+    parts = summarize(
         seqs,
         simulated_s=simulated,
         num_gpus=sc.cluster.num_gpus,
@@ -162,20 +180,26 @@ def run_scenario(
         ttft_slo_s=sc.slo.ttft_s,
         tpot_slo_s=sc.slo.tpot_s,
         percentile=sc.slo.percentile,
+        not_arrived=len(wl) - len(seqs),
     )
-    stats = [r.stats for r in replicas]
+    counts: RequestCounts = parts["requests"]
     warnings = list(cost.warnings())
-    stuck = summary["requests"]["unfinished"]
+    stuck = counts.unfinished
     if stuck and not math.isfinite(end_s):
         warnings.append(
             f"{stuck:,} requests never finished although the simulation ran to its end (a defect)"
         )
     if len(seqs) < len(wl):
         warnings.append(f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed")
-    n_ctx = summary["requests"]["rejected_reasons"].get("longer than the model's context", 0)
+    n_ctx = counts.rejected_reasons.get("longer than the model's context", 0)
     if n_ctx:
         warnings.append(
             f"{n_ctx:,} requests exceed {sc.model.name}'s context of {max_ctx:,} tokens and were rejected"
+        )
+    if wl.clipped_to_context:
+        warnings.append(
+            f"{wl.clipped_to_context:,} requests longer than {sc.model.name}'s context of {max_ctx:,} tokens "
+            "were clipped to fit (workload.clip_to_context)"
         )
     if wl.skipped_lines:
         warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
@@ -188,39 +212,43 @@ def run_scenario(
             "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
         )
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
-    summary.update(
-        {
-            "scenario": sc.name,
-            "hbm_capacity_bytes": plan.hbm_bytes_per_gpu,
-            "weight_bytes_per_gpu": plan.weight_bytes_per_gpu,
-            "hbm_peak_bytes": int(
-                plan.weight_bytes_per_gpu
-                + plan.activation_reserve_bytes
-                + peak_occ * plan.block_bytes_per_gpu
-            ),
-            "kv_peak_used_blocks": max(r.sched.kv.peak_used_blocks for r in replicas),
-            "kv_blocks_per_replica": plan.num_blocks,
-            "kv_block_bytes": plan.block_bytes_per_gpu,
-            "kv_tokens_per_replica": plan.tokens_per_replica,
-            "memory_plan": asdict(plan),
-            "prefix_cache_evictions": sum(r.sched.kv.pool.evictions for r in replicas),
-            "steps": sum(s.steps for s in stats),
-            # Share of simulated time each replica spent running steps (its GPUs busy), mean and max.
-            "replica_busy_fraction": {
-                "mean": sum(s.busy_s for s in stats) / len(stats) / simulated if simulated > 0 else 0.0,
-                "max": max(s.busy_s for s in stats) / simulated if simulated > 0 else 0.0,
-            },
-            "engine_events": sum(s.events for s in stats),
-            "simulated_s": simulated,
-            "wall_s": time.perf_counter() - t0,
-            "warnings": warnings,
-            "accuracy": accuracy_note(sc.kv.format, sc.kv.format_note),
-            "config": _config(sc, cost, wl),
-        }
+    note = accuracy_note(sc.kv.format, sc.kv.format_note)
+    summary = RunSummary(
+        **parts,
+        scenario=sc.name,
+        hbm_capacity_bytes=plan.hbm_bytes_per_gpu,
+        weight_bytes_per_gpu=plan.weight_bytes_per_gpu,
+        hbm_peak_bytes=int(
+            plan.weight_bytes_per_gpu + plan.activation_reserve_bytes + peak_occ * plan.block_bytes_per_gpu
+        ),
+        kv_peak_used_blocks=max(r.sched.kv.peak_used_blocks for r in replicas),
+        kv_blocks_per_replica=plan.num_blocks,
+        kv_block_bytes=plan.block_bytes_per_gpu,
+        kv_tokens_per_replica=plan.tokens_per_replica,
+        memory_plan=plan,
+        prefix_cache_evictions=sum(r.sched.kv.pool.evictions for r in replicas),
+        steps=sum(s.steps for s in stats),
+        # Share of simulated time each replica spent running steps (its GPUs busy), mean and max.
+        replica_busy_fraction=BusyFraction(
+            mean=sum(s.busy_s for s in stats) / len(stats) / simulated if simulated > 0 else 0.0,
+            max=max(s.busy_s for s in stats) / simulated if simulated > 0 else 0.0,
+        ),
+        engine_events=sum(s.events for s in stats),
+        simulated_s=simulated,
+        wall_s=time.perf_counter() - t0,
+        warnings=tuple(warnings),
+        accuracy=None
+        if note is None
+        else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
+        config=_config(sc, cost, wl),
+        workload=WorkloadRecord(
+            skipped_lines=wl.skipped_lines,
+            dropped=dict(sorted(wl.dropped.items())),
+            clipped_to_context=wl.clipped_to_context,
+        ),
+        sim_speed_x=simulated / max(wall, 1e-9),
+        replicas=_replica_records(replicas, seqs, simulated),
     )
-    summary["requests"]["not_arrived"] = len(wl) - len(seqs)
-    summary["workload"] = {"skipped_lines": wl.skipped_lines, "dropped": dict(sorted(wl.dropped.items()))}
-    summary["sim_speed_x"] = simulated / max(wall, 1e-9)
     return RunResult(sc, seqs, stats, plan, summary)
 
 
@@ -249,44 +277,61 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
         env.run(until=end_s)
 
 
-def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:
-    return {
-        "model": sc.model.name,
-        "attention": sc.model.attention.value,
-        "gpu": sc.cluster.gpu.name,
-        "num_gpus": sc.cluster.num_gpus,
-        "tensor_parallel": sc.cluster.tensor_parallel,
-        "replicas": sc.cluster.num_replicas,
-        "router": sc.cluster.router,
-        "kv_format": sc.kv.format.name,
-        "block_size": sc.kv.block_size,
-        "prefix_cache": sc.kv.prefix_cache,
-        "max_num_seqs": sc.scheduler.max_num_seqs,
-        "max_batched_tokens": sc.scheduler.max_batched_tokens,
-        "chunked_prefill": sc.scheduler.chunked_prefill,
-        "cost_model": cost.name,
-        "gpu_hour_usd": sc.gpu_hour_usd,
-        "trace": wl.source,
-        "trace_format": sc.workload.format,
-        "rate_scale": sc.workload.rate_scale,
-        "seed": sc.sim.seed,
-        "fast_forward": sc.sim.fast_forward,
-        "overrides": list(sc.overrides),
-        "sources": {k: v for k, v in sc.cluster.gpu.sources},
-    }
+def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
+    return RunConfig(
+        model=sc.model.name,
+        attention=sc.model.attention.value,
+        gpu=sc.cluster.gpu.name,
+        num_gpus=sc.cluster.num_gpus,
+        tensor_parallel=sc.cluster.tensor_parallel,
+        replicas=sc.cluster.num_replicas,
+        router=sc.cluster.router,
+        kv_format=sc.kv.format.name,
+        block_size=sc.kv.block_size,
+        prefix_cache=sc.kv.prefix_cache,
+        max_num_seqs=sc.scheduler.max_num_seqs,
+        max_batched_tokens=sc.scheduler.max_batched_tokens,
+        chunked_prefill=sc.scheduler.chunked_prefill,
+        cost_model=cost.name,
+        gpu_hour_usd=sc.gpu_hour_usd,
+        trace=str(wl.source),
+        trace_format=sc.workload.format,
+        rate_scale=sc.workload.rate_scale,
+        seed=sc.sim.seed,
+        fast_forward=sc.sim.fast_forward,
+        overrides=tuple(sc.overrides),
+        sources={k: v for k, v in sc.cluster.gpu.sources},
+        clip_to_context=sc.workload.clip_to_context,
+    )
+
+
+def _replica_records(
+    replicas: list[Replica], seqs: list[Request], simulated: float
+) -> tuple[ReplicaRecord, ...]:
+    routed = np.zeros(len(replicas), np.int64)
+    preempted = np.zeros(len(replicas), np.int64)
+    for s in seqs:
+        if s.replica >= 0:
+            routed[s.replica] += 1
+            preempted[s.replica] += s.preemptions
+    span = simulated if simulated > 0 else math.inf
+    return tuple(
+        ReplicaRecord(
+            index=r.index,
+            requests=int(routed[r.index]),
+            steps=r.stats.steps,
+            busy_fraction=r.stats.busy_s / span,
+            kv_peak_used_blocks=r.sched.kv.peak_used_blocks,
+            kv_mean_used_blocks=r.stats.kv_block_s / span,
+            preemptions=int(preempted[r.index]),
+        )
+        for r in replicas
+    )
 
 
 def write_run(result: RunResult, out: Path) -> None:
     """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default) + "\n")
+    write_summary(out / "summary.json", result.record)
     write_requests_csv(out / "requests.csv", result.seqs)
     write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
-
-
-def _json_default(o: object) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

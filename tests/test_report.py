@@ -39,7 +39,8 @@ def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
     assert "another 3 in the trace had not arrived" in html
     assert "TTFT p99 287.4 ms ≤ 250.0 ms" in html
     assert "51,234 prompt + 6,210 output tokens" in html
-    assert "max_num_seqs: 64" in html  # one nested level of config shown as lines
+    assert "hbm: 80 GB HBM3 (fixture)" in html  # one nested level of config shown as lines
+    assert "written before summaries carried a schema version" in html  # the reader's note
     assert "sim_speed_x" not in html  # known extra: the report computes it from simulated and wall time
     assert "$0.447" in html
     assert "67.0 GiB of 80.0 GiB (83.8%)" in html
@@ -76,16 +77,24 @@ def test_report_default_path_and_command(run_dir: Path, capsys: pytest.CaptureFi
 def test_report_builds_without_optional_files_and_keys(run_dir: Path):
     (run_dir / "timeseries.csv").unlink()
     summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("accuracy", "slo", "warnings", "hbm_capacity_bytes", "cost_per_mtok_usd", "config"):
+    for key in ("accuracy", "warnings", "workload", "replica_busy_fraction"):  # the record's optional fields
         del summary[key]
-    del summary["requests"]["rejected_reasons"]
-    summary["tpot_s"] = {"p50": 0.02}
+    del summary["requests"]["not_arrived"]
     (run_dir / "summary.json").write_text(json.dumps(summary))
     html = write_report(run_dir).read_text(encoding="utf-8")
     assert "timeseries.csv not found" in html
     assert 'id="kvsim-cdf"' in html and 'id="kvsim-kv"' not in html
     assert "Accuracy (estimate" not in html
     assert "50 = 46 completed" in html
+
+
+def test_report_refuses_a_summary_missing_a_required_field(run_dir: Path):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary["slo"]["tpot_met"]
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(KvsimError) as exc:
+        write_report(run_dir)
+    assert str(exc.value).endswith("summary.json: slo.tpot_met: missing")
 
 
 def test_report_without_any_csv_has_no_plotly(run_dir: Path):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from kvsim.cli import main
+from kvsim.results.record import read_summary
 
 SCENARIO = """
 model: llama-3.1-8b
@@ -29,21 +29,13 @@ def scenario(tmp_path):
 def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(scenario), "--out", str(out), "--no-progress"]) == 0
-    s = json.loads((out / "summary.json").read_text())
-    r = s["requests"]
-    assert r["total"] == 60 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
-    for key in ("ttft_s", "tpot_s", "e2e_s"):
-        assert set(s[key]) >= {"p50", "p90", "p99"}
-    for key in (
-        "throughput_tok_s",
-        "hbm_peak_bytes",
-        "prefix_hit_rate",
-        "cost_per_mtok_usd",
-        "simulated_s",
-        "wall_s",
-    ):
-        assert key in s
-    assert s["prefix_hit_rate"] > 0
+    s = read_summary(out / "summary.json")  # validates every field against the record
+    assert (s.schema, s.version) == ("kvsim-summary", 1) and not s.read_notes
+    r = s.requests
+    assert r.total == 60 and r.completed + r.rejected + r.unfinished == r.total
+    assert s.prefix_hit_rate > 0
+    assert [x.index for x in s.replicas] == [0, 1]  # gpus_per_node 2, TP 1: two replicas
+    assert sum(x.requests for x in s.replicas) == r.total - r.rejected
     assert (out / "requests.csv").read_text().count("\n") == 61
     assert (out / "report.html").stat().st_size > 10_000
     assert "TTFT" in capsys.readouterr().out
@@ -64,14 +56,14 @@ def test_same_seed_identical_summary_apart_from_wall(scenario, tmp_path):
     runs = []
     for name in ("a", "b"):
         assert main(["run", str(scenario), "--out", str(tmp_path / name), "--no-progress"]) == 0
-        s = json.loads((tmp_path / name / "summary.json").read_text())
+        s = read_summary(tmp_path / name).to_dict()
         for k in ("wall_s", "sim_speed_x"):
             s.pop(k)
         runs.append(s)
     assert runs[0] == runs[1]
     other = tmp_path / "c"
     assert main(["run", str(scenario), "--out", str(other), "--no-progress", "--set", "sim.seed=12"]) == 0
-    assert json.loads((other / "summary.json").read_text())["ttft_s"] != runs[0]["ttft_s"]
+    assert read_summary(other).to_dict()["ttft_s"] != runs[0]["ttft_s"]
 
 
 @pytest.mark.parametrize(
@@ -111,23 +103,23 @@ def test_skipped_lines_are_counted_in_the_summary(tmp_path):
         "model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv, skip_bad_lines: true}\n"
     )
     assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
-    s = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert s["workload"]["skipped_lines"] == 1
-    assert s["requests"]["completed"] == 2
+    s = read_summary(tmp_path / "o")
+    assert s.workload.skipped_lines == 1
+    assert s.requests.completed == 2
 
 
 def test_max_time_before_the_last_arrival_with_progress_bar(scenario, tmp_path):
     out = tmp_path / "o"
     assert main(["run", str(scenario), "--out", str(out), "--set", "sim.max_time=3s"]) == 0
-    r = json.loads((out / "summary.json").read_text())["requests"]
-    assert r["not_arrived"] > 0 and r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
+    r = read_summary(out).requests
+    assert r.not_arrived > 0 and r.completed + r.rejected + r.unfinished == r.total
 
 
 def test_a_run_where_every_request_is_rejected_still_reports(tmp_path, capsys):
     (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,200000,5\n1,300000,5\n")
     (tmp_path / "s.yaml").write_text("model: llama-3.1-8b\ncluster: {gpu: h100}\nworkload: {trace: t.csv}\n")
     assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
-    s = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert s["requests"]["rejected"] == 2 and s["cost_per_mtok_usd"] is None
+    s = read_summary(tmp_path / "o")
+    assert s.requests.rejected == 2 and s.cost_per_mtok_usd is None
     assert "cost -/M tokens" in capsys.readouterr().out
     assert (tmp_path / "o" / "report.html").exists()

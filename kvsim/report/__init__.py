@@ -1,11 +1,12 @@
 """One self-contained HTML report rebuilt from a run directory, without re-running the simulation.
 
-Reads what ``kvsim run`` wrote: ``summary.json`` (required), ``requests.csv`` and ``timeseries.csv``
+Reads what ``kvsim run`` wrote: ``summary.json`` (required, through `kvsim.results.record.read_summary`), ``requests.csv`` and ``timeseries.csv``
 (each optional; a missing one leaves a note where its charts would be). Shows the scenario and its
 config; a headline table (request accounting, TTFT/TPOT/E2E/queueing percentiles, throughput,
 goodput against the SLO, cost, HBM peak vs capacity, prefix hits, preemptions, simulated vs wall
 time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/waiting queues,
-output throughput over time); warnings; rejection reasons; and, when the summary carries one, the
+output throughput over time); warnings; a per-replica table (requests, busy fraction, peak and
+mean KV blocks, preemptions); rejection reasons; and, when the summary carries one, the
 accuracy estimate, labelled as cited rather than measured.
 
 Leaves out: per-request tables (the CSV is the place for those), any recomputation of the headline
@@ -32,8 +33,10 @@ from kvsim.report.tables import (
     _headline_section,
     _plural,
     _rejections_section,
+    _replicas_section,
     _warnings_section,
 )
+from kvsim.results.record import RunSummary
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #fff; }
@@ -48,10 +51,11 @@ table.kv td:first-child { color: #555; white-space: nowrap; }
 """
 
 
-def _page(s: dict[str, Any], run_dir: Path) -> str:
+def _page(record: RunSummary, run_dir: Path) -> str:
+    s = record.to_dict()  # the sections below index the JSON form; new ones read the record
     scenario = str(s.get("scenario") or run_dir.name)
     requests = _load_csv(run_dir / "requests.csv")
-    slo = s.get("slo") if isinstance(s.get("slo"), dict) else {}
+    slo: dict[str, Any] = s["slo"]  # validated by the reader
     charts, any_fig = _charts_section(requests, _load_csv(run_dir / "timeseries.csv"), slo)
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")
@@ -69,8 +73,10 @@ def _page(s: dict[str, Any], run_dir: Path) -> str:
     body = [
         f"<h1>kvsim report: {html.escape(scenario)}</h1>",
         f'<p class="sub">{sub}</p>' if sub else "",
+        "".join(f'<p class="note">summary.json: {html.escape(n)}</p>' for n in record.read_notes),
         _headline_section(s, requests),
         _warnings_section(s),
+        _replicas_section(record),
         charts,
         _rejections_section(s),
         _accuracy_section(s),

@@ -1,16 +1,15 @@
-"""Reading a run directory's files for the report: summary.json and the CSVs, validated."""
+"""Reading a run directory's files for the report: summary.json (through its one reader) and the CSVs."""
 
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.record import RunSummary, read_summary
 
 # --------------------------------------------------------------------------------------- inputs
 
@@ -47,19 +46,11 @@ class _Csv:
         return np.array([t.strip() for t in self.columns[name]], dtype=object)
 
 
-def _load_summary(run_dir: Path) -> dict[str, Any]:
+def _load_summary(run_dir: Path) -> RunSummary:
+    """The run's summary through the one reader (`kvsim.results.record.read_summary`)."""
     if not run_dir.is_dir():
         raise KvsimError("run directory not found", source=str(run_dir))
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        raise KvsimError("summary.json not found; is this a kvsim run directory?", source=str(path))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise KvsimError(f"not valid JSON: {exc.msg}", source=str(path), path=f"line {exc.lineno}") from None
-    if not isinstance(data, dict):
-        raise KvsimError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
-    return data
+    return read_summary(run_dir / "summary.json")
 
 
 def _load_csv(path: Path) -> _Csv | None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvsim.report.data import _Csv
+from kvsim.results.record import RunSummary
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -110,7 +111,7 @@ _KNOWN_KEYS = frozenset(
     """scenario requests ttft_s tpot_s e2e_s queue_s throughput_tok_s output_throughput_tok_s goodput_req_s slo
     hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
     preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
-    accuracy tokens cost_usd sim_speed_x""".split()
+    accuracy tokens cost_usd sim_speed_x schema version replicas""".split()
 )
 
 
@@ -213,6 +214,35 @@ def _warnings_section(s: dict[str, Any]) -> str:
         return "<h2>Warnings</h2>\n" + _note("None.")
     items = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
     return f'<h2>Warnings</h2>\n<ul class="warn">{items}</ul>'
+
+
+def _replicas_section(rec: RunSummary) -> str:
+    """One row per replica; KV use as blocks and as a share of the replica's pool."""
+    if not rec.replicas:
+        return ""
+    pool = rec.kv_blocks_per_replica
+
+    def blocks(n: float) -> str:
+        return f"{n:,.0f} ({n / pool:.1%})" if pool > 0 else f"{n:,.0f}"
+
+    rows = [
+        (
+            str(r.index),
+            _int(r.requests),
+            _int(r.steps),
+            _pct(r.busy_fraction),
+            blocks(r.kv_peak_used_blocks),
+            blocks(r.kv_mean_used_blocks),
+            _int(r.preemptions),
+        )
+        for r in rec.replicas
+    ]
+    header = ("replica", "requests", "steps", "busy", "KV blocks peak", "KV blocks mean", "preemptions")
+    return (
+        "<h2>Replicas</h2>\n"
+        + _table(rows, header=header, cls="num")
+        + _note("busy: share of simulated time running steps; KV mean: time-weighted blocks in use.")
+    )
 
 
 def _rejections_section(s: dict[str, Any]) -> str:

@@ -21,17 +21,16 @@ from typing import Any
 import numpy as np
 
 from kvsim.core.request import Request, RequestStatus
+from kvsim.results.record import Distribution, RequestCounts, SloResult, TokenCounts
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 
 
-def dist(values: np.ndarray) -> dict[str, float | None]:
+def dist(values: np.ndarray) -> Distribution:
     if values.size == 0:
-        return {"mean": None, **{k: None for k in QUANTILES}}
-    out: dict[str, float | None] = {"mean": float(values.mean())}
-    for k, q in QUANTILES.items():
-        out[k] = float(np.percentile(values, q))
-    return out
+        return Distribution(mean=None, p50=None, p90=None, p99=None, p999=None)
+    p50, p90, p99, p999 = (float(np.percentile(values, q)) for q in QUANTILES.values())
+    return Distribution(mean=float(values.mean()), p50=p50, p90=p90, p99=p99, p999=p999)
 
 
 def status_of(seq: Request) -> str:
@@ -51,7 +50,9 @@ def summarize(
     ttft_slo_s: float,
     tpot_slo_s: float,
     percentile: float,
+    not_arrived: int = 0,
 ) -> dict[str, Any]:
+    """The fields of `RunSummary` that derive from the requests alone, by field name."""
     done = [s for s in seqs if s.status is RequestStatus.FINISHED]
     rejected = [s for s in seqs if s.status is RequestStatus.REJECTED]
     arr = np.array([s.arrival_s for s in done])
@@ -79,13 +80,14 @@ def summarize(
     ttft_p = float(np.percentile(ttft, percentile)) if ttft.size else math.inf
     tpot_p = float(np.percentile(tpot, percentile)) if tpot.size else 0.0
     return {
-        "requests": {
-            "total": len(seqs),
-            "completed": len(done),
-            "rejected": len(rejected),
-            "unfinished": len(seqs) - len(done) - len(rejected),
-            "rejected_reasons": dict(sorted(Counter(s.reason for s in rejected).items())),
-        },
+        "requests": RequestCounts(
+            total=len(seqs),
+            completed=len(done),
+            rejected=len(rejected),
+            unfinished=len(seqs) - len(done) - len(rejected),
+            rejected_reasons=dict(sorted(Counter(s.reason for s in rejected).items())),
+            not_arrived=not_arrived,
+        ),
         "ttft_s": dist(ttft),
         "tpot_s": dist(tpot),
         "e2e_s": dist(e2e),
@@ -93,19 +95,19 @@ def summarize(
         "throughput_tok_s": tokens / span,
         "output_throughput_tok_s": out_tokens / span,
         "goodput_req_s": float(good.sum()) / span,
-        "slo": {
-            "ttft_s": ttft_slo_s,
-            "tpot_s": tpot_slo_s,
-            "percentile": percentile,
-            "ttft_at_percentile_s": ttft_p if ttft.size else None,
-            "tpot_at_percentile_s": tpot_p if tpot.size else None,
-            "ttft_met": bool(ttft.size and ttft_p <= ttft_slo_s and len(done) == len(seqs)),
-            "tpot_met": bool(tpot_p <= tpot_slo_s and len(done) == len(seqs)),
-            "good_fraction": float(good.sum()) / max(1, len(seqs)),
-        },
+        "slo": SloResult(
+            ttft_s=ttft_slo_s,
+            tpot_s=tpot_slo_s,
+            percentile=percentile,
+            ttft_at_percentile_s=ttft_p if ttft.size else None,
+            tpot_at_percentile_s=tpot_p if tpot.size else None,
+            ttft_met=bool(ttft.size and ttft_p <= ttft_slo_s and len(done) == len(seqs)),
+            tpot_met=bool(tpot_p <= tpot_slo_s and len(done) == len(seqs)),
+            good_fraction=float(good.sum()) / max(1, len(seqs)),
+        ),
         "prefix_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
         "preemptions": int(sum(s.preemptions for s in seqs)),
-        "tokens": {"prompt": int(in_tok.sum()), "output": out_tokens},
+        "tokens": TokenCounts(prompt=int(in_tok.sum()), output=out_tokens),
         "gpu_hours": gpu_hours,
         "cost_usd": cost,
         "cost_per_mtok_usd": cost / (tokens / 1e6) if tokens else None,

@@ -35,6 +35,11 @@ class ReplicaStats:
     steps: int = 0
     events: int = 0
     busy_s: float = 0.0  # simulated seconds spent running steps
+    idle_s: float = 0.0  # simulated seconds waiting for work, up to the last step's end
+    # Integral of KV blocks in use (referenced by some request) over simulated time, block-seconds:
+    # the per-replica mean KV use in the summary. Summed step by step in the same order with and
+    # without fast-forward, so both give the same number.
+    kv_block_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -132,15 +137,17 @@ class Replica:
             plan = sched.schedule()
             if plan.empty:
                 self._sample()
+                idle_used = sched.kv.pool.num_used
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
+                self.stats.kv_block_s += idle_used * (env.now - self.clock)
+                self.stats.idle_s += env.now - self.clock
                 self.clock = env.now
                 continue
             self._sample()
-            start = self.clock
             if plan.decode_only:
-                ends, sum_ctx, evicts = self._decode_window(plan)
+                ends, sum_ctx, evicts, block_s = self._decode_window(plan)
                 self._win_ends, self._win_k, self._win_m = ends, len(ends), len(plan.reqs)
                 self._win_plan, self._win_applied, self._win_evicts = plan, 0, evicts
                 while True:
@@ -154,6 +161,9 @@ class Replica:
                 t_end = ends[k - 1]
                 self.cost.observe_decode(len(plan.reqs), sum_ctx[:k])
                 self.clock = t_end
+                self.stats.kv_block_s = float(
+                    np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s[:k])))[-1]
+                )
                 done = sched.advance_decode(plan, k - self._win_applied)
                 self.stats.steps += k
                 for seq in done:
@@ -163,9 +173,12 @@ class Replica:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                         seq.first_scheduled_s = self.clock
                 batch = StepBatch(tuple(plan.num_new), tuple(plan.ctx_before), plan.num_sampling)
-                t_end = self.clock + self.cost.step_time(batch)
+                dt = self.cost.step_time(batch)
+                t_end = self.clock + dt
+                used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
+                self.stats.kv_block_s += used * dt
                 first, done = sched.complete(plan)
                 self.stats.steps += 1
                 for seq in first:
@@ -173,12 +186,16 @@ class Replica:
                 for seq in done:
                     seq.finish_s = t_end
             self.stats.events += 1
-            self.stats.busy_s += self.clock - start
+            # Busy time as the clock less idle time: the same sums, in the same order, however many
+            # steps each event ran (a sum of per-event durations would round differently).
+            self.stats.busy_s = self.clock - self.stats.idle_s
 
-    def _decode_window(self, plan: SchedulerOutput) -> tuple[list[float], np.ndarray, bool]:
+    def _decode_window(self, plan: SchedulerOutput) -> tuple[list[float], np.ndarray, bool, np.ndarray]:
         """End times of the decode steps this event may run, the batch's cached context before each
-        (for pricing and bookkeeping), and whether the window evicts cached entries."""
+        (for pricing and bookkeeping), whether the window evicts cached entries, and each step's KV
+        block-seconds."""
         m = len(plan.reqs)
+        used0 = self.sched.kv.pool.num_used
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             evicts = False
@@ -193,4 +210,22 @@ class Replica:
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, steps_before(ends, self.next_outside_event()))
-        return ends[:k], sum_ctx, evicts
+        used = _decode_used_blocks(plan.reqs, used0, self.sched.block_size, k)
+        return ends[:k], sum_ctx, evicts, used * d[:k]
+
+
+def _decode_used_blocks(seqs: list[Request], used0: int, block_size: int, k: int) -> np.ndarray:
+    """(k,) int64: blocks in use during each of k decode-only steps that start with `used0` in use.
+
+    Step j writes token num_computed + j, so a sequence takes a new block at step
+    num_blocks * block_size - num_computed (>= 1: step 0's blocks are held) and every block_size steps
+    after; the blocks taken through step j are what ``Scheduler.advance_decode`` allocates.
+    """
+    first = np.fromiter((s.num_blocks * block_size - s.num_computed for s in seqs), np.int64, len(seqs))
+    first = first[first < k]
+    rows = -(-k // block_size)
+    # Crossings of one sequence fall in one column of a (rows, block_size) layout of the steps,
+    # from its first row on: count first crossings per cell, then carry them down the rows.
+    starts = np.bincount(first, minlength=rows * block_size).reshape(rows, block_size)
+    new_at = np.cumsum(starts, axis=0).ravel()[:k]
+    return used0 + np.cumsum(new_at)

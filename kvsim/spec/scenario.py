@@ -115,6 +115,7 @@ class WorkloadConfig:
     duration_s: float | None
     max_requests: int | None
     skip_bad_lines: bool
+    clip_to_context: bool = False  # shorten over-long requests to the model's context, not reject them
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
         duration_s=None if duration is None else s.parsed("duration", parse_duration),
         max_requests=s.raw("max_requests", None) and s.int("max_requests", lo=1, hi=1 << 40),
         skip_bad_lines=s.bool("skip_bad_lines", False),
+        clip_to_context=s.bool("clip_to_context", False),
     )
     s.done()
     return cfg

@@ -3,13 +3,15 @@
 A `Workload` holds, per request, its arrival time, prompt and output lengths and, when the source has
 prefix information, the prefix-unique block ids of its prompt. ``load_workload(cfg, seed=...)`` reads
 a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), then applies the window,
-the rate scale and the request cap, in that order.
+the rate scale and the request cap, in that order. ``clip_to_context`` (``workload.clip_to_context``,
+as Vidur's ``max_tokens``) shortens requests longer than the model's context instead of leaving
+them to be rejected.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +34,7 @@ class Workload:
     line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
     skipped_lines: int  # malformed lines skipped (skip_bad_lines)
     dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
+    clipped_to_context: int = 0  # requests shortened by `clip_to_context`
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -87,4 +90,34 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         line_numbers=None if lines is None else lines[lo:hi],
         skipped_lines=skipped,
         dropped=dropped,
+    )
+
+
+def clip_to_context(wl: Workload, max_context: int) -> Workload:
+    """Requests whose prompt + output exceed `max_context` tokens, shortened to fit exactly.
+
+    The prompt is clipped first (to max_context - output, at least one token); the output only
+    when it alone leaves no room for a one-token prompt, so at least one output token stays. A
+    clipped prompt keeps the prefix ids of the blocks it still covers (ids name prefixes, so the
+    first ones stay valid). Counts the requests changed in ``clipped_to_context``.
+    """
+    assert max_context >= 2, max_context
+    p, o = wl.prompt_tokens, wl.output_tokens
+    over = p + o > max_context
+    if not over.any():
+        return wl
+    prompt = np.where(over, np.minimum(p, np.maximum(1, max_context - o)), p)
+    output = np.where(over, np.minimum(o, max_context - prompt), o)
+    hash_ids = wl.hash_ids
+    if hash_ids is not None:
+        g = wl.hash_block_tokens
+        hash_ids = [
+            h[: -(-int(n) // g)] if clip else h for h, n, clip in zip(hash_ids, prompt, over, strict=True)
+        ]
+    return replace(
+        wl,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        hash_ids=hash_ids,
+        clipped_to_context=wl.clipped_to_context + int(over.sum()),
     )

@@ -1,0 +1,398 @@
+"""The run summary as a typed, versioned record (``summary.json``) and its one reader.
+
+`RunSummary` is what `kvsim.run` builds, ``write_run`` writes, and the report, the terminal
+summary, sweeps and the planner read. ``summary.json`` is ``RunSummary.to_dict()`` as JSON: the
+record's fields are the file's keys, in the same nesting (so a file written before the record
+existed reads unchanged), plus ``schema: "kvsim-summary"`` and ``version`` first.
+
+Versioning: adding a field (with a default, so older files still read) keeps the version; renaming,
+removing or changing the meaning of one raises it. `read_summary` refuses a foreign file, a newer
+version or a field of the wrong type with one `KvsimError` line naming the file and the field; a
+file written before the version field existed reads as version 1, with a note in ``read_notes``.
+Keys the record does not know (written by a later kvsim of the same version) are kept in ``extra``
+and written back unchanged.
+
+Deliberately left out: per-request rows (``requests.csv``) and the occupancy time series
+(``timeseries.csv``); the record holds numbers the simulator computed, never recomputes them.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+from kvsim.core.memory_plan import MemoryPlan
+from kvsim.errors import KvsimError
+
+SCHEMA = "kvsim-summary"
+VERSION = 1  # raise on a rename, removal or change of meaning; adding a defaulted field keeps it
+
+T = TypeVar("T")
+
+_NO_JSON = {"json": False}  # field metadata: kept in memory, never written
+
+
+# ---------------------------------------------------------------------------------------- parts
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestCounts:
+    """Request accounting: total = completed + rejected + unfinished (requests that arrived)."""
+
+    total: int
+    completed: int
+    rejected: int
+    unfinished: int
+    rejected_reasons: dict[str, int]
+    not_arrived: int = 0  # in the workload but after sim.max_time: never replayed
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Distribution:
+    """Seconds over completed requests (numpy's linear percentiles); None when there are none."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    p999: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SloResult:
+    """The SLO targets, the latency at the SLO percentile, and whether they were met."""
+
+    ttft_s: float
+    tpot_s: float
+    percentile: float
+    ttft_at_percentile_s: float | None
+    tpot_at_percentile_s: float | None
+    ttft_met: bool
+    tpot_met: bool
+    good_fraction: float  # requests meeting both targets / requests that arrived
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenCounts:
+    """Tokens of completed requests."""
+
+    prompt: int
+    output: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusyFraction:
+    """Share of simulated time the replicas spent running steps, over replicas."""
+
+    mean: float
+    max: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaRecord:
+    """One replica over the run (an instance of the model: one tensor-parallel group of GPUs)."""
+
+    index: int
+    requests: int  # routed to this replica (rejected requests are never routed)
+    steps: int
+    busy_fraction: float  # simulated seconds running steps / simulated seconds
+    kv_peak_used_blocks: int  # blocks referenced by some request, at the fullest
+    kv_mean_used_blocks: float  # the same, time-weighted over the simulated seconds
+    preemptions: int  # of requests routed here
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Citation:
+    claim: str
+    source: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccuracyNote:
+    """Cited accuracy estimates of a lossy KV format (kvsim.accuracy); never measured by the run."""
+
+    format: str
+    note: str | None
+    estimate_only: bool
+    kernel_rel_rms: float | None
+    kernel_method: str | None
+    literature: tuple[Citation, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What was simulated, as the summary shows it (the scenario file is the full statement)."""
+
+    model: str
+    attention: str
+    gpu: str
+    num_gpus: int
+    tensor_parallel: int
+    replicas: int
+    router: str
+    kv_format: str
+    block_size: int
+    prefix_cache: str
+    max_num_seqs: int
+    max_batched_tokens: int
+    chunked_prefill: bool
+    cost_model: str
+    gpu_hour_usd: float
+    trace: str
+    trace_format: str
+    rate_scale: float
+    seed: int
+    fast_forward: bool
+    overrides: tuple[str, ...]
+    sources: dict[str, str]
+    clip_to_context: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadRecord:
+    """What the workload reader left out or changed, on purpose."""
+
+    skipped_lines: int
+    dropped: dict[str, int]  # reason -> trace rows dropped within the window
+    clipped_to_context: int = 0  # requests shortened to the model's context (workload.clip_to_context)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- record
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """One run's summary. Field order is the file's key order; groups as commented."""
+
+    schema: str = SCHEMA
+    version: int = VERSION
+    # requests and latency
+    requests: RequestCounts
+    ttft_s: Distribution
+    tpot_s: Distribution
+    e2e_s: Distribution
+    queue_s: Distribution
+    # throughput and goodput (tokens or requests per simulated second)
+    throughput_tok_s: float
+    output_throughput_tok_s: float
+    goodput_req_s: float
+    slo: SloResult
+    # prefix cache and preemption
+    prefix_hit_rate: float
+    preemptions: int
+    tokens: TokenCounts
+    # cost
+    gpu_hours: float
+    cost_usd: float
+    cost_per_mtok_usd: float | None
+    cost_per_output_mtok_usd: float | None
+    scenario: str
+    # memory (per GPU unless named per replica)
+    hbm_capacity_bytes: int
+    weight_bytes_per_gpu: int
+    hbm_peak_bytes: int
+    kv_peak_used_blocks: int
+    kv_blocks_per_replica: int
+    kv_block_bytes: float
+    kv_tokens_per_replica: int
+    memory_plan: MemoryPlan
+    prefix_cache_evictions: int
+    # engine
+    steps: int
+    replica_busy_fraction: BusyFraction | None = None  # None in files written before it existed
+    engine_events: int
+    simulated_s: float
+    wall_s: float
+    warnings: tuple[str, ...] = ()
+    accuracy: AccuracyNote | None = None
+    config: RunConfig
+    workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
+    sim_speed_x: float
+    replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
+    extra: dict[str, Any] = field(default_factory=dict)
+    read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``summary.json``): plain dicts, lists and scalars."""
+        out = _encode(self)
+        assert isinstance(out, dict)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: object, *, source: str = "summary") -> RunSummary:
+        """Validate and build; `KvsimError` naming ``source`` and the field on any mismatch."""
+        if not isinstance(data, dict):
+            raise KvsimError(f"expected a JSON object, got {type(data).__name__}", source=source)
+        notes: list[str] = []
+        if "schema" not in data and "version" not in data:
+            if not isinstance(data.get("requests"), dict):
+                raise KvsimError(
+                    f"not a kvsim summary: no 'schema' field (expected {SCHEMA!r})", source=source
+                )
+            notes.append(f"written before summaries carried a schema version; read as version {VERSION}")
+            data = {**data, "schema": SCHEMA, "version": VERSION}
+        if data.get("schema") != SCHEMA:
+            raise KvsimError(
+                f"not a kvsim summary: expected {SCHEMA!r}, got {data.get('schema')!r}",
+                source=source,
+                path="schema",
+            )
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise KvsimError(f"expected a positive integer, got {version!r}", source=source, path="version")
+        if version > VERSION:
+            raise KvsimError(
+                f"summary version {version} is newer than this kvsim reads ({VERSION}); upgrade kvsim",
+                source=source,
+                path="version",
+            )
+        record = _decode(cls, data, "", source)
+        assert isinstance(record, cls)
+        if notes:
+            record = _replace_notes(record, tuple(notes))
+        return record
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "summary") -> RunSummary:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise KvsimError(f"not valid JSON: {exc.msg}", source=source, path=f"line {exc.lineno}") from None
+        return cls.from_dict(data, source=source)
+
+
+def read_summary(path: Path | str) -> RunSummary:
+    """Read and validate ``summary.json`` (or a run directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    if not path.is_file():
+        raise KvsimError("summary.json not found; is this a kvsim run directory?", source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"cannot read: {exc}", source=str(path)) from None
+    return RunSummary.from_json(text, source=str(path))
+
+
+def write_summary(path: Path, summary: RunSummary) -> None:
+    path.write_text(summary.to_json())
+
+
+def part_from_dict(cls: type[T], data: object, *, source: str, path: str = "") -> T:
+    """One part of the record (e.g. `AccuracyNote`) from its dict form, validated like the file."""
+    out = _decode(cls, data, path, source)
+    assert isinstance(out, cls)
+    return out
+
+
+# ------------------------------------------------------------------------ generic (de)serialising
+
+
+def _replace_notes(record: RunSummary, notes: tuple[str, ...]) -> RunSummary:
+    from dataclasses import replace
+
+    return replace(record, read_notes=notes)
+
+
+def _json_fields(cls: type) -> list[Any]:
+    return [f for f in fields(cls) if f.metadata.get("json", True) and f.name != "extra"]
+
+
+def _encode(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _encode(getattr(value, f.name)) for f in _json_fields(type(value))}
+        for k, v in getattr(value, "extra", {}).items():
+            out.setdefault(k, v)
+        return out
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def _fail(source: str, where: str, message: str) -> KvsimError:
+    return KvsimError(message, source=source, path=where or None)
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _decode(tp: Any, value: Any, where: str, source: str) -> Any:
+    """``value`` (parsed JSON) checked against the annotation ``tp``."""
+    if tp is Any:
+        return value
+    origin = get_origin(tp)
+    if origin is types.UnionType or origin is typing.Union:
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(get_args(tp)):
+            return None
+        assert len(args) == 1, tp
+        return _decode(args[0], value, where, source)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _fail(source, where, f"expected true or false, got {_show(value)}")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _fail(source, where, f"expected an integer, got {_show(value)}")
+        return value
+    if tp is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _fail(source, where, f"expected a number, got {_show(value)}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise _fail(source, where, f"expected a string, got {_show(value)}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _fail(source, where, f"expected a mapping, got {_show(value)}")
+        _, vt = get_args(tp)
+        return {k: _decode(vt, v, f"{where}.{k}" if where else k, source) for k, v in value.items()}
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _fail(source, where, f"expected a list, got {_show(value)}")
+        (et, _) = get_args(tp)
+        return tuple(_decode(et, v, f"{where}[{i}]", source) for i, v in enumerate(value))
+    if isinstance(tp, type) and is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _fail(source, where, f"expected a mapping, got {_show(value)}")
+        hints = get_type_hints(tp)
+        known = _json_fields(tp)
+        kwargs: dict[str, Any] = {}
+        for f in known:
+            sub = f"{where}.{f.name}" if where else f.name
+            if f.name in value:
+                kwargs[f.name] = _decode(hints[f.name], value[f.name], sub, source)
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise _fail(source, sub, "missing")
+        names = {f.name for f in known}
+        unknown = {k: v for k, v in value.items() if k not in names}
+        if unknown:
+            if "extra" not in {f.name for f in fields(tp)}:
+                k = next(iter(unknown))
+                raise _fail(source, f"{where}.{k}" if where else k, "unknown field")
+            kwargs["extra"] = unknown
+        return tp(**kwargs)
+    raise AssertionError(f"no decoder for {tp!r}")
