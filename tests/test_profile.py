@@ -13,6 +13,7 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import StepBatch
 from kvsim.costs.profile import ProfileCostModel, RateTable, load_profile_cost_model
 from kvsim.costs.profile_schema import gpu_matches, load_profile
+from kvsim.costs.work import attn_flops_per_pair_layer, causal_pairs
 from kvsim.errors import KvsimError
 from tests.helpers import small_scenario
 
@@ -51,7 +52,7 @@ def _synthetic(model_name: str = "llama-3.1-8b") -> dict:
             "t_p50": 1e-5 * n,
             "t_p80": 1e-5 * n,
             "bytes": 1.0,
-            "flops": 16384.0 * (n * p + n * (n + 1) / 2),
+            "flops": float(attn_flops_per_pair_layer(m, 1) * causal_pairs(n, p)),
         }
         for n in (32, 256)
         for p in (0, 512)

@@ -35,6 +35,13 @@ from kvsim.costs.profile_schema import (
     load_profile,
     model_shapes,
 )
+from kvsim.costs.work import (
+    attn_flops_per_pair_layer,
+    causal_pairs,
+    decode_tokens_read,
+    gemm_flops,
+    kv_bytes_per_token_layer_gpu,
+)
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
@@ -136,9 +143,7 @@ class ProfileCostModel(StepCostModel):
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
                 )
         m = model
-        shapes = TPShapes.of(m, tp)
-        heads, kv_heads = shapes.heads, shapes.kv_heads
-        self._gemm_nk = shapes.gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
+        self._gemm_nk = TPShapes.of(m, tp).gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
         self._gemm: dict[str, RateTable] = {}
         for layer in (*GEMM_LAYERS, "lm_head"):
             pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
@@ -147,8 +152,8 @@ class ProfileCostModel(StepCostModel):
             self._gemm[layer] = RateTable.build(
                 "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
             )
-        self.kv_bytes_per_token_layer = m.kv_bytes_per_token_layer(fmt) * kv_heads / m.num_kv_heads
-        self.attn_flops_per_pair_layer = 2 * heads * 2 * m.head_dim
+        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp)
+        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(m, tp)
         self._decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes")
         self._prefill = self._by_format(ops, "chunked_prefill", ("chunk", "prefix_plus_1"), "flops")
         self._copy: dict[str, RateTable] = {}
@@ -209,12 +214,12 @@ class ProfileCostModel(StepCostModel):
             n, k = self._gemm_nk[layer]
             rate, out = self._gemm[layer](m)
             outside += int(np.count_nonzero(out))
-            t += self.model.num_layers * 2.0 * num_tokens * n * k / float(rate[0])
+            t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
         if num_sampling:
             n, k = self._gemm_nk["lm_head"]
             rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
             outside += int(np.count_nonzero(out))
-            t += 2.0 * num_sampling * n * k / float(rate[0])
+            t += gemm_flops(num_sampling, n, k) / float(rate[0])
         return t, outside
 
     def _decode_row(self, num_seqs: int) -> tuple[np.ndarray, bool]:
@@ -230,7 +235,7 @@ class ProfileCostModel(StepCostModel):
         return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
+        tokens = decode_tokens_read(num_seqs, sum_ctx)
         nbytes = tokens * self.kv_bytes_per_token_layer
         row, _ = self._decode_row(num_seqs)
         rate = np.exp(np.interp(np.log(tokens / num_seqs), self._decode.axes[1], row))
@@ -249,7 +254,7 @@ class ProfileCostModel(StepCostModel):
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * (n * ctx + n * (n + 1) / 2)
+            flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
             rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
             hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
         if hit[1]:
