@@ -68,7 +68,8 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.costs.kind == "analytic":
-        return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+        c = sc.cluster
+        return AnalyticCostModel(sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
     from kvsim.costs.profile import load_profile_cost_model
 
     assert sc.costs.profile is not None
@@ -164,7 +165,7 @@ def run_scenario(
         percentile=sc.slo.percentile,
     )
     stats = [r.stats for r in replicas]
-    warnings = list(cost.warnings())
+    warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
     stuck = summary["requests"]["unfinished"]
     if stuck and not math.isfinite(end_s):
         warnings.append(
@@ -272,7 +273,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> dict[str, Any]:
         "seed": sc.sim.seed,
         "fast_forward": sc.sim.fast_forward,
         "overrides": list(sc.overrides),
-        "sources": {k: v for k, v in sc.cluster.gpu.sources},
+        "sources": dict(sc.cluster.gpu.sources + sc.cluster.topology.sources),
     }
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import StepBatch
+from kvsim.costs.base import ForwardBatch
 from kvsim.costs.profile import ProfileCostModel, RateTable, load_profile_cost_model
 from kvsim.costs.profile_schema import gpu_matches, load_profile
 from kvsim.costs.work import attn_flops_per_pair_layer, causal_pairs
@@ -125,10 +125,11 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     outside = cm._decode_attn_time(8, np.array([8 * 4096 - 8.0]))[0]
     assert outside == pytest.approx(4 * inside, rel=1e-12)  # rate held, work x4
     assert cm.warnings() == []  # pricing a candidate step is not running it
-    cm.observe_decode(8, np.array([8 * 1024 - 8.0]))
-    assert cm.warnings() == []
-    cm.observe_decode(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
-    assert any("paged_decode extrapolated" in w for w in cm.warnings())
+    assert cm.decode_off_grid(8, np.array([8 * 1024 - 8.0])) == frozenset()
+    ran = cm.decode_off_grid(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
+    assert ran == {"paged_decode"}
+    assert cm.warnings() == []  # asking the flags records nothing either
+    assert any("paged_decode extrapolated" in w for w in cm.warnings(ran))
 
 
 def test_decode_step_times_agree_with_step_time(tmp_path):
@@ -137,7 +138,7 @@ def test_decode_step_times_agree_with_step_time(tmp_path):
     sums = np.array([sum(c) for c in ctxs], dtype=np.int64)
     vec = cm.decode_step_times(3, sums)
     for j, c in enumerate(ctxs):
-        assert vec[j] == cm.step_time(StepBatch((1, 1, 1), c, 3))
+        assert vec[j] == cm.step_time(ForwardBatch.decode(c))
 
 
 def test_rate_table_rejects_a_ragged_grid():
@@ -203,5 +204,10 @@ def test_shipped_cpu_profile_loads_and_is_labelled():
     with pytest.raises(KvsimError, match="does not match"):
         load_profile_cost_model(small_scenario(costs={"kind": "profile", "profile": SHIPPED}))
     # Same decomposition as the analytic model: transfers fall back to it for unmeasured links.
-    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format)
-    assert cm.transfer_time(1e6, "host_h2d") == analytic.transfer_time(1e6, "host_h2d")
+    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format, sc.cluster.topology)
+    h2d = sc.cluster.topology.host_h2d
+    assert cm.transfer_time(1e6, h2d) == analytic.transfer_time(1e6, h2d)
+    assert cm.transfer_price(1e6, h2d).off_grid == {"link:host_h2d"}
+    assert "profile: link host_h2d not measured; analytic transfer time used" in cm.warnings(
+        frozenset({"link:host_h2d"})
+    )

@@ -49,7 +49,7 @@ def test_memory_plan_and_cost_model_use_the_same_kv_share():
             model=model, cluster={"gpu": "h200-sxm", "gpus_per_node": 8, "tensor_parallel": tp}
         )
         plan = plan_memory(sc)
-        cm = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format)
+        cm = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format, sc.cluster.topology)
         assert plan.kv_bytes_per_token_per_gpu == cm.work.kv_bytes_per_token
         assert plan.kv_bytes_per_token_per_gpu == kv_bytes_per_token_gpu(sc.model, sc.kv.format, tp)
 

@@ -6,6 +6,9 @@ parts run one after another: GEMMs (weights read once per step; MoE layers read 
 the batch touches), prefill attention, decode attention, tensor-parallel all-reduces, and a fixed
 per-step overhead. A measured profile (`kvsim calibrate`) plugs in behind the same interface.
 
+Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
+(`kvsim.spec.topology`).
+
 Left out: CUDA-graph padding of batch sizes, kernel-launch gaps between layers beyond the fixed
 overhead, pipeline parallelism, sampling cost, speculative decoding.
 
@@ -27,11 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.costs.base import StepCostModel
+from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import ModelWork, decode_tokens_read
 from kvsim.spec.formats import KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
+from kvsim.spec.topology import Link, Topology
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,15 @@ class AnalyticCostModel(StepCostModel):
     name = "analytic"
 
     def __init__(
-        self, model: ModelSpec, gpu: GPUSpec, tp: int, fmt: KVFormat, eff: Efficiencies | None = None
-    ):
-        self.model, self.gpu, self.tp, self.fmt = model, gpu, tp, fmt
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int,
+        fmt: KVFormat,
+        topology: Topology,
+        eff: Efficiencies | None = None,
+    ) -> None:
+        self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
         self.eff = eff or Efficiencies()
         self.overhead_s = self.eff.step_overhead_s
         e = self.eff
@@ -76,7 +86,8 @@ class AnalyticCostModel(StepCostModel):
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (
             gpu.bf16_flops * e.prefill_attn_compute
         )
-        self.link_bw = gpu.nvlink_bytes_per_s or gpu.host_link_theoretical_bytes_per_s
+        # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
+        self.link_bw = topology.nvlink.bw_bytes_per_s
 
     # ---- parts ------------------------------------------------------------------------------------
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
@@ -103,11 +114,5 @@ class AnalyticCostModel(StepCostModel):
         )
 
     # ---- interface --------------------------------------------------------------------------------
-    def transfer_time(self, nbytes: float, link: str) -> float:
-        bw = {
-            "host_h2d": self.gpu.host_h2d_bytes_per_s,
-            "host_d2h": self.gpu.host_d2h_bytes_per_s,
-            "nvlink": self.gpu.nvlink_bytes_per_s or self.gpu.host_link_theoretical_bytes_per_s,
-            "internode": self.gpu.internode_bytes_per_s,
-        }[link]
-        return nbytes / bw
+    def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
+        return transfer_time(nbytes, link, num_calls)

@@ -19,7 +19,7 @@ import simpy
 
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler, StepPlan
-from kvsim.costs.base import CostModel, StepBatch
+from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
 
 MAX_FF_STEPS = 2048
 
@@ -54,6 +54,7 @@ class Replica:
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
+        self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self.process = env.process(self.run())
 
@@ -105,7 +106,12 @@ class Replica:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                         seq.first_scheduled_s = self.clock
-                batch = StepBatch(
+                # -- cost: price the step that runs, and record its off-grid flags --
+                batch = ForwardBatch(
+                    tuple(
+                        SeqKind.DECODE if s.num_generated > 0 and n == 1 else SeqKind.PREFILL
+                        for s, n in zip(plan.seqs, plan.num_new, strict=True)
+                    ),
                     tuple(plan.num_new),
                     tuple(plan.ctx_before),
                     sum(
@@ -114,7 +120,10 @@ class Replica:
                         if s.num_computed + n == s.num_tokens
                     ),
                 )
-                t_end = self.clock + self.cost.step_time(batch)
+                price = self.cost.price(batch)
+                self.off_grid |= price.off_grid
+                t_end = self.clock + price.seconds
+                # -- end cost --
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
                 first, done = sched.complete(plan)
@@ -132,7 +141,7 @@ class Replica:
         if not self.fast_forward:
             sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
             d = self.cost.decode_step_times(m, sum_ctx)
-            self.cost.observe_decode(m, sum_ctx)
+            self.off_grid |= self.cost.decode_off_grid(m, sum_ctx)  # cost: what ran
             return 1, float(np.cumsum(np.concatenate(([self.clock], d)))[-1])
         k, sum_ctx = self.sched.decode_horizon(plan, MAX_FF_STEPS)
         d = self.cost.decode_step_times(m, sum_ctx)
@@ -140,5 +149,5 @@ class Replica:
         barrier = self.barrier()
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, min(k, int(np.searchsorted(ends, barrier, side="left"))))
-        self.cost.observe_decode(m, sum_ctx[:k])
+        self.off_grid |= self.cost.decode_off_grid(m, sum_ctx[:k])  # cost: only the steps that run
         return k, float(ends[k - 1])

@@ -19,6 +19,8 @@ from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.schema import Section
+from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
+from kvsim.spec.topology import PRESETS as TOPOLOGIES
 from kvsim.units import (
     parse_bandwidth,
     parse_duration,
@@ -37,10 +39,14 @@ class ClusterConfig:
     nodes: int
     gpus_per_node: int
     tensor_parallel: int
-    host_dram_bytes: int  # per node
+    topology: Topology  # links (host PCIe, NVLink, network) and the node (host DRAM)
     gpu_memory_utilization: float  # vLLM's knob: share of HBM the engine may plan with
     activation_reserve_bytes: int | None  # None = estimated from the model and scheduler
     router: str
+
+    @property
+    def host_dram_bytes(self) -> int:  # per node
+        return self.topology.node.host_dram_bytes
 
     @property
     def num_gpus(self) -> int:
@@ -158,10 +164,14 @@ def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
 
 
-def _read_gpu(root: Section) -> GPUSpec:
+def _read_gpu(root: Section) -> tuple[GPUSpec, str, dict[str, float]]:
+    """The GPU, its preset's name (the topology preset follows it) and the link bandwidths given
+    under ``cluster.gpu`` (``host_h2d``, ``host_d2h``, ``nvlink``: older spellings of
+    ``cluster.topology``'s, still read)."""
     raw = root.raw("gpu")
     if isinstance(raw, str):
-        return root.parsed("gpu", lambda v: load_gpu(v))
+        gpu = root.parsed("gpu", lambda v: load_gpu(v))
+        return gpu, gpu.name, {}
     s = Section(raw, source=root.source, path=root._p("gpu"))
     base = s.parsed("preset", load_gpu)
     changes: dict[str, Any] = {}
@@ -173,30 +183,28 @@ def _read_gpu(root: Section) -> GPUSpec:
         changes["bf16_flops"] = s.parsed("bf16_flops", parse_flops)
     if s.has("fp8_flops"):
         changes["fp8_flops"] = s.parsed("fp8_flops", parse_flops)
-    if s.has("host_h2d"):
-        changes["host_h2d_bytes_per_s"] = s.parsed("host_h2d", parse_bandwidth)
-    if s.has("host_d2h"):
-        changes["host_d2h_bytes_per_s"] = s.parsed("host_d2h", parse_bandwidth)
-    if s.has("nvlink"):
-        changes["nvlink_bytes_per_s"] = s.parsed("nvlink", parse_bandwidth)
+    links = {k: s.parsed(k, parse_bandwidth) for k in ("host_h2d", "host_d2h", "nvlink") if s.has(k)}
     for k in ("hbm", "hbm_bw", "bf16_flops", "fp8_flops", "host_h2d", "host_d2h", "nvlink"):
         s.raw(k, None)
     s.done()
     if changes:
         src = tuple(base.sources) + tuple((k, "scenario override") for k in changes)
-        return dataclasses.replace(base, name=f"{base.name}*", sources=src, **changes)
-    return base
+        return dataclasses.replace(base, name=f"{base.name}*", sources=src, **changes), base.name, links
+    return base, base.name, links
 
 
 def _read_cluster(root: Section) -> ClusterConfig:
     s = root.section("cluster", required=True)
-    gpu = _read_gpu(s)
+    gpu, preset, legacy_links = _read_gpu(s)
     nodes = s.int("nodes", 1, lo=1, hi=100_000)
     gpn = s.int("gpus_per_node", 8, lo=1, hi=64)
     tp = s.int("tensor_parallel", 1, lo=1, hi=64)
     if gpn % tp:
         raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
-    dram = s.parsed("host_dram", parse_size, "2TiB")
+    dram = s.parsed("host_dram", parse_size, DEFAULT_HOST_DRAM)
+    topology = read_topology(
+        s, TOPOLOGIES[preset], gpus_per_node=gpn, host_dram_bytes=dram, legacy=legacy_links
+    )
     util = s.float("gpu_memory_utilization", 0.9, lo=0.0, hi=1.0, lo_open=True)
     reserve_raw = s.raw("activation_reserve", "auto")
     reserve = None
@@ -204,7 +212,7 @@ def _read_cluster(root: Section) -> ClusterConfig:
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
     router = s.choice("router", ROUTERS, "least_outstanding_tokens")
     s.done()
-    return ClusterConfig(gpu, nodes, gpn, tp, dram, util, reserve, router)
+    return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
 
 def _read_kv(root: Section) -> KVConfig:
