@@ -48,7 +48,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     kv = sc.kv
     if kv.eviction.policy != "none":
         raise KvsimError(
-            f"policy {kv.eviction.policy!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
+            f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
             source=sc.source,
             path="kv.eviction.policy",
         )
@@ -67,12 +67,12 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
-    if sc.costs.kind == "analytic":
+    if sc.cost_model.kind == "analytic":
         c = sc.cluster
         return AnalyticCostModel(sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
     from kvsim.costs.profile import load_profile_cost_model
 
-    assert sc.costs.profile is not None
+    assert sc.cost_model.profile is not None
     return load_profile_cost_model(sc)
 
 
@@ -182,6 +182,7 @@ def run_scenario(
         warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
     for reason, n in sorted(wl.dropped.items()):
         warnings.append(f"{n:,} trace rows dropped: {reason}")
+    warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     if sc.model.sliding_window:

@@ -39,7 +39,7 @@ def _import(tmp_path: Path, system: str, *extra: str) -> Path:
 
 def _models(path: Path, gpu: str, fmt: str):
     sc = small_scenario(
-        cluster={"gpu": gpu}, costs={"kind": "profile", "profile": str(path)}, kv={"format": fmt}
+        cluster={"gpu": gpu}, cost_model={"kind": "profile", "profile": str(path)}, kv={"format": fmt}
     )
     return make_cost_model(sc), AnalyticCostModel(
         sc.model, sc.cluster.gpu, 1, sc.kv.format, sc.cluster.topology

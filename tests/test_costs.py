@@ -59,10 +59,11 @@ def test_the_profile_warns_only_about_steps_the_engine_ran(tmp_path):
     Stopped at 2 s it has run about 70 steps, all on the grid, though fast-forward priced candidate
     steps up to its last token, off the grid: no paged_decode warning. Run to the end: the warning."""
     cm = _model(tmp_path)
-    sc = small_scenario(costs={"kind": "profile", "profile": cm.source})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": cm.source})
     wl = make_workload([0.0], [900], [400])
     early = run_scenario(
-        small_scenario(costs={"kind": "profile", "profile": cm.source}, sim={"max_time": "2s"}), workload=wl
+        small_scenario(cost_model={"kind": "profile", "profile": cm.source}, sim={"max_time": "2s"}),
+        workload=wl,
     )
     (s,) = early.seqs
     assert 0 < s.num_generated < 1024 - 900

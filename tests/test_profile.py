@@ -85,9 +85,9 @@ def _write(tmp_path: Path, data: object, name: str = "p.json") -> Path:
     return p
 
 
-def _model(tmp_path: Path, data: dict | None = None, **costs) -> ProfileCostModel:
+def _model(tmp_path: Path, data: dict | None = None, **cost_model) -> ProfileCostModel:
     p = _write(tmp_path, data or _synthetic())
-    sc = small_scenario(costs={"kind": "profile", "profile": str(p), **costs})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": str(p), **cost_model})
     return load_profile_cost_model(sc)
 
 
@@ -178,13 +178,13 @@ def test_gpu_and_model_mismatch_refused_unless_forced(tmp_path):
     data = _synthetic()
     data["device"]["name"] = "NVIDIA H200"
     p = _write(tmp_path, data)
-    sc = small_scenario(costs={"kind": "profile", "profile": str(p)})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": str(p)})
     with pytest.raises(KvsimError, match="does not match the scenario's GPU h100-sxm") as exc:
         load_profile_cost_model(sc)
     assert exc.value.source == str(p) and "\n" not in str(exc.value)
     data = _synthetic()
     data["model"]["hidden_size"] = 5120
-    with pytest.raises(KvsimError, match="set costs.force"):
+    with pytest.raises(KvsimError, match="set cost_model.force"):
         _model(tmp_path, data)
     forced = _model(tmp_path, data, force=True)
     assert any("scaled to" in w for w in forced.warnings())
@@ -198,11 +198,11 @@ def test_gpu_name_matching():
 
 
 def test_shipped_cpu_profile_loads_and_is_labelled():
-    sc = small_scenario(costs={"kind": "profile", "profile": SHIPPED, "force": True})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": SHIPPED, "force": True})
     cm = load_profile_cost_model(sc)
     assert "cpu profile: timings are from a CPU, not a GPU" in cm.warnings()
     with pytest.raises(KvsimError, match="does not match"):
-        load_profile_cost_model(small_scenario(costs={"kind": "profile", "profile": SHIPPED}))
+        load_profile_cost_model(small_scenario(cost_model={"kind": "profile", "profile": SHIPPED}))
     # Same decomposition as the analytic model: transfers fall back to it for unmeasured links.
     analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format, sc.cluster.topology)
     h2d = sc.cluster.topology.host_h2d

@@ -126,7 +126,7 @@ class ProfileCostModel(StepCostModel):
         if model.is_moe or model.attention is Attention.MLA:
             raise KvsimError(
                 f"{model.name}: the profile model covers dense GQA/MHA models only (MoE and MLA are not "
-                "calibrated yet); use costs.kind: analytic",
+                "calibrated yet); use cost_model.kind: analytic",
                 source=source,
             )
         self.name = f"profile:{label}"
@@ -301,12 +301,12 @@ class ProfileCostModel(StepCostModel):
 
 
 def load_profile_cost_model(sc: Any) -> ProfileCostModel:
-    """The `ProfileCostModel` for scenario ``sc`` (``sc.costs.profile``), refusing a profile measured
-    on another GPU or for another model's shapes unless ``sc.costs.force``."""
-    path = Path(sc.costs.profile)
+    """The `ProfileCostModel` for scenario ``sc`` (``sc.cost_model.profile``), refusing a profile measured
+    on another GPU or for another model's shapes unless ``sc.cost_model.force``."""
+    path = Path(sc.cost_model.profile)
     src = str(path)
     prof = load_profile(path)
-    force = bool(sc.costs.force)
+    force = bool(sc.cost_model.force)
     notes: list[str] = []
     dev = prof["device"]["name"]
     gpu = sc.cluster.gpu.name
@@ -314,7 +314,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         if not force:
             raise KvsimError(
                 f"profile measured on {dev!r} ({prof['backend']}) does not match the scenario's GPU {gpu}; "
-                "set costs.force: true to use it anyway",
+                "set cost_model.force: true to use it anyway",
                 source=src,
                 path="device.name",
             )
@@ -326,7 +326,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         if not force:
             raise KvsimError(
                 f"profile measured for {prof['model']['name']} at tp {prof['tp']}, the scenario runs "
-                f"{sc.model.name} at tp {tp}; set costs.force: true to scale by FLOPs/bytes",
+                f"{sc.model.name} at tp {tp}; set cost_model.force: true to scale by FLOPs/bytes",
                 source=src,
                 path="model",
             )

@@ -83,7 +83,7 @@ PRESETS: dict[str, GPUSpec] = {
         sources=(
             ("hbm", "80 GB HBM2e, 2.039 TB/s (NVIDIA A100 80GB SXM datasheet)"),
             ("compute", "BF16 312 TFLOP/s dense; no FP8 tensor cores (NVIDIA datasheet)"),
-            ("price", "$1.80/GPU-h: estimate, no survey on file; set cost.gpu_hour"),
+            ("price", "$1.80/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
     "b200": GPUSpec(
@@ -96,7 +96,7 @@ PRESETS: dict[str, GPUSpec] = {
         sources=(
             ("hbm", "180 GB HBM3e per GPU in HGX/DGX B200 (1,440 GB / 8), 8 TB/s (NVIDIA spec)"),
             ("compute", "BF16 2.25 / FP8 4.5 PFLOP/s dense (NVIDIA HGX B200 spec)"),
-            ("price", "$6.00/GPU-h: estimate, no survey on file; set cost.gpu_hour"),
+            ("price", "$6.00/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
     "l40s": GPUSpec(
@@ -109,7 +109,7 @@ PRESETS: dict[str, GPUSpec] = {
         sources=(
             ("memory", "48 GB GDDR6, 864 GB/s (NVIDIA L40S datasheet)"),
             ("compute", "BF16 362 / FP8 733 TFLOP/s dense (NVIDIA datasheet, half the sparse figure)"),
-            ("price", "$1.20/GPU-h: estimate, no survey on file; set cost.gpu_hour"),
+            ("price", "$1.20/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
 }

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -30,7 +31,45 @@ from kvsim.units import (
 )
 
 TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
-ROUTERS = ("round_robin", "least_outstanding_tokens", "prefix_affinity")
+
+
+class Choice(str, Enum):
+    """A policy named in the scenario: compares equal to its name and prints as it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class RouterPolicy(Choice):
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING_TOKENS = "least_outstanding_tokens"  # fewest tokens still to compute
+    LEAST_OUTSTANDING_REQUESTS = "least_outstanding_requests"  # fewest requests in flight
+    PREFIX_AFFINITY = "prefix_affinity"  # longest cached prefix, else least outstanding tokens
+
+
+class PrefixCacheScope(Choice):
+    NONE = "none"
+    LOCAL = "local"  # each replica caches its own prefixes
+    GLOBAL = "global"  # one cluster-wide pool (not simulated yet)
+
+
+class EvictionPolicy(Choice):
+    NONE = "none"
+    H2O = "h2o"
+    STREAMING = "streaming"
+
+
+class CostModelKind(Choice):
+    ANALYTIC = "analytic"
+    PROFILE = "profile"
+
+
+_C = TypeVar("_C", bound=Choice)
+
+
+def _choice(s: Section, key: str, kind: type[_C], default: _C) -> _C:
+    """``s.key`` as a member of ``kind``; anything else: one line naming the field and the values."""
+    return kind(s.choice(key, [m.value for m in kind], default.value))
 
 
 @dataclass(frozen=True)
@@ -42,7 +81,7 @@ class ClusterConfig:
     topology: Topology  # links (host PCIe, NVLink, network) and the node (host DRAM)
     gpu_memory_utilization: float  # vLLM's knob: share of HBM the engine may plan with
     activation_reserve_bytes: int | None  # None = estimated from the model and scheduler
-    router: str
+    router: RouterPolicy
 
     @property
     def host_dram_bytes(self) -> int:  # per node
@@ -59,7 +98,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class EvictionConfig:
-    policy: str = "none"  # none | h2o | streaming
+    policy: EvictionPolicy = EvictionPolicy.NONE
     budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
     sink_tokens: int = 4
     recent_tokens: int = 0
@@ -76,7 +115,7 @@ class KVConfig:
     block_size: int
     format: KVFormat
     format_note: str | None
-    prefix_cache: str  # none | local | global
+    prefix_cache: PrefixCacheScope
     eviction: EvictionConfig
     offload: OffloadConfig
 
@@ -131,8 +170,8 @@ class SLOConfig:
 
 
 @dataclass(frozen=True)
-class CostsConfig:
-    kind: str  # analytic | profile
+class CostModelConfig:
+    kind: CostModelKind
     profile: Path | None
     force: bool
 
@@ -154,10 +193,11 @@ class Scenario:
     scheduler: SchedulerConfig
     workload: WorkloadConfig
     slo: SLOConfig
-    gpu_hour_usd: float
-    costs: CostsConfig
+    gpu_hour_usd: float  # pricing.gpu_hour
+    cost_model: CostModelConfig
     sim: SimConfig
     overrides: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
 
 
 def _pow2(v: int) -> bool:
@@ -210,7 +250,7 @@ def _read_cluster(root: Section) -> ClusterConfig:
     reserve = None
     if reserve_raw != "auto":
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
-    router = s.choice("router", ROUTERS, "least_outstanding_tokens")
+    router = _choice(s, "router", RouterPolicy, RouterPolicy.LEAST_OUTSTANDING_TOKENS)
     s.done()
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
@@ -232,13 +272,13 @@ def _read_kv(root: Section) -> KVConfig:
         raise s.err("format", exc.message) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     if isinstance(pc_raw, bool):
-        scope = "local" if pc_raw else "none"
+        scope = PrefixCacheScope.LOCAL if pc_raw else PrefixCacheScope.NONE
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
-        scope = pc.choice("scope", ("none", "local", "global"), "local")
+        scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
         pc.done()
     ev = s.section("eviction")
-    policy = ev.choice("policy", ("none", "h2o", "streaming"), "none")
+    policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
     sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
@@ -338,9 +378,23 @@ def _read_slo(root: Section) -> SLOConfig:
     return cfg
 
 
-def _read_costs(root: Section, base_dir: Path) -> CostsConfig:
-    s = root.section("costs")
-    kind = s.choice("kind", ("analytic", "profile"), "analytic")
+# Sections renamed so that money and time cannot be confused: new name -> old name, still read.
+RENAMED_SECTIONS = {"pricing": "cost", "cost_model": "costs"}
+
+
+def _renamed_section(root: Section, new: str, notes: list[str]) -> Section:
+    """Section ``new``, or its old name with a note; both at once is an error."""
+    old = RENAMED_SECTIONS[new]
+    if not root.has(old):
+        return root.section(new)
+    if root.has(new):
+        raise root.err(old, f"the old name of {new}: give the section once, as {new}")
+    notes.append(f"section {old!r} is now called {new!r}; the old name still reads, rename it")
+    return root.section(old)
+
+
+def _read_cost_model(s: Section, base_dir: Path) -> CostModelConfig:
+    kind = _choice(s, "kind", CostModelKind, CostModelKind.ANALYTIC)
     prof = s.raw("profile", None)
     path = None
     if kind == "profile":
@@ -351,7 +405,7 @@ def _read_costs(root: Section, base_dir: Path) -> CostsConfig:
             raise s.err("profile", f"profile file not found: {path}")
     elif prof is not None:
         raise s.err("profile", "only allowed with kind: profile")
-    cfg = CostsConfig(kind, path, s.bool("force", False))
+    cfg = CostModelConfig(kind, path, s.bool("force", False))
     s.done()
     return cfg
 
@@ -452,10 +506,11 @@ def scenario_from_dict(
     scheduler = _read_scheduler(root)
     workload = _read_workload(root, base_dir)
     slo = _read_slo(root)
-    cost = root.section("cost")
-    gpu_hour = cost.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
-    cost.done()
-    costs = _read_costs(root, base_dir)
+    notes: list[str] = []
+    pricing = _renamed_section(root, "pricing", notes)
+    gpu_hour = pricing.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
+    pricing.done()
+    cost_model = _read_cost_model(_renamed_section(root, "cost_model", notes), base_dir)
     sm = root.section("sim")
     max_time = sm.raw("max_time", None)
     sim = SimConfig(
@@ -481,7 +536,19 @@ def scenario_from_dict(
             path="scheduler.max_batched_tokens",
         )
     return Scenario(
-        name, source, model, cluster, kv, scheduler, workload, slo, gpu_hour, costs, sim, overrides
+        name,
+        source,
+        model,
+        cluster,
+        kv,
+        scheduler,
+        workload,
+        slo,
+        gpu_hour,
+        cost_model,
+        sim,
+        overrides,
+        tuple(notes),
     )
 
 
