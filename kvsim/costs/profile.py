@@ -238,7 +238,8 @@ class ProfileCostModel(StepCostModel):
         nbytes = tokens * self.kv_bytes_per_token_layer
         row, _ = self._decode_row(num_seqs)
         rate = np.exp(np.interp(np.log(tokens / num_seqs), self._decode.axes[1], row))
-        return self.model.num_layers * nbytes / rate
+        out: np.ndarray = self.model.num_layers * nbytes / rate
+        return out
 
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
         """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""

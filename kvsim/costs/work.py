@@ -25,7 +25,7 @@ Left out: sampling, the embedding lookup, pipeline parallelism, expert paralleli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import overload
 
 import numpy as np
 
@@ -34,12 +34,16 @@ from kvsim.spec.models import Attention, ModelSpec, TPShapes
 
 BF16 = KVFormat(kind=FormatKind.BF16)
 ACT_BYTES = 2  # bf16 activations
-A = TypeVar("A", int, float, np.ndarray)
+Size = int | float | np.ndarray  # a count, or counts element by element
 
 
-def causal_pairs(n: A, ctx: A) -> A:
+@overload
+def causal_pairs(n: float, ctx: float) -> float: ...
+@overload
+def causal_pairs(n: np.ndarray, ctx: Size) -> np.ndarray: ...
+def causal_pairs(n: Size, ctx: Size) -> Size:
     """(query, key) pairs of a causal chunk of ``n`` new tokens over ``ctx`` cached ones."""
-    return n * ctx + n * (n + 1) / 2  # type: ignore[return-value]
+    return n * ctx + n * (n + 1) / 2
 
 
 def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
@@ -74,9 +78,13 @@ def decode_attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
     return attn_flops_per_pair_layer(m, tp)
 
 
-def gemm_flops(m: A, n: A | int, k: A | int) -> A:
+@overload
+def gemm_flops(m: float, n: float, k: float) -> float: ...
+@overload
+def gemm_flops(m: np.ndarray, n: Size, k: Size) -> np.ndarray: ...
+def gemm_flops(m: Size, n: Size, k: Size) -> Size:
     """FLOPs of [m, k] x [k, n] (numpy arrays broadcast)."""
-    return 2.0 * m * n * k  # type: ignore[return-value]
+    return 2.0 * m * n * k
 
 
 def gemm_bytes(m: int, n: int, k: int, *, operand_bytes: int = 2, out_bytes: int = 2) -> float:
