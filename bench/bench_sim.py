@@ -27,8 +27,8 @@ CASES: dict[str, tuple[str, ...]] = {
     "azure-conv-8b-1xh200-profile": (
         "scenarios/default.yaml",
         "cluster.gpu=h200-sxm",
-        "costs.kind=profile",
-        "costs.profile=profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
+        "cost_model.kind=profile",
+        "cost_model.profile=profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
     ),
 }
 CHILD = """

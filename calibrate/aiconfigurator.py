@@ -43,6 +43,13 @@ import numpy as np
 import yaml
 
 from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION
+from kvsim.costs.work import (
+    attn_flops_per_pair_layer,
+    causal_pairs,
+    gemm_bytes,
+    gemm_flops,
+    kv_bytes_per_token_layer_gpu,
+)
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
@@ -228,7 +235,7 @@ def gemm_points(
     cube = np.full((len(ms), len(ns), len(ks)), np.nan)  # latency ms [m, n, k]; min over kernels
     idx = (np.searchsorted(ms, m), np.searchsorted(ns, n), np.searchsorted(ks, k))
     np.fmin.at(cube, idx, lat)
-    flops_cube = 2.0 * ms[:, None, None] * ns[None, :, None] * ks[None, None, :]
+    flops_cube = gemm_flops(ms[:, None, None], ns[None, :, None], ks[None, None, :])
     log_rate = np.log(flops_cube / (cube * MS))  # log FLOP/s; NaN where not measured
     in_bytes = 1 if dtype == "fp8" else 2  # operands; the output is bf16
     notes: list[str] = []
@@ -250,14 +257,14 @@ def gemm_points(
             if any(np.isnan(v) for v, _ in vals):
                 continue  # a neighbouring shape was not measured at this m
             rate = math.exp(sum(v * w for v, w in vals))
-            flops = 2.0 * mm * nn * kk
+            flops = gemm_flops(float(mm), nn, kk)
             pt = {
                 "layer": layer,
                 "m": int(mm),
                 "n": nn,
                 "k": kk,
                 **_timed(flops / rate),
-                "bytes": float(in_bytes * (mm * kk + kk * nn) + 2 * mm * nn),
+                "bytes": gemm_bytes(int(mm), nn, kk, operand_bytes=in_bytes),
                 "flops": flops,
                 "dtype": dtype,
                 "impl": f"aiconfigurator:{'|'.join(kernels)}",
@@ -333,19 +340,16 @@ def _kv_format(dtype: str) -> KVFormat:
     return make_format(KV_DTYPES[dtype])[0]
 
 
-def _kv_bytes_per_token(model: ModelSpec, fmt: KVFormat, shapes: Shapes) -> float:
-    return model.kv_bytes_per_token_layer(fmt) * shapes.kv_heads / model.num_kv_heads
-
-
 def decode_points(
-    src: Source, model: ModelSpec, shapes: Shapes, kernel: str | None, peaks: dict[str, Any]
+    src: Source, model: ModelSpec, tp: int, kernel: str | None, peaks: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    shapes = Shapes.of(model, tp)
     rows, kernel, kernels = _attn_rows(src, DECODE_TABLE, shapes, kernel)
     points: list[dict[str, Any]] = []
     filled = 0
     for dtype in sorted(set(rows["kv_cache_dtype"].tolist())):
         fmt = _kv_format(dtype)
-        per_tok = _kv_bytes_per_token(model, fmt, shapes)
+        per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
         sel = rows["kv_cache_dtype"] == dtype
         batch, ctx = rows["batch_size"][sel], rows["isl"][sel] + rows["step"][sel]
         lat = rows["latency"][sel]
@@ -374,7 +378,7 @@ def decode_points(
                 pt.update(
                     {
                         "bytes": nbytes,
-                        "flops": 4.0 * shapes.heads * shapes.head_dim * b * c,
+                        "flops": float(attn_flops_per_pair_layer(model, tp) * b * c),
                         "kv_cache_dtype": dtype,
                         "impl": f"aiconfigurator:{kernel}",
                     }
@@ -384,24 +388,24 @@ def decode_points(
 
 
 def prefill_points(
-    src: Source, model: ModelSpec, shapes: Shapes, kernel: str | None, peaks: dict[str, Any]
+    src: Source, model: ModelSpec, tp: int, kernel: str | None, peaks: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    shapes = Shapes.of(model, tp)
     rows, kernel, kernels = _attn_rows(src, PREFILL_TABLE, shapes, kernel)
     points: list[dict[str, Any]] = []
     for dtype in sorted(set(rows["kv_cache_dtype"].tolist())):
         fmt = _kv_format(dtype)
-        per_tok = _kv_bytes_per_token(model, fmt, shapes)
+        per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
         sel = (rows["kv_cache_dtype"] == dtype) & (rows["batch_size"] == 1) & (rows["step"] == 0)
         isl, lat = rows["isl"][sel], rows["latency"][sel]
         for chunk in np.unique(isl):
-            pairs = chunk * (chunk + 1) / 2
             pt = {
                 "chunk": int(chunk),
                 "prefix": 0,
                 "format": fmt.name,
                 **_timed(float(np.median(lat[isl == chunk])) * MS),
                 "bytes": float(chunk * per_tok),
-                "flops": 4.0 * shapes.heads * shapes.head_dim * pairs,
+                "flops": float(attn_flops_per_pair_layer(model, tp) * causal_pairs(int(chunk), 0)),
                 "kv_cache_dtype": dtype,
                 "impl": f"aiconfigurator:{kernel}",
             }
@@ -466,8 +470,8 @@ def build_profile(
                 ops[op_name] = {"points": pts}
             except KvsimError:
                 pass  # the other dtype is optional
-    dec, dec_info = decode_points(src, model, shapes, attn_kernel, peaks)
-    pre, pre_info = prefill_points(src, model, shapes, attn_kernel, peaks)
+    dec, dec_info = decode_points(src, model, tp, attn_kernel, peaks)
+    pre, pre_info = prefill_points(src, model, tp, attn_kernel, peaks)
     ops["paged_decode"] = {"points": dec}
     ops["chunked_prefill"] = {"points": pre}
     tables = [src.table(*t) for t in (GEMM_TABLE, DECODE_TABLE, PREFILL_TABLE)]

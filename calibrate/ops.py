@@ -21,7 +21,14 @@ from typing import Any
 
 import torch
 
-from kvsim.spec.formats import KVFormat, format_from_name
+from kvsim.costs.work import (
+    attn_flops_per_pair_layer,
+    causal_pairs,
+    gemm_bytes,
+    gemm_flops,
+    kv_bytes_per_token_layer_gpu,
+)
+from kvsim.spec.formats import format_from_name
 from kvsim.spec.models import ModelSpec, TPShapes
 
 OPS = ("gemm", "paged_decode", "chunked_prefill", "copy")
@@ -112,10 +119,6 @@ class Point:
 Q_DTYPE = torch.float16
 
 
-def _kv_bytes_per_token_layer(model: ModelSpec, fmt: KVFormat, sh: Shapes) -> float:
-    return model.kv_bytes_per_token_layer(fmt) * sh.kv_heads / model.num_kv_heads
-
-
 def _kernels() -> tuple[Any, Any] | None:
     try:
         from kernels import chunked_prefill, paged_decode
@@ -147,14 +150,14 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
                 yield Point(
                     {"layer": layer, "m": m, "n": n, "k": k},
                     lambda a=a, w=w: torch.matmul(a, w),
-                    2.0 * (m * k + k * n + m * n),
-                    2.0 * m * n * k,
+                    gemm_bytes(m, n, k),
+                    gemm_flops(m, n, k),
                 )
             del w
     elif op == "paged_decode":
-        yield from _decode_points(grid, model, sh, backend)
+        yield from _decode_points(grid, model, tp, backend)
     elif op == "chunked_prefill":
-        yield from _prefill_points(grid, model, sh, backend)
+        yield from _prefill_points(grid, model, tp, backend)
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
@@ -183,15 +186,16 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         raise ValueError(op)
 
 
-def _decode_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
+def _decode_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    sh = Shapes.of(model, tp)
     kern = _kernels()
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
-        per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
+        per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
         for b in grid.decode_batch:
             for ctx in grid.decode_context:
                 params = {"batch": b, "context": ctx, "format": fmt.name}
-                flops = 4.0 * sh.heads * sh.head_dim * b * ctx
+                flops = float(attn_flops_per_pair_layer(model, tp) * b * ctx)
                 if kern is None:
                     params["impl"] = "torch_sdpa_dense"
                     yield Point(
@@ -218,16 +222,16 @@ def _decode_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> It
                 yield Point(params, fn, b * ctx * per_tok, flops)
 
 
-def _prefill_points(grid: Grid, model: ModelSpec, sh: Shapes, backend: str) -> Iterator[Point]:
+def _prefill_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    sh = Shapes.of(model, tp)
     kern = _kernels()
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
-        per_tok = _kv_bytes_per_token_layer(model, fmt, sh)
+        per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
         for chunk in grid.prefill_chunk:
             for prefix in grid.prefill_prefix:
                 params = {"chunk": chunk, "prefix": prefix, "format": fmt.name}
-                pairs = chunk * prefix + chunk * (chunk + 1) / 2
-                flops = 4.0 * sh.heads * sh.head_dim * pairs
+                flops = attn_flops_per_pair_layer(model, tp) * causal_pairs(chunk, prefix)
                 nbytes = (prefix + chunk) * per_tok
                 if kern is None:
                     params["impl"] = "torch_sdpa_dense"

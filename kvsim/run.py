@@ -63,7 +63,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     kv = sc.kv
     if kv.eviction.policy != "none":
         raise KvsimError(
-            f"policy {kv.eviction.policy!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
+            f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
             source=sc.source,
             path="kv.eviction.policy",
         )
@@ -82,11 +82,12 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
-    if sc.costs.kind == "analytic":
-        return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+    if sc.cost_model.kind == "analytic":
+        c = sc.cluster
+        return AnalyticCostModel(sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
     from kvsim.costs.profile import load_profile_cost_model
 
-    assert sc.costs.profile is not None
+    assert sc.cost_model.profile is not None
     return load_profile_cost_model(sc)
 
 
@@ -183,7 +184,7 @@ def run_scenario(
         not_arrived=len(wl) - len(seqs),
     )
     counts: RequestCounts = parts["requests"]
-    warnings = list(cost.warnings())
+    warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
     stuck = counts.unfinished
     if stuck and not math.isfinite(end_s):
         warnings.append(
@@ -205,6 +206,7 @@ def run_scenario(
         warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
     for reason, n in sorted(wl.dropped.items()):
         warnings.append(f"{n:,} trace rows dropped: {reason}")
+    warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     if sc.model.sliding_window:
@@ -300,7 +302,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         seed=sc.sim.seed,
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
-        sources={k: v for k, v in sc.cluster.gpu.sources},
+        sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources),
         clip_to_context=sc.workload.clip_to_context,
     )
 

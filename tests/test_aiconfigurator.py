@@ -15,7 +15,7 @@ import pytest
 
 from calibrate.cli import main
 from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import StepBatch
+from kvsim.costs.base import ForwardBatch
 from kvsim.costs.profile_schema import load_profile
 from kvsim.run import make_cost_model
 from tests.helpers import ROOT, small_scenario
@@ -39,13 +39,15 @@ def _import(tmp_path: Path, system: str, *extra: str) -> Path:
 
 def _models(path: Path, gpu: str, fmt: str):
     sc = small_scenario(
-        cluster={"gpu": gpu}, costs={"kind": "profile", "profile": str(path)}, kv={"format": fmt}
+        cluster={"gpu": gpu}, cost_model={"kind": "profile", "profile": str(path)}, kv={"format": fmt}
     )
-    return make_cost_model(sc), AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format)
+    return make_cost_model(sc), AnalyticCostModel(
+        sc.model, sc.cluster.gpu, 1, sc.kv.format, sc.cluster.topology
+    )
 
 
-def _decode(b: int, ctx: int) -> StepBatch:
-    return StepBatch((1,) * b, (ctx,) * b, b)
+def _decode(b: int, ctx: int) -> ForwardBatch:
+    return ForwardBatch.decode((ctx,) * b)
 
 
 def _check_prices(path: Path, gpu: str) -> None:
@@ -61,7 +63,7 @@ def _check_prices(path: Path, gpu: str) -> None:
         ctx = np.array([1000.0, 8000.0, 64000.0])
         assert np.all(np.diff(pm.decode_step_times(8, ctx)) > 0)
         assert not pm.warnings(), pm.warnings()
-        pre = [pm.step_time(StepBatch((n,), (0,), 1)) for n in (64, 512, 2048, 8192)]
+        pre = [pm.step_time(ForwardBatch.prefill(n)) for n in (64, 512, 2048, 8192)]
         assert pre == sorted(pre) and pre[0] < pre[-1]
 
 

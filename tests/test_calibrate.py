@@ -65,7 +65,7 @@ PROMPTS, OUTPUTS = [300, 40, 900, 100], [20, 50, 5, 30]
 
 def _sim(ff: bool):
     sc = small_scenario(
-        costs={"kind": "profile", "profile": SHIPPED, "force": True}, sim={"seed": 1, "fast_forward": ff}
+        cost_model={"kind": "profile", "profile": SHIPPED, "force": True}, sim={"seed": 1, "fast_forward": ff}
     )
     return run_scenario(sc, workload=make_workload([0.0, 0.01, 0.02, 0.5], PROMPTS, OUTPUTS))
 
@@ -98,7 +98,7 @@ def test_simulation_driven_by_a_cpu_profile_and_fast_forward_matches():
 def test_unforced_gpu_mismatch_is_one_line_error():
     from kvsim.errors import KvsimError
 
-    sc = small_scenario(costs={"kind": "profile", "profile": SHIPPED})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": SHIPPED})
     with pytest.raises(KvsimError) as exc:
         run_scenario(sc, workload=make_workload([0.0], [10], [2]))
     assert exc.value.source.endswith(SHIPPED) and "\n" not in str(exc.value)

@@ -7,14 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import StepBatch
-from kvsim.run import run_scenario
+from kvsim.costs.base import ForwardBatch
+from kvsim.run import make_cost_model, run_scenario
 from tests.helpers import make_workload, records, small_scenario
 
 
 def cost_of(sc):
-    return AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+    return make_cost_model(sc)
 
 
 def by_id(result):
@@ -25,7 +24,7 @@ def test_one_request_alone_ttft_is_its_prefill_step():
     sc = small_scenario()
     res = run_scenario(sc, workload=make_workload([0.5], [1000], [10]))
     (s,) = res.seqs
-    step = cost_of(sc).step_time(StepBatch((1000,), (0,), 1))
+    step = cost_of(sc).step_time(ForwardBatch.prefill(1000, 0))
     assert s.first_token_s - s.arrival_s == pytest.approx(step, rel=0, abs=1e-12)
     assert s.first_scheduled_s == 0.5
     assert res.summary["requests"] == {
@@ -43,8 +42,10 @@ def test_chunked_prefill_splits_long_prompt_into_budgeted_steps():
     res = run_scenario(sc, workload=make_workload([0.0], [1200], [2]))
     (s,) = res.seqs
     cm = cost_of(sc)
-    expected = cm.step_time(StepBatch((512,), (0,), 0)) + cm.step_time(StepBatch((512,), (512,), 0))
-    expected += cm.step_time(StepBatch((176,), (1024,), 1))
+    expected = cm.step_time(ForwardBatch.prefill(512, 0, sampling=False)) + cm.step_time(
+        ForwardBatch.prefill(512, 512, sampling=False)
+    )
+    expected += cm.step_time(ForwardBatch.prefill(176, 1024))
     assert s.first_token_s == pytest.approx(expected, rel=1e-12)
 
 
@@ -56,7 +57,7 @@ def test_second_request_with_same_prefix_prefills_only_the_rest():
     a, b = res.seqs
     assert a.num_cached_tokens == 0
     assert b.num_cached_tokens == 1024
-    step = cost_of(sc).step_time(StepBatch((1300 - 1024,), (1024,), 1))
+    step = cost_of(sc).step_time(ForwardBatch.prefill(1300 - 1024, 1024))
     assert b.first_token_s - b.arrival_s == pytest.approx(step, abs=1e-12)
     assert res.summary["prefix_hit_rate"] == pytest.approx(1024 / (1100 + 1300))
 

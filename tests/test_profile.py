@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import StepBatch
+from kvsim.costs.base import ForwardBatch
 from kvsim.costs.profile import ProfileCostModel, RateTable, load_profile_cost_model
 from kvsim.costs.profile_schema import gpu_matches, load_profile
+from kvsim.costs.work import attn_flops_per_pair_layer, causal_pairs
 from kvsim.errors import KvsimError
 from tests.helpers import small_scenario
 
@@ -51,7 +52,7 @@ def _synthetic(model_name: str = "llama-3.1-8b") -> dict:
             "t_p50": 1e-5 * n,
             "t_p80": 1e-5 * n,
             "bytes": 1.0,
-            "flops": 16384.0 * (n * p + n * (n + 1) / 2),
+            "flops": float(attn_flops_per_pair_layer(m, 1) * causal_pairs(n, p)),
         }
         for n in (32, 256)
         for p in (0, 512)
@@ -84,9 +85,9 @@ def _write(tmp_path: Path, data: object, name: str = "p.json") -> Path:
     return p
 
 
-def _model(tmp_path: Path, data: dict | None = None, **costs) -> ProfileCostModel:
+def _model(tmp_path: Path, data: dict | None = None, **cost_model) -> ProfileCostModel:
     p = _write(tmp_path, data or _synthetic())
-    sc = small_scenario(costs={"kind": "profile", "profile": str(p), **costs})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": str(p), **cost_model})
     return load_profile_cost_model(sc)
 
 
@@ -124,10 +125,11 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     outside = cm._decode_attn_time(8, np.array([8 * 4096 - 8.0]))[0]
     assert outside == pytest.approx(4 * inside, rel=1e-12)  # rate held, work x4
     assert cm.warnings() == []  # pricing a candidate step is not running it
-    cm.observe_decode(8, np.array([8 * 1024 - 8.0]))
-    assert cm.warnings() == []
-    cm.observe_decode(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
-    assert any("paged_decode extrapolated" in w for w in cm.warnings())
+    assert cm.decode_off_grid(8, np.array([8 * 1024 - 8.0])) == frozenset()
+    ran = cm.decode_off_grid(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
+    assert ran == {"paged_decode"}
+    assert cm.warnings() == []  # asking the flags records nothing either
+    assert any("paged_decode extrapolated" in w for w in cm.warnings(ran))
 
 
 def test_decode_step_times_agree_with_step_time(tmp_path):
@@ -136,7 +138,7 @@ def test_decode_step_times_agree_with_step_time(tmp_path):
     sums = np.array([sum(c) for c in ctxs], dtype=np.int64)
     vec = cm.decode_step_times(3, sums)
     for j, c in enumerate(ctxs):
-        assert vec[j] == cm.step_time(StepBatch((1, 1, 1), c, 3))
+        assert vec[j] == cm.step_time(ForwardBatch.decode(c))
 
 
 def test_rate_table_rejects_a_ragged_grid():
@@ -176,13 +178,13 @@ def test_gpu_and_model_mismatch_refused_unless_forced(tmp_path):
     data = _synthetic()
     data["device"]["name"] = "NVIDIA H200"
     p = _write(tmp_path, data)
-    sc = small_scenario(costs={"kind": "profile", "profile": str(p)})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": str(p)})
     with pytest.raises(KvsimError, match="does not match the scenario's GPU h100-sxm") as exc:
         load_profile_cost_model(sc)
     assert exc.value.source == str(p) and "\n" not in str(exc.value)
     data = _synthetic()
     data["model"]["hidden_size"] = 5120
-    with pytest.raises(KvsimError, match="set costs.force"):
+    with pytest.raises(KvsimError, match="set cost_model.force"):
         _model(tmp_path, data)
     forced = _model(tmp_path, data, force=True)
     assert any("scaled to" in w for w in forced.warnings())
@@ -196,11 +198,16 @@ def test_gpu_name_matching():
 
 
 def test_shipped_cpu_profile_loads_and_is_labelled():
-    sc = small_scenario(costs={"kind": "profile", "profile": SHIPPED, "force": True})
+    sc = small_scenario(cost_model={"kind": "profile", "profile": SHIPPED, "force": True})
     cm = load_profile_cost_model(sc)
     assert "cpu profile: timings are from a CPU, not a GPU" in cm.warnings()
     with pytest.raises(KvsimError, match="does not match"):
-        load_profile_cost_model(small_scenario(costs={"kind": "profile", "profile": SHIPPED}))
+        load_profile_cost_model(small_scenario(cost_model={"kind": "profile", "profile": SHIPPED}))
     # Same decomposition as the analytic model: transfers fall back to it for unmeasured links.
-    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format)
-    assert cm.transfer_time(1e6, "host_h2d") == analytic.transfer_time(1e6, "host_h2d")
+    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, 1, sc.kv.format, sc.cluster.topology)
+    h2d = sc.cluster.topology.host_h2d
+    assert cm.transfer_time(1e6, h2d) == analytic.transfer_time(1e6, h2d)
+    assert cm.transfer_price(1e6, h2d).off_grid == {"link:host_h2d"}
+    assert "profile: link host_h2d not measured; analytic transfer time used" in cm.warnings(
+        frozenset({"link:host_h2d"})
+    )

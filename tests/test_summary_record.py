@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import StepBatch
+from kvsim.costs.base import ForwardBatch, SeqKind
 from kvsim.errors import KvsimError
 from kvsim.results.record import SCHEMA, VERSION, RunSummary, read_summary
-from kvsim.run import run_scenario, write_run
+from kvsim.run import make_cost_model, run_scenario, write_run
 from tests.helpers import make_workload, small_scenario
 
 
@@ -119,10 +118,10 @@ def test_mean_kv_use_of_one_request_is_its_blocks_weighted_by_step_time(fast_for
     sc = small_scenario()
     sc = dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=fast_forward))
     res = run_scenario(sc, workload=make_workload([0.0], [1000], [10]))
-    cm = AnalyticCostModel(sc.model, sc.cluster.gpu, sc.cluster.tensor_parallel, sc.kv.format)
+    cm = make_cost_model(sc)
     # Prefill of 1000 tokens holds ceil(1000 / 16) = 63 blocks; decode step j (1..9) writes token
     # 999 + j and holds ceil((1000 + j) / 16) blocks: 63 through j = 8, 64 at j = 9.
-    prefill = cm.step_time(StepBatch((1000,), (0,), 1))
+    prefill = cm.step_time(ForwardBatch((SeqKind.PREFILL,), (1000,), (0,), 1))
     decode = cm.decode_step_times(1, np.arange(1000, 1009, dtype=np.int64))
     blocks = np.array([-(-(1000 + j) // 16) for j in range(1, 10)])
     assert blocks.tolist() == [63] * 8 + [64]

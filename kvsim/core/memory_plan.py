@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.spec.models import Attention
 from kvsim.spec.scenario import Scenario
 
 NON_TORCH_BYTES = 2**30
@@ -60,11 +59,7 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
         else estimate_activation_reserve(sc)
     )
     kv_bytes = usable - weights - reserve
-    if m.attention is Attention.MLA:
-        share = 1.0
-    else:
-        share = math.ceil(m.num_kv_heads / tp) / m.num_kv_heads
-    per_token = m.kv_bytes_per_token(sc.kv.format) * share
+    per_token = m.kv_bytes_per_token(sc.kv.format) * m.kv_share(tp)
     block = per_token * sc.kv.block_size
     if kv_bytes <= block:
         raise KvsimError(

@@ -6,6 +6,9 @@ parts run one after another: GEMMs (weights read once per step; MoE layers read 
 the batch touches), prefill attention, decode attention, tensor-parallel all-reduces, and a fixed
 per-step overhead. A measured profile (`kvsim calibrate`) plugs in behind the same interface.
 
+Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
+(`kvsim.spec.topology`).
+
 Left out: CUDA-graph padding of batch sizes, kernel-launch gaps between layers beyond the fixed
 overhead, pipeline parallelism, sampling cost, speculative decoding.
 
@@ -23,15 +26,16 @@ Default efficiencies and their sources (../shared/REFERENCE.md unless noted):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.costs.base import StepCostModel
-from kvsim.spec.formats import FormatKind, KVFormat
+from kvsim.costs.base import StepCostModel, transfer_time
+from kvsim.costs.work import ModelWork, decode_tokens_read
+from kvsim.spec.formats import KVFormat
 from kvsim.spec.hardware import GPUSpec
-from kvsim.spec.models import Attention, ModelSpec
+from kvsim.spec.models import ModelSpec
+from kvsim.spec.topology import Link, Topology
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,15 @@ class AnalyticCostModel(StepCostModel):
     name = "analytic"
 
     def __init__(
-        self, model: ModelSpec, gpu: GPUSpec, tp: int, fmt: KVFormat, eff: Efficiencies | None = None
-    ):
-        self.model, self.gpu, self.tp, self.fmt = model, gpu, tp, fmt
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int,
+        fmt: KVFormat,
+        topology: Topology,
+        eff: Efficiencies | None = None,
+    ) -> None:
+        self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
         self.eff = eff or Efficiencies()
         self.overhead_s = self.eff.step_overhead_s
         e = self.eff
@@ -68,93 +78,41 @@ class AnalyticCostModel(StepCostModel):
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = (gpu.fp8_flops if fp8_weights else gpu.bf16_flops) * e.gemm_compute
         self.bw = gpu.hbm_bw_bytes_per_s
-        # Per-GPU share of the attention heads / KV under tensor parallelism.
-        if m.attention is Attention.MLA:
-            kv_share = 1.0  # the latent is replicated on every TP rank
-        else:
-            kv_share = math.ceil(m.num_kv_heads / tp) / m.num_kv_heads
-        self.kv_bytes_per_token_gpu = m.kv_bytes_per_token(fmt) * kv_share
-        qk_dim = (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.attention is Attention.MLA else m.head_dim
-        v_dim = m.v_head_dim if m.attention is Attention.MLA else m.head_dim
-        heads_gpu = math.ceil(m.num_heads / tp)
-        # FLOPs per (query token, key token) pair across layers: QK^T and PV, 2 FLOPs per MAC.
-        self.attn_flops_per_pair = 2 * heads_gpu * (qk_dim + v_dim) * m.num_layers
-        # GEMM work: body parameters per token, LM head per sampled row.
-        lm_head = m.vocab_size * m.hidden_size
-        self.body_params_active = (m.matmul_params_active() - lm_head) / tp
-        self.lm_head_params = lm_head / tp
-        bpp = m.weight_bytes_per_param
-        self.dense_weight_bytes = 0.0
-        self.moe_expert_bytes = 0.0  # bytes of all routed experts, per GPU
-        if m.is_moe:
-            moe_layers = m.num_layers - m.first_dense_layers
-            expert_params = 3 * m.hidden_size * m.moe_intermediate_size
-            self.moe_expert_bytes = moe_layers * m.num_experts * expert_params * bpp / tp
-        # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
-        embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
-        self.dense_weight_bytes = m.weight_bytes / tp - self.moe_expert_bytes - embedding
+        self.work = w = ModelWork.of(m, tp, fmt)
         speedup = self.eff.format_decode_speedup.get(fmt.kind.value, 1.0)
         # Decode attention: bf16-equivalent bytes at the bf16 efficiency, divided by the format's
         # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest).
-        bf16_bytes = m.kv_bytes_per_token(_BF16) * kv_share
-        self.decode_attn_s_per_token = bf16_bytes / (self.bw * e.decode_attn_bw) / speedup
-        decode_flops_per_pair = self.attn_flops_per_pair
-        if m.attention is Attention.MLA:
-            # Decode runs MLA absorbed (vLLM, FlashMLA): every head attends over the cached latent,
-            # scores over kv_lora_rank + rope dims and values over kv_lora_rank dims.
-            decode_flops_per_pair = 2 * heads_gpu * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * m.num_layers
-        self.decode_attn_flops_s_per_token = decode_flops_per_pair / (gpu.bf16_flops * e.prefill_attn_compute)
-        # All-reduce: two per layer (attention output, MLP output), ring algorithm.
-        self.ar_calls = 2 * m.num_layers if tp > 1 else 0
-        self.ar_bytes_per_token = 2 * m.hidden_size * 2 * (tp - 1) / tp if tp > 1 else 0.0
-        self.link_bw = gpu.nvlink_bytes_per_s or gpu.host_link_theoretical_bytes_per_s
+        self.decode_attn_s_per_token = w.kv_bytes_per_token_bf16 / (self.bw * e.decode_attn_bw) / speedup
+        self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (
+            gpu.bf16_flops * e.prefill_attn_compute
+        )
+        # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
+        self.link_bw = topology.nvlink.bw_bytes_per_s
 
     # ---- parts ------------------------------------------------------------------------------------
-    def _weight_bytes(self, num_tokens: int) -> float:
-        if not self.model.is_moe:
-            return self.dense_weight_bytes
-        m = self.model
-        touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** num_tokens
-        return self.dense_weight_bytes + self.moe_expert_bytes * touched
-
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
-        flops = 2.0 * (self.body_params_active * num_tokens + self.lm_head_params * num_sampling)
-        return max(flops / self.gemm_peak, self._weight_bytes(num_tokens) / (self.bw * self.eff.weight_bw))
-
-    def _comm_time(self, num_tokens: int) -> float:
-        if not self.ar_calls:
-            return 0.0
-        return (
-            self.ar_calls * self.eff.allreduce_latency_s
-            + self.ar_calls * num_tokens * self.ar_bytes_per_token / self.link_bw
+        w = self.work
+        return max(
+            w.gemm_flops(num_tokens, num_sampling) / self.gemm_peak,
+            w.weight_bytes(num_tokens) / (self.bw * self.eff.weight_bw),
         )
 
+    def _comm_time(self, num_tokens: int) -> float:
+        calls = self.work.allreduce_calls
+        if not calls:
+            return 0.0
+        return calls * self.eff.allreduce_latency_s + self.work.allreduce_bytes(num_tokens) / self.link_bw
+
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
+        tokens = decode_tokens_read(num_seqs, sum_ctx)
         return np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
-        pairs = n * ctx + n * (n + 1) / 2
-        flops = self.attn_flops_per_pair * pairs
-        nbytes = (ctx + n) * self.kv_bytes_per_token_gpu
         return max(
-            flops / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
-            nbytes / (self.bw * self.eff.decode_attn_bw),
+            self.work.prefill_attn_flops(n, ctx) / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
+            self.work.prefill_kv_bytes(n, ctx) / (self.bw * self.eff.decode_attn_bw),
         )
 
     # ---- interface --------------------------------------------------------------------------------
-    def transfer_time(self, nbytes: float, link: str) -> float:
-        bw = {
-            "host_h2d": self.gpu.host_h2d_bytes_per_s,
-            "host_d2h": self.gpu.host_d2h_bytes_per_s,
-            "nvlink": self.gpu.nvlink_bytes_per_s or self.gpu.host_link_theoretical_bytes_per_s,
-            "internode": self.gpu.internode_bytes_per_s,
-        }[link]
-        return nbytes / bw
-
-
-def _bf16() -> KVFormat:
-    return KVFormat(kind=FormatKind.BF16)
-
-
-_BF16 = _bf16()
+    def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
+        return transfer_time(nbytes, link, num_calls)

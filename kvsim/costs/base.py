@@ -1,57 +1,125 @@
-"""The cost seam's interface: the batch a step computes, the protocol the engine asks, and the one
-decomposition of a step that the analytic and the profile models share."""
+"""The cost seam's interface: the batch a forward pass computes, the price of a step, the protocol
+the engine asks, and the one decomposition of a step that the analytic and the profile models share.
+
+Pricing is pure: asking the price of a step (or of a run of fast-forward candidates) changes
+nothing, so a planner may price as many candidates as it likes. A price carries the ops that fell
+outside what the model knows (`StepPrice.off_grid`, e.g. a profile's measured grid); the engine
+records the flags of the steps it actually ran and hands them back to `CostModel.warnings`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
-LINKS = ("host_h2d", "host_d2h", "nvlink", "internode")
+from kvsim.spec.topology import Link
+
+Flags = frozenset[str]  # names of ops priced outside what a model knows
+Chunks = list[tuple[int, int]]  # (new tokens, cached tokens) of each prefill or verify sequence
+NO_FLAGS: Flags = frozenset()
+_NO_DECODE = np.zeros(0)  # the decode part of a step without decoding sequences (read only)
+
+
+class SeqKind(str, Enum):
+    """What one sequence computes in a forward pass."""
+
+    DECODE = "decode"  # one token past its first sample, attending to its whole cache
+    PREFILL = "prefill"  # a chunk of its prompt (or of a recompute), of any length, one token included
+    VERIFY = "verify"  # speculative decoding: its last token plus draft tokens, checked at once
 
 
 @dataclass(frozen=True)
-class StepBatch:
-    """The composition of one scheduler step on one replica.
+class ForwardBatch:
+    """The composition of one forward pass (one scheduler step) on one replica.
 
-    ``num_new[i]`` tokens of sequence i are computed on top of ``ctx_before[i]`` cached ones.
-    ``num_sampling`` sequences produce a token this step (LM head rows).
+    Sequence i is of kind ``kinds[i]`` and computes ``num_new[i]`` tokens on top of
+    ``ctx_before[i]`` cached ones (a decode computes exactly one; a verify one plus its drafts).
+    ``num_sampling`` rows go through the LM head (sequences that produce a token; a verify samples
+    at every position). Nothing produces verify steps yet (no draft model is simulated).
     """
 
+    kinds: tuple[SeqKind, ...]
     num_new: tuple[int, ...]
     ctx_before: tuple[int, ...]
     num_sampling: int
+
+    def __post_init__(self) -> None:
+        assert len(self.kinds) == len(self.num_new) == len(self.ctx_before)
+        assert all(n == 1 for k, n in zip(self.kinds, self.num_new, strict=True) if k is SeqKind.DECODE)
+
+    @staticmethod
+    def decode(ctx_before: Iterable[int]) -> ForwardBatch:
+        """A decode-only batch: every sequence computes and samples one token."""
+        ctx = tuple(ctx_before)
+        return ForwardBatch((SeqKind.DECODE,) * len(ctx), (1,) * len(ctx), ctx, len(ctx))
+
+    @staticmethod
+    def prefill(num_new: int, ctx_before: int = 0, *, sampling: bool = True) -> ForwardBatch:
+        """One prefill chunk alone (``sampling``: it is the prompt's last chunk)."""
+        return ForwardBatch((SeqKind.PREFILL,), (num_new,), (ctx_before,), int(sampling))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+
+@dataclass(frozen=True)
+class StepPrice:
+    """Seconds a step takes, and the ops priced outside what the model knows (flag names)."""
+
+    seconds: float
+    off_grid: frozenset[str] = NO_FLAGS
 
 
 class CostModel(Protocol):
     name: str
 
-    def step_time(self, batch: StepBatch) -> float:
-        """Seconds one step takes."""
+    def price(self, batch: ForwardBatch) -> StepPrice:
+        """Seconds one step takes and its off-grid flags; no side effects."""
+        ...
+
+    def step_time(self, batch: ForwardBatch) -> float:
+        """``price(batch).seconds``."""
         ...
 
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         """Seconds of decode-only steps: `num_seqs` sequences, one token each, whose cached
-        contexts sum to ``sum_ctx[j]`` at step j. Must agree exactly with `step_time`'s decode path,
-        element by element, so multi-step fast-forward equals stepping one by one."""
+        contexts sum to ``sum_ctx[j]`` at step j. Must agree exactly with `price` of the
+        decode-only batch, element by element, so multi-step fast-forward equals stepping one by
+        one. No side effects: fast-forward prices candidate steps past the next event too."""
         ...
 
-    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
-        """The decode-only steps the engine actually ran (``sum_ctx`` as above), for bookkeeping such
-        as warnings; fast-forward prices candidate steps past the next event that it never runs."""
+    def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
+        """The off-grid flags of the decode-only steps ``sum_ctx`` (as above), together."""
         ...
 
-    def transfer_time(self, nbytes: float, link: str) -> float: ...
+    def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
+        """Seconds to move ``nbytes`` over ``link`` in ``num_calls`` copies."""
+        ...
 
-    def warnings(self) -> list[str]: ...
+    def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
+        """The model's notes, and one line per off-grid flag in ``ran`` (what the engine ran)."""
+        ...
+
+
+def transfer_time(nbytes: float, link: Link, num_calls: int = 1) -> float:
+    """Seconds to move ``nbytes`` over ``link`` in ``num_calls`` copies, uncontended:
+    latency + num_calls x per-call overhead + nbytes / bandwidth. Many small copies pay the
+    per-call overhead each (``cudaMemcpyAsync`` per block); one batched gather pays it once."""
+    if nbytes < 0 or num_calls < 1:
+        raise ValueError(f"transfer of {nbytes} bytes in {num_calls} calls")
+    return link.latency_s + num_calls * link.per_call_overhead_s + nbytes / link.bw_bytes_per_s
 
 
 class StepCostModel:
     """A step as parts run one after another: overhead + GEMMs + all-reduces + prefill attention
-    (per prefilling sequence) + decode attention (all decoding sequences together). Subclasses price
-    the parts; `step_time` and `decode_step_times` share this one decomposition, so a decode-only
-    step costs the same whichever is asked (fast-forward relies on it)."""
+    (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
+    Subclasses price the parts; `price` and `decode_step_times` share this one decomposition, so a
+    decode-only step costs the same whichever is asked (fast-forward relies on it)."""
 
     name = "steps"
     overhead_s: float
@@ -68,30 +136,41 @@ class StepCostModel:
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
-        pass
+    def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
+        """Flags of a step's parts: GEMMs over ``tokens`` with ``rows`` sampled, attention of the
+        ``chunks`` ((n, ctx) of each prefill/verify sequence) and of ``n_dec`` decoding sequences
+        whose contexts sum to ``dec[j]`` over a run of steps j."""
+        return NO_FLAGS
 
-    def step_time(self, batch: StepBatch) -> float:
-        total = sum(batch.num_new)
+    def price(self, batch: ForwardBatch) -> StepPrice:
+        total = batch.num_tokens
         dec_n = 0
         dec_ctx = 0
         prefill = 0.0
-        for n, c in zip(batch.num_new, batch.ctx_before, strict=True):
-            if n == 1:
+        chunks: list[tuple[int, int]] = []
+        for kind, n, c in zip(batch.kinds, batch.num_new, batch.ctx_before, strict=True):
+            if kind is SeqKind.DECODE:
                 dec_n += 1
                 dec_ctx += c
-            else:
+            else:  # a prefill chunk, or a verify: n queries attending causally over c cached keys
                 prefill += self._prefill_attn_time(n, c)
+                chunks.append((n, c))
         t = self.overhead_s + self._gemm_time(total, batch.num_sampling) + self._comm_time(total) + prefill
+        ctx = _NO_DECODE
         if dec_n:
             ctx = np.array([dec_ctx], dtype=np.float64)
             t += float(self._decode_attn_time(dec_n, ctx)[0])
-            self.observe_decode(dec_n, ctx)  # the engine observes only its decode-only runs
-        return t
+        return StepPrice(t, self._off_grid(total, batch.num_sampling, chunks, dec_n, ctx))
+
+    def step_time(self, batch: ForwardBatch) -> float:
+        return self.price(batch).seconds
 
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
         return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
 
-    def warnings(self) -> list[str]:
+    def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
+        return self._off_grid(num_seqs, num_seqs, [], num_seqs, sum_ctx.astype(np.float64))
+
+    def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []

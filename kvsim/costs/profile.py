@@ -9,7 +9,8 @@ splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce
 the measured point: FLOP/s for GEMM and prefill, bytes/s for decode and copies) is interpolated
 linearly in log(rate) over log(size), so time is exact on grid points and a power law, hence
 monotone, between neighbours. Outside the grid the nearest measured rate is held (the time scales
-with the work) and `warnings()` names the op. Because work is computed for the scenario's own shapes,
+with the work) and the price flags the op; `warnings(ran)` names the flagged ops of the steps the engine
+ran (pricing itself records nothing). Because work is computed for the scenario's own shapes,
 a profile forced onto another model scales by FLOPs or bytes.
 
 Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.costs.analytic import AnalyticCostModel, Efficiencies
-from kvsim.costs.base import StepCostModel
+from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
     GEMM_LAYERS,
     MODEL_SHAPE_KEYS,
@@ -35,9 +36,17 @@ from kvsim.costs.profile_schema import (
     load_profile,
     model_shapes,
 )
+from kvsim.costs.work import (
+    attn_flops_per_pair_layer,
+    causal_pairs,
+    decode_tokens_read,
+    gemm_flops,
+    kv_bytes_per_token_layer_gpu,
+)
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
+from kvsim.spec.topology import Link
 
 
 # ---- interpolation ------------------------------------------------------------------------------
@@ -117,15 +126,14 @@ class ProfileCostModel(StepCostModel):
         if model.is_moe or model.attention is Attention.MLA:
             raise KvsimError(
                 f"{model.name}: the profile model covers dense GQA/MHA models only (MoE and MLA are not "
-                "calibrated yet); use costs.kind: analytic",
+                "calibrated yet); use cost_model.kind: analytic",
                 source=source,
             )
         self.name = f"profile:{label}"
         self.source = source
         self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
         self.overhead_s = Efficiencies().step_overhead_s
-        self._notes: list[str] = []
-        self._extrapolated: set[str] = set()  # ops priced outside their measured grid
+        self._notes: list[str] = []  # about the profile itself, known at construction
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
@@ -136,9 +144,7 @@ class ProfileCostModel(StepCostModel):
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
                 )
         m = model
-        shapes = TPShapes.of(m, tp)
-        heads, kv_heads = shapes.heads, shapes.kv_heads
-        self._gemm_nk = shapes.gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
+        self._gemm_nk = TPShapes.of(m, tp).gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
         self._gemm: dict[str, RateTable] = {}
         for layer in (*GEMM_LAYERS, "lm_head"):
             pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
@@ -147,8 +153,8 @@ class ProfileCostModel(StepCostModel):
             self._gemm[layer] = RateTable.build(
                 "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
             )
-        self.kv_bytes_per_token_layer = m.kv_bytes_per_token_layer(fmt) * kv_heads / m.num_kv_heads
-        self.attn_flops_per_pair_layer = 2 * heads * 2 * m.head_dim
+        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp)
+        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(m, tp)
         self._decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes")
         self._prefill = self._by_format(ops, "chunked_prefill", ("chunk", "prefix_plus_1"), "flops")
         self._copy: dict[str, RateTable] = {}
@@ -182,24 +188,22 @@ class ProfileCostModel(StepCostModel):
         ]
         return RateTable.build(op, coords, [_rate(p, work) for p in sel], self.source)
 
-    def _note_outside(self, op: str, outside: np.ndarray) -> None:
-        n = int(np.count_nonzero(outside))
-        if n:
-            self._extrapolated.add(op)
-
     # ---- parts ------------------------------------------------------------------------------------
     # The simulator asks for the same shapes over and over (an hour of traffic is ~10^5 steps), so
     # GEMM and prefill times are memoised per shape, and decode rates per batch size: bilinear
     # interpolation on a rectangular grid is linear along the batch axis, then along the context
-    # axis, so the row for one batch size is computed once and np.interp does the rest.
-    def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
+    # axis, so the row for one batch size is computed once and np.interp does the rest. The memos
+    # are pure caches (same answer with or without them); whether a part lay outside the grid is
+    # returned with the price (`_off_grid`), never recorded here.
+    def _gemm_entry(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
         key = (num_tokens, num_sampling)
         hit = self._gemm_cache.get(key)
         if hit is None:
             hit = self._gemm_cache[key] = self._gemm_time_uncached(num_tokens, num_sampling)
-        if hit[1]:
-            self._extrapolated.add("gemm")
-        return hit[0]
+        return hit
+
+    def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
+        return self._gemm_entry(num_tokens, num_sampling)[0]
 
     def _gemm_time_uncached(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
         t = 0.0
@@ -209,12 +213,12 @@ class ProfileCostModel(StepCostModel):
             n, k = self._gemm_nk[layer]
             rate, out = self._gemm[layer](m)
             outside += int(np.count_nonzero(out))
-            t += self.model.num_layers * 2.0 * num_tokens * n * k / float(rate[0])
+            t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
         if num_sampling:
             n, k = self._gemm_nk["lm_head"]
             rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
             outside += int(np.count_nonzero(out))
-            t += 2.0 * num_sampling * n * k / float(rate[0])
+            t += gemm_flops(num_sampling, n, k) / float(rate[0])
         return t, outside
 
     def _decode_row(self, num_seqs: int) -> tuple[np.ndarray, bool]:
@@ -230,61 +234,80 @@ class ProfileCostModel(StepCostModel):
         return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        tokens = sum_ctx + num_seqs  # each reads its cache plus the new token
+        tokens = decode_tokens_read(num_seqs, sum_ctx)
         nbytes = tokens * self.kv_bytes_per_token_layer
         row, _ = self._decode_row(num_seqs)
         rate = np.exp(np.interp(np.log(tokens / num_seqs), self._decode.axes[1], row))
-        return self.model.num_layers * nbytes / rate
+        out: np.ndarray = self.model.num_layers * nbytes / rate
+        return out
 
-    def observe_decode(self, num_seqs: int, sum_ctx: np.ndarray) -> None:
-        """Record extrapolation for the decode steps that were actually run (fast-forward prices
-        candidate steps beyond the next event too; only those it runs count)."""
+    def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
+        """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""
         _, batch_outside = self._decode_row(num_seqs)
         axis = self._decode.axes[1]
         x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)  # contexts grow along a run
-        if batch_outside or x[0] < axis[0] or x[-1] > axis[-1]:
-            self._extrapolated.add("paged_decode")
+        return batch_outside or bool(x[0] < axis[0]) or bool(x[-1] > axis[-1])
 
-    def _prefill_attn_time(self, n: int, ctx: int) -> float:
+    def _prefill_entry(self, n: int, ctx: int) -> tuple[float, bool]:
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * (n * ctx + n * (n + 1) / 2)
+            flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
             rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
             hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
-        if hit[1]:
-            self._extrapolated.add("chunked_prefill")
-        return hit[0]
+        return hit
+
+    def _prefill_attn_time(self, n: int, ctx: int) -> float:
+        return self._prefill_entry(n, ctx)[0]
+
+    def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
+        flags = []
+        if self._gemm_entry(tokens, rows)[1]:
+            flags.append("gemm")
+        if any(self._prefill_entry(n, c)[1] for n, c in chunks):
+            flags.append("chunked_prefill")
+        if n_dec and self._decode_outside(n_dec, dec):
+            flags.append("paged_decode")
+        return frozenset(flags) if flags else NO_FLAGS
 
     # ---- interface --------------------------------------------------------------------------------
     def _comm_time(self, num_tokens: int) -> float:
         return self.analytic._comm_time(num_tokens)  # all-reduces are not measured
 
-    def transfer_time(self, nbytes: float, link: str) -> float:
-        table = self._copy.get(link)
+    def transfer_price(self, nbytes: float, link: Link, num_calls: int = 1) -> StepPrice:
+        """``num_calls`` copies of ``nbytes / num_calls`` each at the rate measured for that size (a
+        measured copy includes its call overhead); the analytic time over links not measured."""
+        table = self._copy.get(link.name)
         if table is None:
-            note = f"profile: link {link} not measured; analytic transfer time used"
-            if note not in self._notes:
-                self._notes.append(note)
-            return self.analytic.transfer_time(nbytes, link)
-        rate, out = table(np.array([max(nbytes, 1.0)]))
-        self._note_outside("copy", out)
-        return nbytes / float(rate[0])
+            return StepPrice(
+                self.analytic.transfer_time(nbytes, link, num_calls), frozenset({f"link:{link.name}"})
+            )
+        per_call = nbytes / num_calls
+        rate, out = table(np.array([max(per_call, 1.0)]))
+        return StepPrice(num_calls * per_call / float(rate[0]), frozenset({"copy"}) if out[0] else NO_FLAGS)
 
-    def warnings(self) -> list[str]:
+    def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
+        return self.transfer_price(nbytes, link, num_calls).seconds
+
+    def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         out = list(self._notes)
-        for op in sorted(self._extrapolated):
-            out.append(f"profile: {op} extrapolated beyond the measured grid (nearest measured rate held)")
+        for flag in sorted(ran):
+            if flag.startswith("link:"):
+                out.append(f"profile: link {flag[5:]} not measured; analytic transfer time used")
+            else:
+                out.append(
+                    f"profile: {flag} extrapolated beyond the measured grid (nearest measured rate held)"
+                )
         return out
 
 
 def load_profile_cost_model(sc: Any) -> ProfileCostModel:
-    """The `ProfileCostModel` for scenario ``sc`` (``sc.costs.profile``), refusing a profile measured
-    on another GPU or for another model's shapes unless ``sc.costs.force``."""
-    path = Path(sc.costs.profile)
+    """The `ProfileCostModel` for scenario ``sc`` (``sc.cost_model.profile``), refusing a profile measured
+    on another GPU or for another model's shapes unless ``sc.cost_model.force``."""
+    path = Path(sc.cost_model.profile)
     src = str(path)
     prof = load_profile(path)
-    force = bool(sc.costs.force)
+    force = bool(sc.cost_model.force)
     notes: list[str] = []
     dev = prof["device"]["name"]
     gpu = sc.cluster.gpu.name
@@ -292,7 +315,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         if not force:
             raise KvsimError(
                 f"profile measured on {dev!r} ({prof['backend']}) does not match the scenario's GPU {gpu}; "
-                "set costs.force: true to use it anyway",
+                "set cost_model.force: true to use it anyway",
                 source=src,
                 path="device.name",
             )
@@ -304,7 +327,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         if not force:
             raise KvsimError(
                 f"profile measured for {prof['model']['name']} at tp {prof['tp']}, the scenario runs "
-                f"{sc.model.name} at tp {tp}; set costs.force: true to scale by FLOPs/bytes",
+                f"{sc.model.name} at tp {tp}; set cost_model.force: true to scale by FLOPs/bytes",
                 source=src,
                 path="model",
             )
@@ -313,7 +336,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         notes.append("cpu profile: timings are from a CPU, not a GPU")
     if not prof["complete"]:
         notes.append("profile is incomplete (calibration was interrupted)")
-    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format)
+    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format, sc.cluster.topology)
     model = ProfileCostModel(prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name)
     model._notes[:0] = notes
     return model

@@ -35,6 +35,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise KvsimError(f"invalid JSON: {exc.msg}", source=src, path=f"line {exc.lineno}") from None
     validate_profile(data, source=src)
+    assert isinstance(data, dict)  # validate_profile refuses anything else
     return data
 
 

@@ -25,7 +25,7 @@ from kvsim.core.horizon import decode_window, steps_before
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, StepBatch
+from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
 
 MAX_FF_STEPS = 2048
 
@@ -65,6 +65,7 @@ class Replica:
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
+        self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win_ends: list[float] | None = None  # end times of the decode window in flight
         self._win_k = 0  # steps of it that will run
@@ -159,7 +160,9 @@ class Replica:
                 k = self._win_k
                 self._win_ends = self._win_plan = None
                 t_end = ends[k - 1]
-                self.cost.observe_decode(len(plan.reqs), sum_ctx[:k])
+                self.off_grid |= self.cost.decode_off_grid(
+                    len(plan.reqs), sum_ctx[:k]
+                )  # cost: only the steps that ran
                 self.clock = t_end
                 self.stats.kv_block_s = float(
                     np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s[:k])))[-1]
@@ -172,9 +175,18 @@ class Replica:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                         seq.first_scheduled_s = self.clock
-                batch = StepBatch(tuple(plan.num_new), tuple(plan.ctx_before), plan.num_sampling)
-                dt = self.cost.step_time(batch)
+                # -- cost: price the step that runs, and record its off-grid flags --
+                batch = ForwardBatch(
+                    tuple(SeqKind.DECODE if dec else SeqKind.PREFILL for dec in plan.decoding),
+                    tuple(plan.num_new),
+                    tuple(plan.ctx_before),
+                    plan.num_sampling,
+                )
+                price = self.cost.price(batch)
+                self.off_grid |= price.off_grid
+                dt = price.seconds
                 t_end = self.clock + dt
+                # -- end cost --
                 used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end

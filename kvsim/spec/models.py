@@ -107,6 +107,15 @@ class ModelSpec:
         """Bytes one token adds to the cache across all layers (no window cap applied)."""
         return self.kv_layers * self.kv_bytes_per_token_layer(fmt)
 
+    def kv_share(self, tp: int) -> float:
+        """Share of each token's KV that one GPU of a tensor-parallel group holds: its
+        ceil(kv_heads / tp) heads (vLLM pads), or all of MLA's latent (replicated on every rank).
+        Lives here, below the memory plan and the cost seam, which both build on it
+        (`kvsim.costs.work` prices with it)."""
+        if self.attention is Attention.MLA:
+            return 1.0
+        return math.ceil(self.num_kv_heads / tp) / self.num_kv_heads
+
     def kv_static_bytes(self, fmt: KVFormat) -> int:
         heads = 1 if self.attention is Attention.MLA else self.num_kv_heads
         return self.kv_layers * fmt.static_bytes_per_layer(heads)

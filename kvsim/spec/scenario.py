@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -19,6 +20,8 @@ from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.schema import Section
+from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
+from kvsim.spec.topology import PRESETS as TOPOLOGIES
 from kvsim.units import (
     parse_bandwidth,
     parse_duration,
@@ -28,7 +31,45 @@ from kvsim.units import (
 )
 
 TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
-ROUTERS = ("round_robin", "least_outstanding_tokens", "least_outstanding_requests", "prefix_affinity")
+
+
+class Choice(str, Enum):
+    """A policy named in the scenario: compares equal to its name and prints as it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class RouterPolicy(Choice):
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING_TOKENS = "least_outstanding_tokens"  # fewest tokens still to compute
+    LEAST_OUTSTANDING_REQUESTS = "least_outstanding_requests"  # fewest requests in flight
+    PREFIX_AFFINITY = "prefix_affinity"  # longest cached prefix, else least outstanding tokens
+
+
+class PrefixCacheScope(Choice):
+    NONE = "none"
+    LOCAL = "local"  # each replica caches its own prefixes
+    GLOBAL = "global"  # one cluster-wide pool (not simulated yet)
+
+
+class EvictionPolicy(Choice):
+    NONE = "none"
+    H2O = "h2o"
+    STREAMING = "streaming"
+
+
+class CostModelKind(Choice):
+    ANALYTIC = "analytic"
+    PROFILE = "profile"
+
+
+_C = TypeVar("_C", bound=Choice)
+
+
+def _choice(s: Section, key: str, kind: type[_C], default: _C) -> _C:
+    """``s.key`` as a member of ``kind``; anything else: one line naming the field and the values."""
+    return kind(s.choice(key, [m.value for m in kind], default.value))
 
 
 @dataclass(frozen=True)
@@ -37,10 +78,14 @@ class ClusterConfig:
     nodes: int
     gpus_per_node: int
     tensor_parallel: int
-    host_dram_bytes: int  # per node
+    topology: Topology  # links (host PCIe, NVLink, network) and the node (host DRAM)
     gpu_memory_utilization: float  # vLLM's knob: share of HBM the engine may plan with
     activation_reserve_bytes: int | None  # None = estimated from the model and scheduler
-    router: str
+    router: RouterPolicy
+
+    @property
+    def host_dram_bytes(self) -> int:  # per node
+        return self.topology.node.host_dram_bytes
 
     @property
     def num_gpus(self) -> int:
@@ -53,7 +98,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class EvictionConfig:
-    policy: str = "none"  # none | h2o | streaming
+    policy: EvictionPolicy = EvictionPolicy.NONE
     budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
     sink_tokens: int = 4
     recent_tokens: int = 0
@@ -70,7 +115,7 @@ class KVConfig:
     block_size: int
     format: KVFormat
     format_note: str | None
-    prefix_cache: str  # none | local | global
+    prefix_cache: PrefixCacheScope
     eviction: EvictionConfig
     offload: OffloadConfig
 
@@ -126,8 +171,8 @@ class SLOConfig:
 
 
 @dataclass(frozen=True)
-class CostsConfig:
-    kind: str  # analytic | profile
+class CostModelConfig:
+    kind: CostModelKind
     profile: Path | None
     force: bool
 
@@ -149,20 +194,25 @@ class Scenario:
     scheduler: SchedulerConfig
     workload: WorkloadConfig
     slo: SLOConfig
-    gpu_hour_usd: float
-    costs: CostsConfig
+    gpu_hour_usd: float  # pricing.gpu_hour
+    cost_model: CostModelConfig
     sim: SimConfig
     overrides: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
 
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
 
 
-def _read_gpu(root: Section) -> GPUSpec:
+def _read_gpu(root: Section) -> tuple[GPUSpec, str, dict[str, float]]:
+    """The GPU, its preset's name (the topology preset follows it) and the link bandwidths given
+    under ``cluster.gpu`` (``host_h2d``, ``host_d2h``, ``nvlink``: older spellings of
+    ``cluster.topology``'s, still read)."""
     raw = root.raw("gpu")
     if isinstance(raw, str):
-        return root.parsed("gpu", lambda v: load_gpu(v))
+        gpu = root.parsed("gpu", lambda v: load_gpu(v))
+        return gpu, gpu.name, {}
     s = Section(raw, source=root.source, path=root._p("gpu"))
     base = s.parsed("preset", load_gpu)
     changes: dict[str, Any] = {}
@@ -174,38 +224,36 @@ def _read_gpu(root: Section) -> GPUSpec:
         changes["bf16_flops"] = s.parsed("bf16_flops", parse_flops)
     if s.has("fp8_flops"):
         changes["fp8_flops"] = s.parsed("fp8_flops", parse_flops)
-    if s.has("host_h2d"):
-        changes["host_h2d_bytes_per_s"] = s.parsed("host_h2d", parse_bandwidth)
-    if s.has("host_d2h"):
-        changes["host_d2h_bytes_per_s"] = s.parsed("host_d2h", parse_bandwidth)
-    if s.has("nvlink"):
-        changes["nvlink_bytes_per_s"] = s.parsed("nvlink", parse_bandwidth)
+    links = {k: s.parsed(k, parse_bandwidth) for k in ("host_h2d", "host_d2h", "nvlink") if s.has(k)}
     for k in ("hbm", "hbm_bw", "bf16_flops", "fp8_flops", "host_h2d", "host_d2h", "nvlink"):
         s.raw(k, None)
     s.done()
     if changes:
         src = tuple(base.sources) + tuple((k, "scenario override") for k in changes)
-        return dataclasses.replace(base, name=f"{base.name}*", sources=src, **changes)
-    return base
+        return dataclasses.replace(base, name=f"{base.name}*", sources=src, **changes), base.name, links
+    return base, base.name, links
 
 
 def _read_cluster(root: Section) -> ClusterConfig:
     s = root.section("cluster", required=True)
-    gpu = _read_gpu(s)
+    gpu, preset, legacy_links = _read_gpu(s)
     nodes = s.int("nodes", 1, lo=1, hi=100_000)
     gpn = s.int("gpus_per_node", 8, lo=1, hi=64)
     tp = s.int("tensor_parallel", 1, lo=1, hi=64)
     if gpn % tp:
         raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
-    dram = s.parsed("host_dram", parse_size, "2TiB")
+    dram = s.parsed("host_dram", parse_size, DEFAULT_HOST_DRAM)
+    topology = read_topology(
+        s, TOPOLOGIES[preset], gpus_per_node=gpn, host_dram_bytes=dram, legacy=legacy_links
+    )
     util = s.float("gpu_memory_utilization", 0.9, lo=0.0, hi=1.0, lo_open=True)
     reserve_raw = s.raw("activation_reserve", "auto")
     reserve = None
     if reserve_raw != "auto":
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
-    router = s.choice("router", ROUTERS, "least_outstanding_tokens")
+    router = _choice(s, "router", RouterPolicy, RouterPolicy.LEAST_OUTSTANDING_TOKENS)
     s.done()
-    return ClusterConfig(gpu, nodes, gpn, tp, dram, util, reserve, router)
+    return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
 
 def _read_kv(root: Section) -> KVConfig:
@@ -225,13 +273,13 @@ def _read_kv(root: Section) -> KVConfig:
         raise s.err("format", exc.message) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     if isinstance(pc_raw, bool):
-        scope = "local" if pc_raw else "none"
+        scope = PrefixCacheScope.LOCAL if pc_raw else PrefixCacheScope.NONE
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
-        scope = pc.choice("scope", ("none", "local", "global"), "local")
+        scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
         pc.done()
     ev = s.section("eviction")
-    policy = ev.choice("policy", ("none", "h2o", "streaming"), "none")
+    policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
     sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
@@ -332,9 +380,23 @@ def _read_slo(root: Section) -> SLOConfig:
     return cfg
 
 
-def _read_costs(root: Section, base_dir: Path) -> CostsConfig:
-    s = root.section("costs")
-    kind = s.choice("kind", ("analytic", "profile"), "analytic")
+# Sections renamed so that money and time cannot be confused: new name -> old name, still read.
+RENAMED_SECTIONS = {"pricing": "cost", "cost_model": "costs"}
+
+
+def _renamed_section(root: Section, new: str, notes: list[str]) -> Section:
+    """Section ``new``, or its old name with a note; both at once is an error."""
+    old = RENAMED_SECTIONS[new]
+    if not root.has(old):
+        return root.section(new)
+    if root.has(new):
+        raise root.err(old, f"the old name of {new}: give the section once, as {new}")
+    notes.append(f"section {old!r} is now called {new!r}; the old name still reads, rename it")
+    return root.section(old)
+
+
+def _read_cost_model(s: Section, base_dir: Path) -> CostModelConfig:
+    kind = _choice(s, "kind", CostModelKind, CostModelKind.ANALYTIC)
     prof = s.raw("profile", None)
     path = None
     if kind == "profile":
@@ -345,7 +407,7 @@ def _read_costs(root: Section, base_dir: Path) -> CostsConfig:
             raise s.err("profile", f"profile file not found: {path}")
     elif prof is not None:
         raise s.err("profile", "only allowed with kind: profile")
-    cfg = CostsConfig(kind, path, s.bool("force", False))
+    cfg = CostModelConfig(kind, path, s.bool("force", False))
     s.done()
     return cfg
 
@@ -446,10 +508,11 @@ def scenario_from_dict(
     scheduler = _read_scheduler(root)
     workload = _read_workload(root, base_dir)
     slo = _read_slo(root)
-    cost = root.section("cost")
-    gpu_hour = cost.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
-    cost.done()
-    costs = _read_costs(root, base_dir)
+    notes: list[str] = []
+    pricing = _renamed_section(root, "pricing", notes)
+    gpu_hour = pricing.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
+    pricing.done()
+    cost_model = _read_cost_model(_renamed_section(root, "cost_model", notes), base_dir)
     sm = root.section("sim")
     max_time = sm.raw("max_time", None)
     sim = SimConfig(
@@ -475,7 +538,19 @@ def scenario_from_dict(
             path="scheduler.max_batched_tokens",
         )
     return Scenario(
-        name, source, model, cluster, kv, scheduler, workload, slo, gpu_hour, costs, sim, overrides
+        name,
+        source,
+        model,
+        cluster,
+        kv,
+        scheduler,
+        workload,
+        slo,
+        gpu_hour,
+        cost_model,
+        sim,
+        overrides,
+        tuple(notes),
     )
 
 

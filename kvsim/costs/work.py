@@ -1,0 +1,176 @@
+"""The work of every op, in one place: FLOPs and bytes per GPU of a tensor-parallel group.
+
+The analytic model divides this work by peak rates, the profile model by measured rates, and the
+calibrator (``calibrate/ops.py``, ``calibrate/aiconfigurator.py``) records it beside each timed
+point; all three import it from here so that a rate measured for one shape prices another by the
+same arithmetic.
+
+- KV share: a GPU holds ceil(kv_heads / tp) of the KV heads (vLLM pads), all of an MLA latent
+  (replicated on every rank): `ModelSpec.kv_share`, defined under the spec because the memory plan,
+  below this layer, sizes the cache with it.
+- Attention pairs: a chunk of n new tokens over ctx cached ones attends to n x ctx cached keys and,
+  causally, n (n + 1) / 2 of its own: `causal_pairs`.
+- Attention FLOPs per (query, key) pair per layer: QK^T and PV at 2 FLOPs per MAC over the GPU's
+  query heads; MLA decode runs absorbed (vLLM, FlashMLA): scores over kv_lora_rank + rope dims and
+  values over kv_lora_rank dims of the cached latent.
+- GEMMs: 2 m n k FLOPs for [m, k] x [k, n]; bytes of bf16 operands and result.
+- KV bytes read: decode reads each sequence's cache plus its new token; a prefill chunk reads its
+  prefix and writes its own tokens.
+- All-reduce: two per layer (attention output, MLP output) under TP > 1, ring algorithm:
+  2 (tp - 1) / tp of the bf16 activations per token cross the link.
+
+Left out: sampling, the embedding lookup, pipeline parallelism, expert parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+
+from kvsim.spec.formats import FormatKind, KVFormat
+from kvsim.spec.models import Attention, ModelSpec, TPShapes
+
+BF16 = KVFormat(kind=FormatKind.BF16)
+ACT_BYTES = 2  # bf16 activations
+Size = int | float | np.ndarray  # a count, or counts element by element
+
+
+@overload
+def causal_pairs(n: float, ctx: float) -> float: ...
+@overload
+def causal_pairs(n: np.ndarray, ctx: Size) -> np.ndarray: ...
+def causal_pairs(n: Size, ctx: Size) -> Size:
+    """(query, key) pairs of a causal chunk of ``n`` new tokens over ``ctx`` cached ones."""
+    return n * ctx + n * (n + 1) / 2
+
+
+def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+    """Tokens of KV a decode step reads: each sequence's cache plus its new token."""
+    return sum_ctx + num_seqs
+
+
+def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+    """Bytes one token adds to one GPU's cache, all layers."""
+    return model.kv_bytes_per_token(fmt) * model.kv_share(tp)
+
+
+def kv_bytes_per_token_layer_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+    """Bytes one token adds to one GPU's cache in one layer."""
+    return model.kv_bytes_per_token_layer(fmt) * model.kv_share(tp)
+
+
+def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
+    """Attention FLOPs per (query, key) pair per layer on one GPU (prefill; MHA/GQA decode too)."""
+    m = model
+    heads = TPShapes.of(m, tp).heads
+    if m.attention is Attention.MLA:
+        return 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * heads * (m.head_dim + m.head_dim)
+
+
+def decode_attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
+    """Decode attention FLOPs per (query, key) pair per layer on one GPU: MLA runs absorbed."""
+    m = model
+    if m.attention is Attention.MLA:
+        return 2 * TPShapes.of(m, tp).heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+    return attn_flops_per_pair_layer(m, tp)
+
+
+@overload
+def gemm_flops(m: float, n: float, k: float) -> float: ...
+@overload
+def gemm_flops(m: np.ndarray, n: Size, k: Size) -> np.ndarray: ...
+def gemm_flops(m: Size, n: Size, k: Size) -> Size:
+    """FLOPs of [m, k] x [k, n] (numpy arrays broadcast)."""
+    return 2.0 * m * n * k
+
+
+def gemm_bytes(m: int, n: int, k: int, *, operand_bytes: int = 2, out_bytes: int = 2) -> float:
+    """Bytes a [m, k] x [k, n] GEMM reads and writes: both operands (bf16 unless told) and the
+    result (bf16)."""
+    return float(operand_bytes * (m * k + k * n) + out_bytes * m * n)
+
+
+def allreduce_calls(model: ModelSpec, tp: int) -> int:
+    """All-reduces per step: two per layer under tensor parallelism, none without."""
+    return 2 * model.num_layers if tp > 1 else 0
+
+
+def allreduce_bytes_per_token(model: ModelSpec, tp: int) -> float:
+    """Bytes per token that one GPU sends per all-reduce (ring: 2 (tp - 1) / tp of the hidden)."""
+    return ACT_BYTES * model.hidden_size * 2 * (tp - 1) / tp if tp > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    """The per-GPU work constants of one model at one TP degree and KV format (all layers unless the
+    name says ``_layer``); the methods give the work of a step's parts."""
+
+    model: ModelSpec
+    tp: int
+    kv_bytes_per_token: float
+    kv_bytes_per_token_layer: float
+    kv_bytes_per_token_bf16: float  # the same cache in bf16 (format speed-ups are relative to it)
+    attn_flops_per_pair: int  # all layers
+    decode_attn_flops_per_pair: int  # all layers; MLA absorbed
+    body_params: float  # GEMM parameters per token, LM head excluded, per GPU
+    lm_head_params: float  # per sampled row, per GPU
+    dense_weight_bytes: float  # streamed once per step whatever the batch
+    moe_expert_bytes: float  # all routed experts, per GPU; a step reads the share it touches
+    allreduce_calls: int
+    allreduce_bytes_per_token: float
+
+    @staticmethod
+    def of(model: ModelSpec, tp: int, fmt: KVFormat) -> ModelWork:
+        m = model
+        lm_head = m.vocab_size * m.hidden_size
+        bpp = m.weight_bytes_per_param
+        moe_expert_bytes = 0.0
+        if m.is_moe:
+            moe_layers = m.num_layers - m.first_dense_layers
+            expert_params = 3 * m.hidden_size * m.moe_intermediate_size
+            moe_expert_bytes = moe_layers * m.num_experts * expert_params * bpp / tp
+        # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
+        embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
+        return ModelWork(
+            model=m,
+            tp=tp,
+            kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp),
+            kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp),
+            kv_bytes_per_token_bf16=kv_bytes_per_token_gpu(m, BF16, tp),
+            attn_flops_per_pair=attn_flops_per_pair_layer(m, tp) * m.num_layers,
+            decode_attn_flops_per_pair=decode_attn_flops_per_pair_layer(m, tp) * m.num_layers,
+            body_params=(m.matmul_params_active() - lm_head) / tp,
+            lm_head_params=lm_head / tp,
+            dense_weight_bytes=m.weight_bytes / tp - moe_expert_bytes - embedding,
+            moe_expert_bytes=moe_expert_bytes,
+            allreduce_calls=allreduce_calls(m, tp),
+            allreduce_bytes_per_token=allreduce_bytes_per_token(m, tp),
+        )
+
+    def gemm_flops(self, num_tokens: int, num_sampling: int) -> float:
+        """GEMM FLOPs of a step: the body per token, the LM head per sampled row."""
+        return 2.0 * (self.body_params * num_tokens + self.lm_head_params * num_sampling)
+
+    def weight_bytes(self, num_tokens: int) -> float:
+        """Weight bytes a step streams: dense weights, plus the routed experts its tokens touch
+        (each token picks experts_per_token of num_experts, independently)."""
+        if not self.model.is_moe:
+            return self.dense_weight_bytes
+        m = self.model
+        touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** num_tokens
+        return self.dense_weight_bytes + self.moe_expert_bytes * touched
+
+    def prefill_attn_flops(self, n: int, ctx: int) -> float:
+        """Attention FLOPs of a chunk of ``n`` new tokens over ``ctx`` cached ones, all layers."""
+        return self.attn_flops_per_pair * causal_pairs(n, ctx)
+
+    def prefill_kv_bytes(self, n: int, ctx: int) -> float:
+        """KV bytes a prefill chunk touches: its prefix read and its own tokens, all layers."""
+        return (ctx + n) * self.kv_bytes_per_token
+
+    def allreduce_bytes(self, num_tokens: int) -> float:
+        """Bytes one GPU sends over a step's all-reduces."""
+        return self.allreduce_calls * num_tokens * self.allreduce_bytes_per_token
