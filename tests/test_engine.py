@@ -155,6 +155,32 @@ def test_same_seed_same_summary():
     assert _comparable(a.summary) == _comparable(b.summary)
 
 
+def test_blocks_are_cached_when_scheduled_so_a_same_step_admission_hits_them():
+    # vLLM v1 registers the full blocks a step will compute when it schedules the step: B, admitted
+    # in the same step as A's whole 96-token prompt, hits A's first five blocks (the sixth is
+    # recomputed: at least one token is computed) instead of computing its own.
+    sc = small_scenario(scheduler={"max_batched_tokens": 128})
+    wl = make_workload([0.0, 0.0], [96, 96], [2, 2], hash_ids=[list(range(6))] * 2, block_tokens=16)
+    a, b = run_scenario(sc, workload=wl).seqs
+    assert a.num_cached_tokens == 0
+    assert b.num_cached_tokens == 80
+    assert a.first_scheduled_s == b.first_scheduled_s == 0.0
+
+
+def test_least_outstanding_requests_router_balances_request_counts():
+    # Long and short requests alternate: by tokens, the short ones pile onto one replica; by request
+    # count, each replica gets every other arrival.
+    wl = make_workload(np.arange(8) * 0.001, [4000, 50] * 4, [200, 2] * 4)
+    by_req = run_scenario(
+        small_scenario(cluster={"gpus_per_node": 2, "router": "least_outstanding_requests"}), workload=wl
+    )
+    by_tok = run_scenario(
+        small_scenario(cluster={"gpus_per_node": 2, "router": "least_outstanding_tokens"}), workload=wl
+    )
+    assert [s.replica for s in by_req.seqs] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert [s.replica for s in by_tok.seqs] != [s.replica for s in by_req.seqs]
+
+
 def test_prefix_affinity_router_sends_shared_prefixes_together():
     wl = make_workload(
         np.arange(8) * 5.0,

@@ -9,6 +9,10 @@ request cap, the token budget and free blocks allow; an admitted request first t
 cache hits (at least one token is always computed, as in vLLM). A request samples a token when
 its computed tokens reach its token count; the first sampled token is its first token.
 
+Prefix caching follows vLLM v1: the full blocks a step will compute are registered when the step
+is scheduled (so a request admitted while another prefills the same prefix hits it, in the same
+step or a later one), not when the step completes.
+
 Blocks are the KV cache manager's business (`kvsim.core.kv_cache_manager`): the scheduler asks it
 how many blocks a request needs and whether they fit, never the pool itself.
 
@@ -102,6 +106,8 @@ class Scheduler:
                         break
                 if preempted_self:
                     break
+            if not decoding and len(req.held_keys) < len(req.keys):
+                kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
             add_req(req)
             add_new(num_new)
             add_ctx(c)
@@ -129,6 +135,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             running.append(req)
             out.admitted.append(req)
+            if len(req.held_keys) < len(req.keys):
+                kv.cache_blocks(req, computed + num_new)
             add_req(req)
             add_new(num_new)
             add_ctx(computed)
@@ -148,8 +156,6 @@ class Scheduler:
         for req, n, sampled in zip(out.reqs, out.num_new, out.sampling, strict=True):
             req.num_computed += n
             self.outstanding_tokens -= n
-            if req.keys and len(req.held_keys) < len(req.keys):
-                kv.cache_blocks(req, req.num_computed)
             if sampled:
                 req.num_generated += 1
                 req.num_tokens += 1
