@@ -219,7 +219,7 @@ def run_scenario(
         }
     )
     summary["requests"]["not_arrived"] = len(wl) - len(seqs)
-    summary["workload"] = {"skipped_lines": wl.skipped_lines, "dropped": dict(sorted(wl.dropped.items()))}
+    summary["workload"] = wl.accounting()
     summary["sim_speed_x"] = simulated / max(wall, 1e-9)
     return RunResult(sc, seqs, stats, plan, summary)
 

@@ -2,8 +2,10 @@
 
 A `Workload` holds, per request, its arrival time, prompt and output lengths and, when the source has
 prefix information, the prefix-unique block ids of its prompt. ``load_workload(cfg, seed=...)`` reads
-a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), then applies the window,
-the rate scale and the request cap, in that order.
+a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), rebases a trace to its
+first request, then applies the window, the rate scale and the request cap, in that order. Nothing
+is dropped without a count: `Workload.accounting()` (``summary.json`` ``workload``) says where the
+trace started and how many requests fell before the window, after it, or beyond the cap.
 """
 
 from __future__ import annotations
@@ -32,20 +34,37 @@ class Workload:
     line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
     skipped_lines: int  # malformed lines skipped (skip_bad_lines)
     dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
+    origin_s: float = 0.0  # the first request's time in the trace's own clock (s), before rebasing
+    before_window: int = 0  # requests read but earlier than workload.start
+    after_window: int = 0  # requests read but at or after workload.start + duration
+    over_max_requests: int = 0  # requests in the window beyond workload.max_requests
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def accounting(self) -> dict[str, object]:
+        """Where every request of the source went, for ``summary.json`` ``workload``."""
+        return {
+            "skipped_lines": self.skipped_lines,
+            "dropped": dict(sorted(self.dropped.items())),
+            "origin_s": self.origin_s,
+            "before_window": self.before_window,
+            "after_window": self.after_window,
+            "over_max_requests": self.over_max_requests,
+        }
+
 
 def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
-    """Read or generate the workload, then window, rebase, rate-scale and cap it.
+    """Read or generate the workload, rebase a trace to its first request, then window, rebase,
+    rate-scale and cap it.
 
     Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
     """
     lines: np.ndarray | None = None
     skipped = 0
     dropped_t: dict[str, list[float]] = {}
-    origin = 0.0
+    origin = 0.0  # subtracted from every time: the first request's trace time
+    origin_s = 0.0  # the same instant in the trace's own clock (Azure: since the Unix epoch)
     if cfg.format == "synthetic":
         if cfg.synthetic is None:
             raise KvsimError("format synthetic needs workload.synthetic", source="workload")
@@ -54,7 +73,9 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         source = "synthetic"
     else:
         rows, g = _read_trace(cfg)
-        origin = rows.origin
+        assert rows.first_t is not None  # _read_trace refuses a trace without requests
+        origin = rows.first_t
+        origin_s = origin + rows.epoch_offset_s
         t = np.array(rows.t, np.float64) - origin
         prompt = np.array(rows.prompt, np.int64)
         output = np.array(rows.output, np.int64)
@@ -65,9 +86,8 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
 
     start = cfg.start_s
     end = math.inf if cfg.duration_s is None else start + cfg.duration_s
-    lo, hi = np.searchsorted(t, [start, end], side="left")
-    if cfg.max_requests is not None:
-        hi = min(hi, lo + cfg.max_requests)
+    lo, end_i = (int(i) for i in np.searchsorted(t, [start, end], side="left"))
+    hi = end_i if cfg.max_requests is None else min(end_i, lo + cfg.max_requests)
     if hi <= lo:
         window = f"[{start:g}, {end:g}) s" if cfg.duration_s is not None else f"[{start:g} s, end)"
         raise KvsimError(
@@ -87,4 +107,8 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         line_numbers=None if lines is None else lines[lo:hi],
         skipped_lines=skipped,
         dropped=dropped,
+        origin_s=origin_s,
+        before_window=lo,
+        after_window=len(t) - end_i,
+        over_max_requests=end_i - hi,
     )
