@@ -393,6 +393,8 @@ def scenario_from_dict(
             and not model.sliding_window
         ):
             changes["sliding_window_layers"] = model.num_layers
+        if changes.get("sliding_window", 0) > model.max_context:
+            raise m.err("sliding_window", f"exceeds the model's context ({model.max_context:,} tokens)")
         if changes.get("sliding_window_layers", 0) > model.num_layers:
             raise m.err("sliding_window_layers", f"exceeds the model's {model.num_layers} layers")
         if changes:
