@@ -79,12 +79,21 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.render import print_summary
     from kvsim.report import write_report
+    from kvsim.report.outputs import check_output_dir
     from kvsim.run import run_scenario, write_run
     from kvsim.spec.scenario import load_scenario
 
+    if not args.out.strip():  # before reading anything: an unset shell variable
+        check_output_dir(args.out, reads=(), force=args.force)
     sc = load_scenario(args.scenario, args.set)
+    reads = (
+        ("scenario", Path(args.scenario)),
+        ("trace", sc.workload.trace),
+        ("model config", sc.model.config_path),
+        ("profile", sc.costs.profile),
+    )
+    out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
     result = run_scenario(sc, progress=not args.no_progress)
-    out = Path(args.out)
     try:
         write_run(result, out)
         write_report(out)
@@ -98,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvsim.report import report_command
 
-    return report_command(args.run_dir)
+    return report_command(args.run_dir, force=args.force)
 
 
 def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -130,12 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate a scenario and write summary.json, requests.csv, report.html")
     r.add_argument("scenario", help="scenario YAML file")
     r.add_argument("--out", required=True, help="output directory")
+    r.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
     rep.add_argument("run_dir", help="directory written by kvsim run")
+    rep.add_argument("--force", action="store_true", help="replace a report.html that kvsim did not write")
     rep.set_defaults(func=cmd_report)
 
     sub.add_parser(

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.spec.schema import shorten
 
 # --------------------------------------------------------------------------------------- inputs
 
@@ -37,7 +38,7 @@ class _Csv:
                 out[i] = float(text)
             except ValueError:
                 raise KvsimError(
-                    f"expected a number in column {name!r}, got {text!r}",
+                    f"expected a number in column {name!r}, got {shorten(repr(text))}",
                     source=str(self.path),
                     path=f"line {i + 2}",
                 ) from None
@@ -57,14 +58,23 @@ def _load_summary(run_dir: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise KvsimError(f"not valid JSON: {exc.msg}", source=str(path), path=f"line {exc.lineno}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(path)) from None
     if not isinstance(data, dict):
         raise KvsimError(f"expected a JSON object, got {type(data).__name__}", source=str(path))
     return data
 
 
 def _load_csv(path: Path) -> _Csv | None:
-    if not path.is_file():
+    if not path.exists():
         return None
+    try:
+        return _read_csv(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(path)) from None
+
+
+def _read_csv(path: Path) -> _Csv:
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
