@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsim.cli import one_line
 from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _import_command(argv[1:])
         return calibrate(build_parser().parse_args(argv))
     except KvsimError as exc:
-        print(f"calibrate: error: {exc}", file=sys.stderr)
+        print(f"calibrate: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("calibrate: interrupted (the profile so far is on disk; re-run to resume)", file=sys.stderr)

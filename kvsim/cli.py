@@ -22,6 +22,13 @@ class _Parser(argparse.ArgumentParser):
         raise KvsimError(message, source=self.prog)
 
 
+def one_line(text: str, limit: int = 280) -> str:
+    """An error as one line of at most `limit` characters (the end cut, its length said), whatever
+    a message quoted: the promise is one short line per mistake."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text.replace("_", "").replace(",", ""))
@@ -48,6 +55,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
     from kvsim.spec.formats import make_format
     from kvsim.spec.hardware import load_gpu
     from kvsim.spec.models import load_model
+    from kvsim.spec.schema import shorten
 
     model = load_model(args.model, base_dir=Path.cwd(), source="--model")
     gpu = load_gpu(args.gpu, source="--gpu")
@@ -57,7 +65,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
         try:
             fmt, note = make_format(name, group_size=args.group_size, outlier_fraction=args.outlier_fraction)
         except KvsimError as exc:
-            raise KvsimError(exc.message, source="--format") from None
+            raise KvsimError(shorten(exc.message, 200), source="--format") from None
         formats.append(fmt)
         if note:
             notes.append(note)
@@ -172,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         if debug:
             raise
-        print(f"kvsim: error: {exc}", file=sys.stderr)
+        print(f"kvsim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -220,7 +220,7 @@ def _read_kv(root: Section) -> KVConfig:
     try:
         fmt, note = make_format(fmt_raw, group_size=group, scale=scale, outlier_fraction=out_frac)
     except KvsimError as exc:
-        raise s.err("format", exc.message) from None
+        raise s.err("format", shorten(exc.message, 200)) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     if isinstance(pc_raw, bool):
         scope = "local" if pc_raw else "none"

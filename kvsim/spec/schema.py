@@ -55,6 +55,8 @@ class Section:
         try:
             return parse(value)
         except KvsimError as exc:
+            if exc.source is not None:  # names a file of its own (a model's config.json): keep it
+                raise
             raise KvsimError(exc.message, source=self.source, path=self._p(key)) from None
 
     def int(self, key: str, default: object = _MISSING, *, lo: int = 0, hi: int = 2**62) -> int:
