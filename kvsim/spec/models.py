@@ -419,7 +419,8 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
         raise f.err("hidden_size", f"{hidden} is smaller than num_attention_heads ({heads}); give head_dim")
     else:
         head_dim = hidden // heads
-    dtype = f.str("torch_dtype", "") or f.str("dtype", "") or "bfloat16"
+    torch_dtype, new_dtype = f.str("torch_dtype", ""), f.str("dtype", "")  # both checked
+    dtype = torch_dtype or new_dtype or "bfloat16"
     dtype_key = "torch_dtype" if f.given("torch_dtype") else "dtype"
     quant = cfg.get("quantization_config")
     if quant is not None and not isinstance(quant, dict):
@@ -465,6 +466,8 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
             win_layers = layers - max_window_layers
         else:
             win_layers = layers
+    bias, model_type = f.bool("attention_bias", False), f.str("model_type", "")
+    qkv_bias = bias or model_type.startswith("qwen2")
     hidden_default = min(4 * hidden, _MAX_WIDTH)
     intermediate = f.int("intermediate_size", hidden_default, lo=1)
     spec = ModelSpec(
@@ -478,7 +481,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
         vocab_size=f.int("vocab_size", 32000, lo=1),
         max_context=context,
         tie_embeddings=f.bool("tie_word_embeddings", False),
-        qkv_bias=f.bool("attention_bias", False) or f.str("model_type", "").startswith("qwen2"),
+        qkv_bias=qkv_bias,
         weight_dtype=dtype,
         kv_lora_rank=f.int("kv_lora_rank", 0),
         qk_rope_head_dim=f.int("qk_rope_head_dim", 0, hi=_MAX_HEADS),
