@@ -18,7 +18,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.spec.scenario import WorkloadConfig
 from kvsim.spec.synthetic import synthetic_workload
-from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, _prefix_unique, _read_trace
+from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, _read_trace
 
 
 @dataclass(frozen=True)
@@ -93,12 +93,20 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         raise KvsimError(
             f"no requests in the window {window}; the trace spans {t[0]:g} .. {t[-1]:g} s", source=source
         )
+    arrival = (t[lo:hi] - start) / cfg.rate_scale
+    if arrival[-1] >= MAX_TIME_S:  # the same bound as a trace's own times: 1 us still resolved
+        field = "workload.synthetic.rate" if source == "synthetic" else "workload.rate_scale"
+        raise KvsimError(
+            f"the last arrival lands at {arrival[-1]:.3g} s (at most {MAX_TIME_S:.3g} s); raise it",
+            source=source,
+            path=field,
+        )
     dropped = {}
     for reason, times in dropped_t.items():
         dt = np.asarray(times) - origin
         dropped[reason] = int(np.count_nonzero((dt >= start) & (dt < end)))
     return Workload(
-        arrival_s=(t[lo:hi] - start) / cfg.rate_scale,
+        arrival_s=arrival,
         prompt_tokens=prompt[lo:hi],
         output_tokens=output[lo:hi],
         hash_ids=None if hash_ids is None else hash_ids[lo:hi],
