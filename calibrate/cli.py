@@ -2,7 +2,9 @@
 
 The profile is rewritten after every op with ``complete: false``; re-running with the same
 arguments skips the ops already present, so an interrupted calibration resumes. Mistakes (bad
-flags, a foreign --out file) print one line and exit 2.
+flags, a foreign --out file) print one line and exit 2. ``--out`` is checked before any work, by
+the same rule as ``kvsim run``: never empty, never the model config read, never a folder, and an
+existing file that is not a kvsim profile is replaced only with ``--force``.
 
 ``python -m calibrate import --from-aiconfigurator --system h200_sxm --backend vllm --model M --out P``
 turns NVIDIA's measured tables from the optional ``aiconfigurator-core`` package into a profile
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsim.cli import one_line
 from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
@@ -44,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-bw", type=float, default=None, help="memory bytes/s for util_bw")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="profile JSON to write (resumed if it exists)")
+    p.add_argument("--force", action="store_true", help="replace an --out file that is not a kvsim profile")
     return p
 
 
@@ -58,16 +62,18 @@ def _import_command(argv: list[str]) -> int:
     p.add_argument("--gemm-dtype", default="bfloat16", choices=("bfloat16", "fp8"), help="dtype of `gemm`")
     p.add_argument("--attn-kernel", default=None, help="attention kernel_source (default: best covered)")
     p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--force", action="store_true", help="replace an --out file that is not a kvsim profile")
     args = p.parse_args(argv)
     from calibrate.aiconfigurator import build_profile, resolve
     from kvsim.spec.models import load_model
 
-    src = resolve(args.system, args.backend, args.version)
     model = load_model(args.model, base_dir=Path.cwd(), source="--model")
+    _check_out(args.out, model.config_path, force=args.force)
+    src = resolve(args.system, args.backend, args.version)
     prof = build_profile(src, model, args.tp, gemm_dtype=args.gemm_dtype, attn_kernel=args.attn_kernel)
     validate_profile(prof, source=args.out)
     out = Path(args.out)
-    _write(out, prof)
+    _write(out, prof)  # _check_out allowed it: new, a kvsim profile, or --force
     n = sum(len(v["points"]) for v in prof["ops"].values())
     print(f"wrote {out} ({n} points from {prof['source']})")
     return 0
@@ -80,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _import_command(argv[1:])
         return calibrate(build_parser().parse_args(argv))
     except KvsimError as exc:
-        print(f"calibrate: error: {exc}", file=sys.stderr)
+        print(f"calibrate: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("calibrate: interrupted (the profile so far is on disk; re-run to resume)", file=sys.stderr)
@@ -113,37 +119,74 @@ def _write(path: Path, prof: dict[str, Any]) -> None:
         raise KvsimError(f"cannot write the profile: {exc.strerror or exc}", source=str(path)) from None
 
 
-def _load_existing(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+def _existing_profile(path: Path) -> dict[str, Any] | None:
+    """The valid kvsim profile at `path`, or None if the file is anything else."""
+    try:
+        prof = json.loads(path.read_text(encoding="utf-8"))
+        validate_profile(prof, source=str(path))
+    except (OSError, ValueError, RecursionError, KvsimError):
+        return None
+    return prof
+
+
+def _check_out(out: str, model_config: Path | None, *, force: bool) -> Path:
+    """Refuse an --out that is empty, a folder, the model config read, or (without `force`) an
+    existing file that is not a kvsim profile. Runs before any measurement or import."""
+    if not out.strip():
+        raise KvsimError("empty path (an unset shell variable?); give a profile file", source="--out")
+    path = Path(out)
+    if path.is_dir():
+        raise KvsimError(f"{out} is a directory; give a profile file", source="--out")
+    if not path.parent.is_dir():
+        raise KvsimError(f"the folder of {out} does not exist", source="--out")
+    if model_config is not None and path.exists():
+        try:
+            same = os.path.samefile(path, model_config)
+        except OSError:
+            same = False
+        if same:
+            raise KvsimError(f"{out} is the model config this command reads", source="--out")
+    if path.exists() and not force and _existing_profile(path) is None:
+        raise KvsimError(
+            f"{out} exists and is not a kvsim profile; use --force to replace it or choose another --out",
+            source="--out",
+        )
+    return path
+
+
+def _load_existing(path: Path, settings: dict[str, Any], *, force: bool) -> dict[str, Any] | None:
+    """The profile to resume, or None to start afresh (no file, or `force` over a foreign one)."""
     if not path.exists():
         return None
-    try:
-        prof = json.loads(path.read_text())
-        validate_profile(prof, source=str(path))
-    except (OSError, ValueError, KvsimError) as exc:
-        raise KvsimError(
-            f"exists but is not a readable kvsim profile ({exc}); remove it", source=str(path)
-        ) from None
+    prof = _existing_profile(path)
+    if prof is None:
+        assert force  # _check_out refused it otherwise
+        return None
     if prof.get("calibration") != settings:
+        if force:
+            return None
         raise KvsimError(
-            "exists from a calibration with other settings; remove it or choose another --out",
+            "exists from a calibration with other settings; remove it, choose another --out or use --force",
             source=str(path),
         )
     return prof
 
 
 def calibrate(args: argparse.Namespace) -> int:
+    from kvsim.spec.models import Attention, load_model
+
+    model = load_model(args.model, base_dir=Path.cwd(), source="--model")
+    out = _check_out(args.out, model.config_path, force=args.force)  # before torch and any timing
     import torch
 
     from calibrate.harness import Timer, device_info, lookup_peaks
     from calibrate.ops import count, make_grid, points
-    from kvsim.spec.models import Attention, load_model
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():
         raise KvsimError("CUDA is not available on this machine", source="--device")
     if args.tp < 1:
         raise KvsimError(f"expected a positive integer, got {args.tp}", source="--tp")
-    model = load_model(args.model, base_dir=Path.cwd(), source="--model")
     if model.is_moe or model.attention is Attention.MLA:
         raise KvsimError(f"{model.name}: only dense GQA/MHA models are calibrated", source="--model")
     ops = _resolve_ops(args.ops)
@@ -163,12 +206,11 @@ def calibrate(args: argparse.Namespace) -> int:
         "formats": list(grid.formats),
         "reps": reps,
     }
-    out = Path(args.out)
     dev = device_info(backend)
     peak_flops, peak_bw, preset = lookup_peaks(str(dev["name"]))
     peak_flops = args.peak_flops or peak_flops
     peak_bw = args.peak_bw or peak_bw
-    prof = _load_existing(out, settings)
+    prof = _load_existing(out, settings, force=args.force)
     if prof is None:
         try:
             import triton

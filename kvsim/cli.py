@@ -22,6 +22,13 @@ class _Parser(argparse.ArgumentParser):
         raise KvsimError(message, source=self.prog)
 
 
+def one_line(text: str, limit: int = 280) -> str:
+    """An error as one line of at most `limit` characters (the end cut, its length said), whatever
+    a message quoted: the promise is one short line per mistake."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text.replace("_", "").replace(",", ""))
@@ -48,6 +55,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
     from kvsim.spec.formats import make_format
     from kvsim.spec.hardware import load_gpu
     from kvsim.spec.models import load_model
+    from kvsim.spec.schema import shorten
 
     model = load_model(args.model, base_dir=Path.cwd(), source="--model")
     gpu = load_gpu(args.gpu, source="--gpu")
@@ -57,7 +65,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
         try:
             fmt, note = make_format(name, group_size=args.group_size, outlier_fraction=args.outlier_fraction)
         except KvsimError as exc:
-            raise KvsimError(exc.message, source="--format") from None
+            raise KvsimError(shorten(exc.message, 200), source="--format") from None
         formats.append(fmt)
         if note:
             notes.append(note)
@@ -79,12 +87,21 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.render import print_summary
     from kvsim.report import write_report
+    from kvsim.report.outputs import check_output_dir
     from kvsim.run import run_scenario, write_run
     from kvsim.spec.scenario import load_scenario
 
+    if not args.out.strip():  # before reading anything: an unset shell variable
+        check_output_dir(args.out, reads=(), force=args.force)
     sc = load_scenario(args.scenario, args.set)
+    reads = (
+        ("scenario", Path(args.scenario)),
+        ("trace", sc.workload.trace),
+        ("model config", sc.model.config_path),
+        ("profile", sc.cost_model.profile),
+    )
+    out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
     result = run_scenario(sc, progress=not args.no_progress)
-    out = Path(args.out)
     try:
         write_run(result, out)
         write_report(out)
@@ -98,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from kvsim.report import report_command
 
-    return report_command(args.run_dir)
+    return report_command(args.run_dir, force=args.force)
 
 
 def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -130,12 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate a scenario and write summary.json, requests.csv, report.html")
     r.add_argument("scenario", help="scenario YAML file")
     r.add_argument("--out", required=True, help="output directory")
+    r.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
 
     rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
     rep.add_argument("run_dir", help="directory written by kvsim run")
+    rep.add_argument("--force", action="store_true", help="replace a report.html that kvsim did not write")
     rep.set_defaults(func=cmd_report)
 
     sub.add_parser(
@@ -161,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         if debug:
             raise
-        print(f"kvsim: error: {exc}", file=sys.stderr)
+        print(f"kvsim: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -243,11 +243,7 @@ def run_scenario(
         if note is None
         else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
         config=_config(sc, cost, wl),
-        workload=WorkloadRecord(
-            skipped_lines=wl.skipped_lines,
-            dropped=dict(sorted(wl.dropped.items())),
-            clipped_to_context=wl.clipped_to_context,
-        ),
+        workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
         replicas=_replica_records(replicas, seqs, simulated),
     )

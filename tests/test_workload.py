@@ -104,15 +104,18 @@ def test_azure_timezone_offset(tmp_path):
 def test_burstgpt_drops_failed_requests():
     w = load_workload(trace_cfg(DATA / "burstgpt_small.csv", "burstgpt"), seed=0)
     assert_well_formed(w)
-    assert w.arrival_s.tolist() == [5.0, 118.0, 151.0]
+    # Rebased to the first row (5 s in the file; a trace is timed from its first request).
+    assert w.arrival_s.tolist() == [0.0, 113.0, 146.0]
+    assert w.origin_s == 5.0
     assert w.prompt_tokens.tolist() == [472, 417, 20]
     assert w.output_tokens.tolist() == [18, 276, 5]
     assert w.dropped == {BURSTGPT_FAILED: 2}
     assert BURSTGPT_FAILED == "burstgpt_failed_zero_response"
-    # Dropped requests are counted within the window only.
+    # Dropped requests are counted within the window only; the rows before it are counted too.
     w = load_workload(trace_cfg(DATA / "burstgpt_small.csv", "burstgpt", start_s=100.0), seed=0)
     assert w.dropped == {BURSTGPT_FAILED: 1}
-    assert w.arrival_s.tolist() == [18.0, 51.0]
+    assert w.arrival_s.tolist() == [13.0, 46.0]
+    assert w.before_window == 1 and w.after_window == 0
 
 
 def test_vidur_fixture():
@@ -143,7 +146,7 @@ def test_generic_jsonl_without_ids(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 2}\n')
     w = load_workload(trace_cfg(f, "generic"), seed=0)
-    assert w.hash_ids is None and w.arrival_s.tolist() == [1.0]
+    assert w.hash_ids is None and w.arrival_s.tolist() == [0.0] and w.origin_s == 1.0
 
 
 def test_integral_floats_are_accepted(tmp_path):
@@ -633,3 +636,61 @@ def test_nested_hash_ids_rejected(tmp_path):
     f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [[1], [2]]}\n')
     with pytest.raises(KvsimError, match=r"t.jsonl:1: hash_ids must be a list of integers$"):
         load_workload(trace_cfg(f, "mooncake"), seed=0)
+
+
+# --- one time rule for every format ------------------------------------------------------------------
+
+TIME_RULE = [
+    ("generic", "t.csv", "arrival_s,prompt_tokens,output_tokens\n{t0},5,5\n{t1},5,5\n", 1.0),
+    (
+        "generic",
+        "t.jsonl",
+        '{{"arrival_s": {t0}, "prompt_tokens": 5, "output_tokens": 5}}\n'
+        '{{"arrival_s": {t1}, "prompt_tokens": 5, "output_tokens": 5}}\n',
+        1.0,
+    ),
+    ("vidur", "t.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n{t0},5,5\n{t1},5,5\n", 1.0),
+    (
+        "burstgpt",
+        "t.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "{t0},m,5,5,10,x\n{t1},m,5,5,10,x\n",
+        1.0,
+    ),
+    (
+        "mooncake",
+        "t.jsonl",
+        '{{"timestamp": {t0}, "input_length": 5, "output_length": 5, "hash_ids": [1]}}\n'
+        '{{"timestamp": {t1}, "input_length": 5, "output_length": 5, "hash_ids": [1]}}\n',
+        1000.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("fmt,name,text,per_s", TIME_RULE, ids=lambda x: str(x)[:12])
+def test_every_format_rebases_to_its_first_request(tmp_path, fmt, name, text, per_s):
+    f = tmp_path / name
+    epoch = 1_700_000_000.25  # Unix-epoch seconds: 2^-22 s resolution, well under 1 us
+    f.write_text(text.format(t0=repr(epoch * per_s), t1=repr((epoch + 2.5) * per_s)))
+    w = load_workload(trace_cfg(f, fmt), seed=0)
+    assert w.arrival_s.tolist() == pytest.approx([0.0, 2.5], abs=1e-6)
+    assert w.origin_s == pytest.approx(epoch)
+    f.write_text(text.format(t0=repr(-1.0 * per_s), t1="0"))
+    with pytest.raises(KvsimError, match=":[12]: negative timestamp"):
+        load_workload(trace_cfg(f, fmt), seed=0)
+    f.write_text(text.format(t0=repr(1.7e18 * per_s), t1=repr(1.8e18 * per_s)))  # epoch ns read as s
+    with pytest.raises(KvsimError, match=":[12]: timestamp .* is too large"):
+        load_workload(trace_cfg(f, fmt), seed=0)
+
+
+def test_azure_origin_is_unix_epoch_seconds():
+    w = load_workload(trace_cfg(DATA / "azure_small.csv", "azure"), seed=0)
+    assert w.origin_s == pytest.approx(1700179198.5)  # 2023-11-16 23:59:58.5 UTC
+
+
+def test_requests_outside_the_window_are_counted():
+    f = DATA / "mooncake_small.jsonl"  # arrivals 0, 0, 1.5, 2.25, 4.0 s
+    w = load_workload(trace_cfg(f, "mooncake", start_s=1.0, duration_s=3.0, max_requests=1), seed=0)
+    assert len(w) == 1
+    assert (w.before_window, w.after_window, w.over_max_requests) == (2, 1, 1)
+    assert w.accounting()["before_window"] == 2

@@ -1,15 +1,23 @@
 """The measured profile's file format (schema ``kvsim-profile`` v1): reading and validation, shared by
-the profile cost model and the calibrator. Any defect is one `KvsimError` naming the file and field."""
+the profile cost model and the calibrator. Any defect is one `KvsimError` naming the file and field.
+
+Every field the cost model reads is checked: per op, each point's grid coordinates are present,
+numeric and positive (`OP_COORDS`), no two points share coordinates (two timings of one shape would
+be used without a word), times are ordered p20 <= p50 <= p80 within `TIME_BOUNDS_S`, and the work a
+rate is computed from (FLOPs or bytes) is positive, with the implied rate below `MAX_RATE`. Strict
+JSON: NaN, Infinity and a key given twice are refused."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.jsonfile import JsonError
+from kvsim.spec.jsonfile import loads as json_loads
 from kvsim.spec.models import ModelSpec
+from kvsim.spec.schema import shorten, show
 
 SCHEMA = "kvsim-profile"
 VERSION = 1
@@ -17,6 +25,22 @@ TIME_KEYS = ("t_p20", "t_p50", "t_p80")
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down")
 TOP_FIELDS = ("schema", "version", "kind", "backend", "device", "model", "tp", "ops", "complete")
 MODEL_SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+GEMM_ALL_LAYERS = (*GEMM_LAYERS, "lm_head")
+# Grid coordinates per op: (name, kind) with kind "label" (a string) or "size" (a number > 0; a
+# "count" is an integer > 0, "offset" an integer >= 0). "gemm_fp8" and other gemm_* ops share gemm's.
+OP_COORDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gemm": (("layer", "label"), ("m", "count")),
+    "paged_decode": (("format", "label"), ("batch", "count"), ("context", "count")),
+    "chunked_prefill": (("format", "label"), ("chunk", "count"), ("prefix", "offset")),
+    "copy": (("link", "label"), ("nbytes", "count")),
+}
+# The work each op's rate is computed from (FLOP/s for GEMMs and prefill, bytes/s for the rest).
+OP_WORK = {"gemm": "flops", "paged_decode": "bytes", "chunked_prefill": "flops", "copy": "bytes"}
+# 1 ns is about two GPU clock cycles, below any timed kernel launch (~2-5 us); 1 h is no single op.
+TIME_BOUNDS_S = (1e-9, 3600.0)
+# Achieved-rate ceilings, about 20x the fastest preset (B200: 4.5 PFLOP/s dense FP8, 8 TB/s HBM;
+# kvsim/spec/hardware.py): a rate above them is a unit mistake, not a measurement.
+MAX_RATE = {"flops": 1e17, "bytes": 1.6e14}
 # Scenario GPU preset prefix -> substring of torch.cuda.get_device_name().
 GPU_NAME_HINTS = {"h100": "H100", "h200": "H200", "a100": "A100", "b200": "B200", "l40s": "L40S"}
 
@@ -27,13 +51,14 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     src = str(p)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise KvsimError(f"cannot read profile: {exc}", source=src) from None
+        raise KvsimError(f"cannot read profile: {shorten(str(exc), 120)}", source=src) from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KvsimError(f"invalid JSON: {exc.msg}", source=src, path=f"line {exc.lineno}") from None
+        data = json_loads(text)
+    except JsonError as exc:
+        where = f"line {exc.line}" if exc.line else None
+        raise KvsimError(exc.message, source=src, path=where) from None
     validate_profile(data, source=src)
     assert isinstance(data, dict)  # validate_profile refuses anything else
     return data
@@ -46,19 +71,19 @@ def validate_profile(data: Any, *, source: str) -> None:
     if not isinstance(data, dict):
         raise err("", "expected a JSON object at the top level")
     if data.get("schema") != SCHEMA:
-        raise err("schema", f"expected {SCHEMA!r}, got {data.get('schema')!r}")
+        raise err("schema", f"expected {SCHEMA!r}, got {show(data.get('schema'))}")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise err("version", f"expected a positive integer, got {version!r}")
+        raise err("version", f"expected a positive integer, got {show(version)}")
     if version > VERSION:
         raise err("version", f"version {version} is newer than this kvsim reads ({VERSION}); upgrade kvsim")
     for key in TOP_FIELDS:
         if key not in data:
             raise err(key, "missing field")
     if data["kind"] not in ("measured", "analytic"):
-        raise err("kind", f"expected 'measured' or 'analytic', got {data['kind']!r}")
+        raise err("kind", f"expected 'measured' or 'analytic', got {show(data['kind'])}")
     if data["backend"] not in ("cuda", "cpu"):
-        raise err("backend", f"expected 'cuda' or 'cpu', got {data['backend']!r}")
+        raise err("backend", f"expected 'cuda' or 'cpu', got {show(data['backend'])}")
     if not isinstance(data["device"], dict) or not isinstance(data["device"].get("name"), str):
         raise err("device.name", "missing device name")
     model = data["model"]
@@ -67,26 +92,83 @@ def validate_profile(data: Any, *, source: str) -> None:
     for key in ("name", *MODEL_SHAPE_KEYS):
         if key not in model:
             raise err(f"model.{key}", "missing field")
-    if not isinstance(data["tp"], int) or data["tp"] < 1:
-        raise err("tp", f"expected a positive integer, got {data['tp']!r}")
+    for key in MODEL_SHAPE_KEYS:
+        v = model[key]
+        if not _is_int(v) or v < 1:
+            raise err(f"model.{key}", f"expected a positive integer, got {show(v)}")
+    if not _is_int(data["tp"]) or data["tp"] < 1:
+        raise err("tp", f"expected a positive integer, got {show(data['tp'])}")
     ops = data["ops"]
     if not isinstance(ops, dict):
         raise err("ops", "expected an object")
     for op, body in ops.items():
-        pts = body.get("points") if isinstance(body, dict) else None
-        if not isinstance(pts, list) or not pts:
-            raise err(f"ops.{op}.points", "expected a non-empty list of points")
-        for i, pt in enumerate(pts):
-            if not isinstance(pt, dict):
-                raise err(f"ops.{op}.points[{i}]", "expected an object")
-            for key in (*TIME_KEYS, "bytes", "flops"):
-                v = pt.get(key)
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                    raise err(f"ops.{op}.points[{i}].{key}", f"expected a number, got {v!r}")
-                if key in TIME_KEYS and v <= 0:
-                    raise err(f"ops.{op}.points[{i}].{key}", f"time must be positive, got {v!r}")
+        _validate_op(str(op), body, err)
     if not isinstance(data["complete"], bool):
-        raise err("complete", f"expected true or false, got {data['complete']!r}")
+        raise err("complete", f"expected true or false, got {show(data['complete'])}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _validate_op(op: str, body: Any, err: Any) -> None:
+    """One op's points: coordinates, uniqueness, times and work (see the module docstring)."""
+    pts = body.get("points") if isinstance(body, dict) else None
+    if not isinstance(pts, list) or not pts:
+        raise err(f"ops.{op}.points", "expected a non-empty list of points")
+    family = "gemm" if op.startswith("gemm") else op
+    coords = OP_COORDS.get(family, ())
+    work = OP_WORK.get(family)
+    lo_t, hi_t = TIME_BOUNDS_S
+    seen: dict[tuple[Any, ...], int] = {}
+    for i, pt in enumerate(pts):
+        where = f"ops.{op}.points[{i}]"
+        if not isinstance(pt, dict):
+            raise err(where, "expected an object")
+        for key in (*TIME_KEYS, "bytes", "flops"):
+            v = pt.get(key)
+            if not _is_num(v):
+                raise err(f"{where}.{key}", f"expected a number, got {show(v)}")
+            if key in TIME_KEYS and not lo_t <= v <= hi_t:
+                raise err(f"{where}.{key}", f"time must be in [{lo_t:g}, {hi_t:g}] s, got {show(v)}")
+            if v < 0:
+                raise err(f"{where}.{key}", f"must be >= 0, got {show(v)}")
+        if not pt["t_p20"] <= pt["t_p50"] <= pt["t_p80"]:
+            raise err(f"{where}.t_p50", "percentiles out of order: expected t_p20 <= t_p50 <= t_p80")
+        if work is not None:
+            if pt[work] <= 0:
+                raise err(
+                    f"{where}.{work}",
+                    f"must be > 0 (the {op} rate is {work} per second), got {show(pt[work])}",
+                )
+            rate = pt[work] / pt["t_p50"]
+            if rate > MAX_RATE[work]:
+                raise err(
+                    f"{where}.t_p50",
+                    f"implies {rate:.3g} {work}/s, above any GPU ({MAX_RATE[work]:.3g}); check the units",
+                )
+        key_values = []
+        for name, kind in coords:
+            v = pt.get(name)
+            if kind == "label":
+                ok = isinstance(v, str) and bool(v) and (family != "gemm" or v in GEMM_ALL_LAYERS)
+                want = f"one of {', '.join(GEMM_ALL_LAYERS)}" if family == "gemm" else "a name"
+            else:
+                ok = _is_int(v) and (v >= 1 if kind == "count" else v >= 0)
+                want = "a positive integer" if kind == "count" else "an integer >= 0"
+            if not ok:
+                raise err(f"{where}.{name}", f"expected {want}, got {show(v)}")
+            key_values.append(v)
+        if coords:
+            key = tuple(key_values)
+            if key in seen:
+                shape = ", ".join(f"{n}={shorten(str(v), 30)}" for (n, _), v in zip(coords, key, strict=True))
+                raise err(where, f"same {shape} as points[{seen[key]}]; one timing per shape")
+            seen[key] = i
 
 
 # ---- scenario entry point -----------------------------------------------------------------------

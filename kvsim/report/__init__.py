@@ -23,8 +23,10 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
+from kvsim.errors import KvsimError
 from kvsim.report.charts import _charts_section
 from kvsim.report.data import _load_csv, _load_summary
+from kvsim.report.outputs import check_output_dir
 from kvsim.report.tables import (
     _accuracy_section,
     _config_section,
@@ -99,12 +101,26 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     summary = _load_summary(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
-    out.write_text(_page(summary, run_dir), encoding="utf-8")
+    page = _page(summary, run_dir)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise KvsimError(f"cannot write the report: {exc.strerror or exc}", source=str(out)) from None
     return out
 
 
-def report_command(run_dir: str) -> int:
-    """``kvsim report RUN_DIR``: rebuild report.html from an existing run directory; exit code 0."""
-    path = write_report(Path(run_dir))
+def report_command(run_dir: str, *, force: bool = False) -> int:
+    """``kvsim report RUN_DIR``: rebuild report.html from an existing run directory; exit code 0.
+    The report is checked first: never over the run's inputs, a folder, or a file kvsim did not
+    write (unless `force`)."""
+    if not run_dir.strip():
+        raise KvsimError("empty path (an unset shell variable?); give a run directory", source="kvsim report")
+    root = Path(run_dir)
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "not found"
+        raise KvsimError(f"run directory {what}", source=run_dir)
+    reads = tuple((name, root / name) for name in ("summary.json", "requests.csv", "timeseries.csv"))
+    check_output_dir(run_dir, reads=reads, force=force, files=("report.html",), flag="kvsim report")
+    path = write_report(root)
     print(f"wrote {path}")
     return 0

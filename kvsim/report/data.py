@@ -10,6 +10,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.results.record import RunSummary, read_summary
+from kvsim.spec.schema import shorten
 
 # --------------------------------------------------------------------------------------- inputs
 
@@ -36,7 +37,7 @@ class _Csv:
                 out[i] = float(text)
             except ValueError:
                 raise KvsimError(
-                    f"expected a number in column {name!r}, got {text!r}",
+                    f"expected a number in column {name!r}, got {shorten(repr(text))}",
                     source=str(self.path),
                     path=f"line {i + 2}",
                 ) from None
@@ -54,8 +55,15 @@ def _load_summary(run_dir: Path) -> RunSummary:
 
 
 def _load_csv(path: Path) -> _Csv | None:
-    if not path.is_file():
+    if not path.exists():
         return None
+    try:
+        return _read_csv(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(path)) from None
+
+
+def _read_csv(path: Path) -> _Csv:
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)

@@ -168,6 +168,10 @@ class WorkloadRecord:
     skipped_lines: int
     dropped: dict[str, int]  # reason -> trace rows dropped within the window
     clipped_to_context: int = 0  # requests shortened to the model's context (workload.clip_to_context)
+    origin_s: float = 0.0  # the first request's time in the trace's own clock, before rebasing
+    before_window: int = 0  # requests read but earlier than workload.start
+    after_window: int = 0  # requests read but at or after workload.start + duration
+    over_max_requests: int = 0  # requests in the window beyond workload.max_requests
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -233,7 +237,7 @@ class RunSummary:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: object, *, source: str = "summary") -> RunSummary:
@@ -275,6 +279,10 @@ class RunSummary:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise KvsimError(f"not valid JSON: {exc.msg}", source=source, path=f"line {exc.lineno}") from None
+        except (ValueError, RecursionError):
+            raise KvsimError(
+                "cannot read: JSON nested too deeply or a number out of range", source=source
+            ) from None
         return cls.from_dict(data, source=source)
 
 

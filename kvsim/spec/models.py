@@ -11,15 +11,17 @@ FFNs (total and active parameters). Left out: vision towers, multi-token-predict
 from __future__ import annotations
 
 import difflib
-import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat
+from kvsim.spec.jsonfile import JsonError
+from kvsim.spec.jsonfile import loads as json_loads
+from kvsim.spec.schema import shorten, show
 
 
 class Attention(str, Enum):
@@ -68,6 +70,7 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     first_dense_layers: int = 0
     source: str = ""
+    config_path: Path | None = field(default=None, compare=False)  # the config.json read, if any
 
     # ---- attention design -------------------------------------------------------------------
     @property
@@ -347,59 +350,135 @@ PRESETS: dict[str, ModelSpec] = {
 ALIASES = {"llama-3-8b": "llama-3.1-8b", "llama-3-70b": "llama-3.1-70b", "mistral-7b-v0.1": "mistral-7b"}
 
 
-def _int(cfg: dict[str, Any], key: str, source: str, default: int | None = None) -> int:
-    if key not in cfg or cfg[key] is None:
-        if default is None:
-            raise KvsimError(f"missing required field {key!r}", source=source)
-        return default
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise KvsimError(f"{key}: expected a non-negative integer, got {v!r}", source=source)
-    return v
+# Bounds on config.json fields: generous beyond every released model (the largest presets have 126
+# layers, 16,384 hidden, 256 experts, a 2^21 context), tight enough that a typo cannot make the
+# reader loop for minutes or the byte counts overflow.
+_MAX_LAYERS = 4096
+_MAX_WIDTH = 1 << 20  # hidden, intermediate, vocabulary, ranks
+_MAX_HEADS = 1 << 16
+_MAX_CONTEXT = 1 << 30
+_MAX_EXPERTS = 1 << 16
+_MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB
+
+
+class _Fields:
+    """Typed reads of one config.json dict; every error names the file and the field."""
+
+    def __init__(self, cfg: dict[str, Any], source: str) -> None:
+        self.cfg = cfg
+        self.source = source
+
+    def err(self, key: str, message: str) -> KvsimError:
+        return KvsimError(message, source=self.source, path=key)
+
+    def given(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def int(self, key: str, default: int | None = None, *, lo: int = 0, hi: int = _MAX_WIDTH) -> int:
+        v = self.cfg.get(key)
+        if v is None:
+            if default is None:
+                raise self.err(key, "missing required field")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.err(key, f"expected an integer, got {show(v)}")
+        if not lo <= v <= hi:
+            raise self.err(key, f"expected an integer in [{lo:,}, {hi:,}], got {show(v)}")
+        return v
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.err(key, f"expected true or false, got {show(v)}")
+        return v
+
+    def str(self, key: str, default: str) -> str:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise self.err(key, f"expected a string, got {show(v)}")
+        return v
 
 
 def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
-    """Build a spec from a Hugging Face ``config.json`` dict (text models; ``text_config`` too)."""
+    """Build a spec from a Hugging Face ``config.json`` dict (text models; ``text_config`` too).
+
+    Every field read is checked for type and range, and across fields (KV heads divide heads, experts
+    per token <= experts, the sliding window <= the context); any defect is one `KvsimError`."""
     if not isinstance(cfg, dict):
-        raise KvsimError("expected a JSON object", source=source)
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"]}
-    layers = _int(cfg, "num_hidden_layers", source)
-    hidden = _int(cfg, "hidden_size", source)
-    heads = _int(cfg, "num_attention_heads", source)
-    if layers == 0 or hidden == 0 or heads == 0:
-        raise KvsimError("num_hidden_layers, hidden_size and num_attention_heads must be > 0", source=source)
-    kv_heads = _int(cfg, "num_key_value_heads", source, default=heads)
-    if kv_heads == 0 or heads % kv_heads:
-        raise KvsimError(
-            f"num_key_value_heads: {kv_heads} must be > 0 and divide num_attention_heads ({heads})",
-            source=source,
-        )
-    head_dim = cfg.get("head_dim") or hidden // heads
-    if not isinstance(head_dim, int) or head_dim <= 0:
-        raise KvsimError(f"head_dim: expected a positive integer, got {head_dim!r}", source=source)
-    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+        raise KvsimError(f"expected a JSON object, got {show(cfg)}", source=source)
+    text = cfg.get("text_config")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise KvsimError(f"expected an object, got {show(text)}", source=source, path="text_config")
+        cfg = {**text}
+    f = _Fields(cfg, source)
+    layers = f.int("num_hidden_layers", lo=1, hi=_MAX_LAYERS)
+    hidden = f.int("hidden_size", lo=1)
+    heads = f.int("num_attention_heads", lo=1, hi=_MAX_HEADS)
+    kv_heads = f.int("num_key_value_heads", heads, lo=1, hi=_MAX_HEADS)
+    if heads % kv_heads:
+        raise f.err("num_key_value_heads", f"{kv_heads} must divide num_attention_heads ({heads})")
+    if f.given("head_dim"):
+        head_dim = f.int("head_dim", lo=1, hi=_MAX_HEADS)
+    elif hidden < heads:
+        raise f.err("hidden_size", f"{hidden} is smaller than num_attention_heads ({heads}); give head_dim")
+    else:
+        head_dim = hidden // heads
+    torch_dtype, new_dtype = f.str("torch_dtype", ""), f.str("dtype", "")  # both checked
+    dtype = torch_dtype or new_dtype or "bfloat16"
+    dtype_key = "torch_dtype" if f.given("torch_dtype") else "dtype"
     quant = cfg.get("quantization_config")
-    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
-        dtype = "fp8"  # weights stored in FP8 (e.g. DeepSeek-V3), whatever torch_dtype says
+    if quant is not None and not isinstance(quant, dict):
+        raise f.err("quantization_config", f"expected an object, got {show(quant)}")
+    if quant is not None:
+        method = _Fields(quant, source).str("quant_method", "")
+        if method.lower() == "fp8":
+            dtype = "fp8"  # weights stored in FP8 (e.g. DeepSeek-V3), whatever torch_dtype says
     if dtype not in DTYPE_BYTES:
-        raise KvsimError(
-            f"torch_dtype: unsupported {dtype!r}; expected one of {sorted(DTYPE_BYTES)}", source=source
-        )
-    n_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    window = cfg.get("sliding_window") or 0
-    if cfg.get("use_sliding_window") is False:
+        raise f.err(dtype_key, f"unsupported {show(dtype)}; expected one of {sorted(DTYPE_BYTES)}")
+    expert_keys = [k for k in ("n_routed_experts", "num_local_experts", "num_experts") if f.given(k)]
+    counts = [f.int(k, lo=0, hi=_MAX_EXPERTS) for k in expert_keys]
+    n_experts = next((c for c in counts if c), 0)
+    experts_key = next((k for k, c in zip(expert_keys, counts, strict=True) if c), "num_experts")
+    per_token = f.int("num_experts_per_tok", 0, lo=0, hi=_MAX_EXPERTS)
+    if n_experts and not per_token:
+        raise f.err("num_experts_per_tok", f"required (>= 1) when {experts_key} is {n_experts}")
+    if n_experts and per_token > n_experts:
+        raise f.err("num_experts_per_tok", f"{per_token} exceeds {experts_key} ({n_experts})")
+    context = f.int("max_position_embeddings", 4096, lo=1, hi=_MAX_CONTEXT)
+    window = f.int("sliding_window", 0, lo=0, hi=_MAX_CONTEXT)
+    if not f.bool("use_sliding_window", True):
         window = 0
     win_layers = 0
+    max_window_layers = (
+        f.int("max_window_layers", 0, lo=0, hi=layers) if f.given("max_window_layers") else None
+    )
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None and (
+        not isinstance(layer_types, list)
+        or len(layer_types) != layers
+        or not all(isinstance(t, str) for t in layer_types)
+    ):
+        raise f.err(
+            "layer_types", f"expected a list of {layers} strings (one per layer), got {show(layer_types)}"
+        )
     if window:
-        max_window_layers = cfg.get("max_window_layers")
-        layer_types = cfg.get("layer_types")
-        if isinstance(layer_types, list):
-            win_layers = sum(1 for t in layer_types if "sliding" in str(t))
-        elif isinstance(max_window_layers, int) and cfg.get("use_sliding_window"):
-            win_layers = max(0, layers - max_window_layers)
+        if window > context:
+            raise f.err("sliding_window", f"{window:,} exceeds max_position_embeddings ({context:,})")
+        if layer_types is not None:
+            win_layers = sum(1 for t in layer_types if "sliding" in t)
+        elif max_window_layers is not None and cfg.get("use_sliding_window"):
+            win_layers = layers - max_window_layers
         else:
             win_layers = layers
+    bias, model_type = f.bool("attention_bias", False), f.str("model_type", "")
+    qkv_bias = bias or model_type.startswith("qwen2")
+    hidden_default = min(4 * hidden, _MAX_WIDTH)
+    intermediate = f.int("intermediate_size", hidden_default, lo=1)
     spec = ModelSpec(
         name=name,
         num_layers=layers,
@@ -407,38 +486,37 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=_int(cfg, "intermediate_size", source, default=4 * hidden),
-        vocab_size=_int(cfg, "vocab_size", source, default=32000),
-        max_context=_int(cfg, "max_position_embeddings", source, default=4096),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=bool(cfg.get("attention_bias", False) or cfg.get("model_type", "").startswith("qwen2")),
+        intermediate_size=intermediate,
+        vocab_size=f.int("vocab_size", 32000, lo=1),
+        max_context=context,
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        qkv_bias=qkv_bias,
         weight_dtype=dtype,
-        kv_lora_rank=_int(cfg, "kv_lora_rank", source, default=0),
-        qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", source, default=0),
-        qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", source, default=0),
-        v_head_dim=_int(cfg, "v_head_dim", source, default=0),
-        q_lora_rank=_int(cfg, "q_lora_rank", source, default=0),
-        sliding_window=int(window) if isinstance(window, int) else 0,
+        kv_lora_rank=f.int("kv_lora_rank", 0),
+        qk_rope_head_dim=f.int("qk_rope_head_dim", 0, hi=_MAX_HEADS),
+        qk_nope_head_dim=f.int("qk_nope_head_dim", 0, hi=_MAX_HEADS),
+        v_head_dim=f.int("v_head_dim", 0, hi=_MAX_HEADS),
+        q_lora_rank=f.int("q_lora_rank", 0),
+        sliding_window=window,
         sliding_window_layers=win_layers,
-        num_experts=int(n_experts) if isinstance(n_experts, int) else 0,
-        experts_per_token=_int(cfg, "num_experts_per_tok", source, default=0),
-        num_shared_experts=_int(cfg, "n_shared_experts", source, default=0),
-        moe_intermediate_size=_int(cfg, "moe_intermediate_size", source, default=0)
-        or _int(cfg, "intermediate_size", source, default=4 * hidden),
-        first_dense_layers=_int(cfg, "first_k_dense_replace", source, default=0),
+        num_experts=n_experts,
+        experts_per_token=per_token if n_experts else 0,
+        num_shared_experts=f.int("n_shared_experts", 0, hi=_MAX_EXPERTS),
+        moe_intermediate_size=f.int("moe_intermediate_size", 0) or intermediate,
+        first_dense_layers=f.int("first_k_dense_replace", 0, hi=layers),
         source=f"config.json {source}",
     )
     if spec.kv_lora_rank and not spec.qk_rope_head_dim:
-        raise KvsimError("kv_lora_rank is set (MLA) but qk_rope_head_dim is missing", source=source)
-    if spec.num_experts and not spec.experts_per_token:
-        raise KvsimError("an MoE config needs num_experts_per_tok", source=source)
+        raise f.err("qk_rope_head_dim", "required when kv_lora_rank is set (MLA)")
     return spec
 
 
 def load_model(ref: str, *, base_dir: Path | None = None, source: str | None = None) -> ModelSpec:
     """A preset name, or a path to a Hugging Face ``config.json`` (relative to `base_dir`)."""
     if not isinstance(ref, str) or not ref.strip():
-        raise KvsimError(f"expected a model preset name or a path to config.json, got {ref!r}", source=source)
+        raise KvsimError(
+            f"expected a model preset name or a path to config.json, got {show(ref)}", source=source
+        )
     key = ref.strip().lower()
     key = ALIASES.get(key, key)
     if key in PRESETS:
@@ -449,18 +527,27 @@ def load_model(ref: str, *, base_dir: Path | None = None, source: str | None = N
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
-            raise KvsimError(f"model config file not found: {path}", source=source)
+            what = "is not a file" if path.exists() else "not found"
+            raise KvsimError(f"model config file {what}: {shorten(str(path), 200)}", source=source)
         try:
-            cfg = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise KvsimError(f"malformed JSON: {exc}", source=str(path)) from None
-        return from_hf_config(cfg, name=path.parent.name or path.stem, source=str(path))
+            if path.stat().st_size > _MAX_CONFIG_BYTES:
+                raise KvsimError(
+                    f"too large for a config.json (over {_MAX_CONFIG_BYTES:,} bytes)", source=str(path)
+                )
+            cfg = json_loads(path.read_text(encoding="utf-8"))
+        except JsonError as exc:
+            where = f"line {exc.line}" if exc.line else None
+            raise KvsimError(f"malformed JSON: {exc.message}", source=str(path), path=where) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(path)) from None
+        spec = from_hf_config(cfg, name=path.parent.name or path.stem, source=str(path))
+        return replace(spec, config_path=path)
     close = difflib.get_close_matches(key, list(PRESETS) + list(ALIASES), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; presets: {', '.join(PRESETS)}"
-    raise KvsimError(f"unknown model {ref!r}{hint}", source=source)
+    raise KvsimError(f"unknown model {shorten(repr(ref))}{hint}", source=source)
 
 
 def with_weight_dtype(spec: ModelSpec, dtype: str) -> ModelSpec:
-    if dtype not in DTYPE_BYTES:
-        raise KvsimError(f"unknown weight dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise KvsimError(f"unknown weight dtype {show(dtype)}; expected one of {sorted(DTYPE_BYTES)}")
     return replace(spec, weight_dtype=dtype)

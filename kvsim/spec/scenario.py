@@ -1,6 +1,6 @@
 """The scenario: YAML validated once into frozen, typed objects (SI units inside).
 
-``load_scenario(path, overrides)`` reads the file with ``yaml.safe_load``, applies ``--set a.b=v``
+``load_scenario(path, overrides)`` reads the file with `kvsim.spec.yaml_loader` (YAML 1.2 numbers), applies ``--set a.b=v``
 overrides (values parsed as YAML scalars, same paths, same validation) and returns a `Scenario`.
 Every field is documented in ``scenarios/README.md``; defaults name their source.
 """
@@ -13,15 +13,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
-from kvsim.spec.schema import Section
+from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
+from kvsim.spec.yaml_loader import read_yaml, yaml_scalar
 from kvsim.units import (
     parse_bandwidth,
     parse_duration,
@@ -266,11 +265,11 @@ def _read_kv(root: Section) -> KVConfig:
     scale = s.choice("scale", ("per_tensor", "per_head"), "per_tensor")
     out_frac = s.float("outlier_fraction", 0.01, lo=0.0, hi=0.5)
     if not isinstance(fmt_raw, str):
-        raise s.err("format", f"expected a format name, got {fmt_raw!r}")
+        raise s.err("format", f"expected a format name, got {show(fmt_raw)}")
     try:
         fmt, note = make_format(fmt_raw, group_size=group, scale=scale, outlier_fraction=out_frac)
     except KvsimError as exc:
-        raise s.err("format", exc.message) from None
+        raise s.err("format", shorten(exc.message, 200)) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     if isinstance(pc_raw, bool):
         scope = PrefixCacheScope.LOCAL if pc_raw else PrefixCacheScope.NONE
@@ -332,7 +331,7 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
     fmt = s.choice("format", TRACE_FORMATS, "generic") if trace is not None else "synthetic"
     if trace is not None:
         if not isinstance(trace, str) or not trace.strip():
-            raise s.err("trace", f"expected a file path, got {trace!r}")
+            raise s.err("trace", f"expected a file path, got {show(trace)}")
         path = Path(trace)
         if not path.is_absolute():
             path = base_dir / path
@@ -361,7 +360,7 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
         rate_scale=s.float("rate_scale", 1.0, lo=0.0, hi=1e4, lo_open=True),
         start_s=s.parsed("start", lambda v: parse_duration(v, allow_zero=True), 0.0),
         duration_s=None if duration is None else s.parsed("duration", parse_duration),
-        max_requests=s.raw("max_requests", None) and s.int("max_requests", lo=1, hi=1 << 40),
+        max_requests=None if s.raw("max_requests", None) is None else s.int("max_requests", lo=1, hi=1 << 40),
         skip_bad_lines=s.bool("skip_bad_lines", False),
         clip_to_context=s.bool("clip_to_context", False),
     )
@@ -427,51 +426,13 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise KvsimError(f"expected PATH=VALUE, got {text!r}", source="--set")
+        raise KvsimError(f"expected PATH=VALUE, got {shorten(repr(text))}", source="--set")
     key, _, val = text.partition("=")
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise KvsimError(f"expected PATH=VALUE with a dotted path, got {text!r}", source="--set")
-    try:
-        value = yaml.safe_load(val) if val.strip() else ""
-    except yaml.YAMLError:
-        value = val
+        raise KvsimError(f"expected PATH=VALUE with a dotted path, got {shorten(repr(text))}", source="--set")
+    value = yaml_scalar(val, source=f"--set {shorten(key)}") if val.strip() else ""
     return key, value
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (YAML keeps the last, silently)."""
-
-
-def _mapping_no_duplicates(
-    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
-) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
-
-
-def read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise KvsimError("file not found", source=str(path))
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvsimError(f"cannot read: {exc}", source=str(path)) from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: still safe
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise KvsimError(f"invalid YAML: {problem}", source=str(path), path=where) from None
 
 
 def scenario_from_dict(
@@ -496,6 +457,8 @@ def scenario_from_dict(
             and not model.sliding_window
         ):
             changes["sliding_window_layers"] = model.num_layers
+        if changes.get("sliding_window", 0) > model.max_context:
+            raise m.err("sliding_window", f"exceeds the model's context ({model.max_context:,} tokens)")
         if changes.get("sliding_window_layers", 0) > model.num_layers:
             raise m.err("sliding_window_layers", f"exceeds the model's {model.num_layers} layers")
         if changes:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from kvsim.errors import KvsimError
 
 T = TypeVar("T")
+MAX_SHOWN = 60  # characters of a value quoted in an error message
 _MISSING = object()
 
 
@@ -22,7 +23,7 @@ class Section:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise KvsimError(f"expected a mapping, got {_show(data)}", source=source, path=path or None)
+            raise KvsimError(f"expected a mapping, got {show(data)}", source=source, path=path or None)
         self.data: dict[str, Any] = data
         self.source = source
         self.path = path
@@ -54,6 +55,8 @@ class Section:
         try:
             return parse(value)
         except KvsimError as exc:
+            if exc.source is not None:  # names a file of its own (a model's config.json): keep it
+                raise
             raise KvsimError(exc.message, source=self.source, path=self._p(key)) from None
 
     def int(self, key: str, default: object = _MISSING, *, lo: int = 0, hi: int = 2**62) -> int:
@@ -62,9 +65,9 @@ class Section:
             if isinstance(v, float) and v.is_integer():
                 v = int(v)
             else:
-                raise self.err(key, f"expected an integer, got {_show(v)}")
+                raise self.err(key, f"expected an integer, got {show(v)}")
         if not lo <= v <= hi:
-            raise self.err(key, f"expected an integer in [{lo}, {hi}], got {v}")
+            raise self.err(key, f"expected an integer in [{lo}, {hi}], got {show(v)}")
         return v
 
     def float(
@@ -78,7 +81,7 @@ class Section:
     ) -> float:
         v = self.raw(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
-            raise self.err(key, f"expected a number, got {_show(v)}")
+            raise self.err(key, f"expected a number, got {show(v)}")
         if v < lo or v > hi or (lo_open and v == lo):
             bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
             raise self.err(key, f"expected a number in {bound}, got {v}")
@@ -87,19 +90,19 @@ class Section:
     def bool(self, key: str, default: object = _MISSING) -> bool:
         v = self.raw(key, default)
         if not isinstance(v, bool):
-            raise self.err(key, f"expected true or false, got {_show(v)}")
+            raise self.err(key, f"expected true or false, got {show(v)}")
         return v
 
     def str(self, key: str, default: object = _MISSING) -> str:
         v = self.raw(key, default)
         if not isinstance(v, str) or not v.strip():
-            raise self.err(key, f"expected a non-empty string, got {_show(v)}")
+            raise self.err(key, f"expected a non-empty string, got {show(v)}")
         return v
 
     def choice(self, key: str, choices: list[str] | tuple[str, ...], default: object = _MISSING) -> str:
         v = self.raw(key, default)
         if v not in choices:
-            raise self.err(key, f"expected one of {', '.join(choices)}; got {_show(v)}")
+            raise self.err(key, f"expected one of {', '.join(choices)}; got {show(v)}")
         return v  # type: ignore[no-any-return]
 
     def section(self, key: str, *, required: bool = False) -> Section:
@@ -111,12 +114,19 @@ class Section:
         if unknown:
             k = unknown[0]
             allowed = ", ".join(sorted(set(self.allowed))) or "(none)"
-            raise self.err(str(k), f"unknown key; allowed here: {allowed}")
+            raise self.err(shorten(str(k)), f"unknown key; allowed here: {allowed}")
 
 
-def _show(v: object) -> str:
-    if isinstance(v, str):
-        return repr(v)
-    if isinstance(v, (dict, list)):
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """`text` cut to `limit` characters (the full length marks the cut), so that an error stays one
+    short line whatever the value (a 35 MB alias expansion, a 5,000-digit number)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def show(v: object) -> str:
+    """A value as an error message quotes it: repr, a container by its type, at most MAX_SHOWN chars."""
+    if isinstance(v, (dict, list, tuple, set)):
         return type(v).__name__
-    return repr(v)
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**40:
+        return f"an integer of {len(str(abs(v))):,} digits"
+    return shorten(repr(v))

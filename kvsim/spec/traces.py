@@ -33,11 +33,18 @@ In both JSONL formats, if an id ever follows two different ids, all ids are renu
 chain (a block's new id names its whole prefix), so plain per-block content hashes work too; the
 bundled Mooncake traces are already chained and load unchanged.
 
-Rules for every trace: times are non-decreasing (a timestamp that goes backwards is an error, never
-silently reordered); blank lines are ignored; a malformed line is an error ``FILE:LINE: what is wrong``
-unless ``skip_bad_lines``, which skips and counts it. The window ``[start, start + duration)`` is in
-trace time (Mooncake's ms / 1000, Azure's seconds since its first row, the file's seconds otherwise)
-and rebased to 0; ``rate_scale`` k then divides the times (k = 2 replays twice as fast).
+Rules for every trace, one for all formats: times are non-decreasing (a timestamp that goes backwards
+is an error, never silently reordered); blank lines are ignored; a malformed line is an error
+``FILE:LINE: what is wrong`` unless ``skip_bad_lines``, which skips and counts it. A numeric time must
+be finite, >= 0 and below `MAX_TIME_S` (2^33 s, about 272 years: beyond it float64 no longer
+resolves a microsecond, so a trace in epoch milli-, micro- or nanoseconds read as seconds is refused
+rather than turned into zero latencies); token counts are integers in [1, `MAX_TOKENS`]. Every trace
+is rebased to its first request (the first row read, a BurstGPT failed row included): trace time 0 is
+that row, and the original start (Mooncake's ms / 1000, Azure's seconds since the Unix epoch, the
+file's seconds otherwise) is reported as ``origin_s``. The window ``[start, start + duration)`` is in
+that rebased trace time and rebased again to 0; ``rate_scale`` k then divides the times (k = 2
+replays twice as fast). Requests outside the window or beyond ``max_requests`` are counted, never
+dropped without a number (`kvsim.spec.workload`). Files may start with a UTF-8 BOM and use CRLF.
 
 Left out: token contents, per-request models or adapters, priorities, BurstGPT's session and model
 columns, and closed-loop clients (arrivals never depend on how fast the cluster serves).
@@ -46,7 +53,6 @@ columns, and closed-loop clients (arrivals never depend on how fast the cluster 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Iterable, Iterator
 from datetime import date
@@ -56,9 +62,14 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.spec.jsonfile import JsonError
+from kvsim.spec.jsonfile import loads as json_loads
 from kvsim.spec.scenario import WorkloadConfig
+from kvsim.spec.schema import shorten
 
 MOONCAKE_BLOCK_TOKENS = 512
+MAX_TIME_S = float(2**33)  # float64 spacing at 2^33 s is 2^-19 s = 1.9 us; below it, under 1 us
+MAX_TOKENS = 1 << 30  # tokens per prompt or output; the longest context of any preset is 2^21
 GENERIC_BLOCK_TOKENS = 16
 BURSTGPT_FAILED = "burstgpt_failed_zero_response"
 
@@ -90,7 +101,8 @@ class _Rows:
         self.dropped: dict[str, list[float]] = {}
         self.prev_t = -math.inf
         self.prev_raw: Any = None
-        self.origin = 0.0  # trace time of the first row for formats timed relative to it (Azure)
+        self.first_t: float | None = None  # trace time of the first row read: the rebasing origin
+        self.epoch_offset_s = 0.0  # trace time -> the trace's own clock (Azure: Unix epoch seconds)
 
     def error(self, line: int, message: str) -> KvsimError:
         return KvsimError(message, source=f"{self.file}:{line}")
@@ -103,7 +115,12 @@ class _Rows:
     def order(self, line: int, t: float, raw: Any) -> None:
         """Reject a timestamp before the previous one (`raw` is the value as written, for the message)."""
         if t < self.prev_t:
-            raise self.error(line, f"timestamp goes backwards ({raw} < previous {self.prev_raw})")
+            raise self.error(
+                line,
+                f"timestamp goes backwards ({shorten(str(raw))} < previous {shorten(str(self.prev_raw))})",
+            )
+        if self.first_t is None:
+            self.first_t = t
         self.prev_t = t
         self.prev_raw = raw
 
@@ -117,44 +134,62 @@ class _Rows:
         self.dropped.setdefault(reason, []).append(t)
 
 
-def _int(value: Any, name: str, lo: int) -> int:
-    """An integer >= lo from a JSON value or CSV text; integral floats (``512.0``) are accepted."""
+def _int(value: Any, name: str, lo: int, hi: int = MAX_TOKENS) -> int:
+    """An integer in [lo, hi] from a JSON value or CSV text; integral floats (``512.0``) are accepted."""
     if type(value) is int:
         v = value
     elif type(value) is str:
         try:
             v = int(value)
-        except ValueError:
+        except ValueError:  # "512.0", "1e3", or more digits than Python converts
             try:
                 f = float(value)
             except ValueError:
-                raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}") from None
+                raise _BadLine(f"{name} must be an integer >= {lo}, got {_shown(value)}") from None
             if not f.is_integer():
-                raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}") from None
+                raise _BadLine(f"{name} must be an integer >= {lo}, got {_shown(value)}") from None
             v = int(f)
     elif type(value) is float and value.is_integer():
         v = int(value)
     else:
-        raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}")
+        raise _BadLine(f"{name} must be an integer >= {lo}, got {_shown(value)}")
     if v < lo:
-        raise _BadLine(f"{name} must be an integer >= {lo}, got {value!r}")
+        raise _BadLine(f"{name} must be an integer >= {lo}, got {_shown(value)}")
+    if v > hi:
+        raise _BadLine(f"{name} must be at most {hi:,}, got {_shown(value)}")
     return v
 
 
-def _num(value: Any, name: str) -> float:
-    """A finite time in the file's unit, from a JSON number or CSV text."""
+def _shown(value: Any) -> str:
+    return type(value).__name__ if isinstance(value, (dict, list)) else shorten(repr(value))
+
+
+def _num(value: Any, name: str, per_s: float = 1.0) -> float:
+    """A time in seconds from a JSON number or CSV text in the file's unit (`per_s` units a second):
+    finite, >= 0 and below `MAX_TIME_S`."""
     v = math.nan
-    if type(value) is int or type(value) is float:
-        v = float(value)
+    if type(value) is int:
+        v = float(value) if abs(value) < 1e300 else math.inf
+    elif type(value) is float:
+        v = value
     elif type(value) is str:
         try:
             v = float(value)
         except ValueError:
             pass
+    where = "" if name.lower() == "timestamp" else f" in {name}"
     if not math.isfinite(v):
-        where = "" if name.lower() == "timestamp" else f" in {name}"
-        raise _BadLine(f"unparseable timestamp {value!r}{where}")
-    return v
+        raise _BadLine(f"unparseable timestamp {_shown(value)}{where}")
+    if v < 0:
+        raise _BadLine(f"negative timestamp {_shown(value)}{where}; trace times must be >= 0")
+    t = v / per_s
+    if t >= MAX_TIME_S:
+        unit = "s" if per_s == 1.0 else "ms"
+        raise _BadLine(
+            f"timestamp {_shown(value)}{where} is too large (at most {MAX_TIME_S * per_s:.3g} {unit}, where "
+            "float64 still resolves 1 us); kvsim reads seconds: convert ms/us/ns first"
+        )
+    return t
 
 
 def _ids(value: Any, prompt: int, block: int) -> np.ndarray:
@@ -173,22 +208,22 @@ def _ids(value: Any, prompt: int, block: int) -> np.ndarray:
 
 
 def _open(path: Path) -> Iterator[str]:
+    """The file's lines; a leading UTF-8 BOM is dropped, CRLF kept for the readers to strip."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             yield from f
     except (OSError, UnicodeDecodeError) as exc:
-        raise KvsimError(f"cannot read the trace: {exc}", source=str(path)) from None
+        raise KvsimError(f"cannot read the trace: {shorten(str(exc), 120)}", source=str(path)) from None
 
 
 def _json_lines(path: Path, rows: _Rows) -> Iterator[tuple[int, dict[str, Any]]]:
-    loads = json.loads
     for n, text in enumerate(_open(path), 1):
         if not text.strip():
             continue
         try:
-            obj = loads(text)
-        except json.JSONDecodeError as exc:
-            rows.bad(n, f"invalid JSON ({exc.msg}, column {exc.colno})")
+            obj = json_loads(text)
+        except JsonError as exc:
+            rows.bad(n, exc.message)
             continue
         if type(obj) is not dict:
             rows.bad(n, f"expected a JSON object, got {type(obj).__name__}")
@@ -212,7 +247,7 @@ def _read_mooncake(path: Path, rows: _Rows) -> int:
                 ids = _ids(obj["hash_ids"], prompt, g)
             except KeyError:
                 raise _BadLine(f"missing field {_missing(obj, keys)}") from None
-            t = _num(raw_t, "timestamp") / 1000.0
+            t = _num(raw_t, "timestamp", per_s=1000.0)  # Mooncake times are ms
         except _BadLine as exc:
             rows.bad(n, str(exc))
             continue
@@ -255,6 +290,9 @@ def _read_generic_jsonl(path: Path, rows: _Rows) -> int | None:
     return block if with_ids else None
 
 
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+
+
 class _AzureClock:
     """Seconds since the first row's date, from ``YYYY-MM-DD HH:MM:SS[.fff...][Z|+HH:MM]``.
 
@@ -265,6 +303,10 @@ class _AzureClock:
     def __init__(self) -> None:
         self.days: dict[str, int] = {}
         self.base: int | None = None
+
+    def epoch_offset_s(self) -> float:
+        """Seconds from the Unix epoch to the first row's day (UTC)."""
+        return 0.0 if self.base is None else float((self.base - _EPOCH_DAY) * 86400)
 
     def seconds(self, text: str) -> float:
         s = text.strip()
@@ -288,14 +330,32 @@ class _AzureClock:
             if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 61) or not clock[6:8].isdigit():
                 raise ValueError
         except (ValueError, IndexError):
-            raise _BadLine(f"unparseable timestamp {text!r}") from None
-        return (day - self.base) * 86400 + h * 3600 + m * 60 + sec - offset
+            raise _BadLine(f"unparseable timestamp {shorten(repr(text))}") from None
+        t = (day - self.base) * 86400 + h * 3600 + m * 60 + sec - offset
+        if abs(t) >= MAX_TIME_S:
+            raise _BadLine(
+                f"timestamp {shorten(repr(text))} is more than {MAX_TIME_S:.3g} s from the first row's day"
+            )
+        return t
+
+
+def _csv_records(reader: Any, rows: _Rows) -> Iterator[list[str]]:
+    """csv.reader's rows, its own errors (a field over its 128 KiB limit, a NUL byte) located."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise rows.error(reader.line_num, f"unreadable CSV ({shorten(str(exc), 80)})") from None
+        yield row
 
 
 def _read_csv(path: Path, rows: _Rows, fmt: str) -> None:
     t_col, p_col, o_col = _CSV_COLUMNS[fmt]
     reader = csv.reader(_open(path))
-    header = next(reader, None)
+    records = _csv_records(reader, rows)
+    header = next(records, None)
     shown = ",".join(_CSV_COLUMNS[fmt]) if fmt != "burstgpt" else _BURSTGPT_HEADER
     if header is None:
         raise KvsimError(f"the trace is empty; expected a header with columns {shown}", source=rows.file)
@@ -303,14 +363,17 @@ def _read_csv(path: Path, rows: _Rows, fmt: str) -> None:
     missing = [c for c in (t_col, p_col, o_col) if c not in names]
     if missing:
         raise KvsimError(
-            f"wrong header for format {fmt}: expected columns {shown}, got {','.join(names)}",
+            f"wrong header for format {fmt}: expected columns {shown}, got {shorten(','.join(names), 120)}",
             source=rows.file,
         )
+    twice = [c for c in (t_col, p_col, o_col) if names.count(c) > 1]
+    if twice:
+        raise KvsimError(f"column {twice[0]!r} appears twice in the header", source=f"{rows.file}:1")
     it, ip, io = names.index(t_col), names.index(p_col), names.index(o_col)
     width = len(names)
     clock = _AzureClock() if fmt == "azure" else None
     burst = fmt == "burstgpt"
-    for row in reader:
+    for row in records:
         if not row:
             continue
         n = reader.line_num
@@ -324,13 +387,13 @@ def _read_csv(path: Path, rows: _Rows, fmt: str) -> None:
         except _BadLine as exc:
             rows.bad(n, str(exc))
             continue
-        if not rows.t and clock is not None:
-            rows.origin = t
         rows.order(n, t, raw_t)
         if output == 0:  # only BurstGPT lets 0 through: its failed requests
             rows.drop(BURSTGPT_FAILED, t)
             continue
         rows.add(n, t, prompt, output)
+    if clock is not None:
+        rows.epoch_offset_s = clock.epoch_offset_s()
 
 
 def _prefix_unique(hash_ids: list[np.ndarray]) -> list[np.ndarray]:

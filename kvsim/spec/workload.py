@@ -2,8 +2,10 @@
 
 A `Workload` holds, per request, its arrival time, prompt and output lengths and, when the source has
 prefix information, the prefix-unique block ids of its prompt. ``load_workload(cfg, seed=...)`` reads
-a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), then applies the window,
-the rate scale and the request cap, in that order. ``clip_to_context`` (``workload.clip_to_context``,
+a trace (`kvsim.spec.traces`) or runs the generator (`kvsim.spec.synthetic`), rebases a trace to its
+first request, then applies the window, the rate scale and the request cap, in that order. Nothing
+is dropped without a count: `Workload.accounting()` (``summary.json`` ``workload``) says where the
+trace started and how many requests fell before the window, after it, or beyond the cap. ``clip_to_context`` (``workload.clip_to_context``,
 as Vidur's ``max_tokens``) shortens requests longer than the model's context instead of leaving
 them to be rejected.
 """
@@ -18,7 +20,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.spec.scenario import WorkloadConfig
 from kvsim.spec.synthetic import synthetic_workload
-from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, _prefix_unique, _read_trace
+from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, _read_trace
 
 
 @dataclass(frozen=True)
@@ -34,21 +36,38 @@ class Workload:
     line_numbers: np.ndarray | None  # (n,) int64 source line of each request; None for synthetic
     skipped_lines: int  # malformed lines skipped (skip_bad_lines)
     dropped: dict[str, int]  # reason -> requests dropped on purpose within the window
+    origin_s: float = 0.0  # the first request's time in the trace's own clock (s), before rebasing
+    before_window: int = 0  # requests read but earlier than workload.start
+    after_window: int = 0  # requests read but at or after workload.start + duration
+    over_max_requests: int = 0  # requests in the window beyond workload.max_requests
     clipped_to_context: int = 0  # requests shortened by `clip_to_context`
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def accounting(self) -> dict[str, object]:
+        """Where every request of the source went, for ``summary.json`` ``workload``."""
+        return {
+            "skipped_lines": self.skipped_lines,
+            "dropped": dict(sorted(self.dropped.items())),
+            "origin_s": self.origin_s,
+            "before_window": self.before_window,
+            "after_window": self.after_window,
+            "over_max_requests": self.over_max_requests,
+        }
+
 
 def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
-    """Read or generate the workload, then window, rebase, rate-scale and cap it.
+    """Read or generate the workload, rebase a trace to its first request, then window, rebase,
+    rate-scale and cap it.
 
     Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
     """
     lines: np.ndarray | None = None
     skipped = 0
     dropped_t: dict[str, list[float]] = {}
-    origin = 0.0
+    origin = 0.0  # subtracted from every time: the first request's trace time
+    origin_s = 0.0  # the same instant in the trace's own clock (Azure: since the Unix epoch)
     if cfg.format == "synthetic":
         if cfg.synthetic is None:
             raise KvsimError("format synthetic needs workload.synthetic", source="workload")
@@ -57,7 +76,9 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         source = "synthetic"
     else:
         rows, g = _read_trace(cfg)
-        origin = rows.origin
+        assert rows.first_t is not None  # _read_trace refuses a trace without requests
+        origin = rows.first_t
+        origin_s = origin + rows.epoch_offset_s
         t = np.array(rows.t, np.float64) - origin
         prompt = np.array(rows.prompt, np.int64)
         output = np.array(rows.output, np.int64)
@@ -68,20 +89,27 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
 
     start = cfg.start_s
     end = math.inf if cfg.duration_s is None else start + cfg.duration_s
-    lo, hi = np.searchsorted(t, [start, end], side="left")
-    if cfg.max_requests is not None:
-        hi = min(hi, lo + cfg.max_requests)
+    lo, end_i = (int(i) for i in np.searchsorted(t, [start, end], side="left"))
+    hi = end_i if cfg.max_requests is None else min(end_i, lo + cfg.max_requests)
     if hi <= lo:
         window = f"[{start:g}, {end:g}) s" if cfg.duration_s is not None else f"[{start:g} s, end)"
         raise KvsimError(
             f"no requests in the window {window}; the trace spans {t[0]:g} .. {t[-1]:g} s", source=source
+        )
+    arrival = (t[lo:hi] - start) / cfg.rate_scale
+    if arrival[-1] >= MAX_TIME_S:  # the same bound as a trace's own times: 1 us still resolved
+        field = "workload.synthetic.rate" if source == "synthetic" else "workload.rate_scale"
+        raise KvsimError(
+            f"the last arrival lands at {arrival[-1]:.3g} s (at most {MAX_TIME_S:.3g} s); raise it",
+            source=source,
+            path=field,
         )
     dropped = {}
     for reason, times in dropped_t.items():
         dt = np.asarray(times) - origin
         dropped[reason] = int(np.count_nonzero((dt >= start) & (dt < end)))
     return Workload(
-        arrival_s=(t[lo:hi] - start) / cfg.rate_scale,
+        arrival_s=arrival,
         prompt_tokens=prompt[lo:hi],
         output_tokens=output[lo:hi],
         hash_ids=None if hash_ids is None else hash_ids[lo:hi],
@@ -90,6 +118,10 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         line_numbers=None if lines is None else lines[lo:hi],
         skipped_lines=skipped,
         dropped=dropped,
+        origin_s=origin_s,
+        before_window=lo,
+        after_window=len(t) - end_i,
+        over_max_requests=end_i - hi,
     )
 
 

@@ -151,7 +151,6 @@ class Scheduler:
         """Apply a finished step. Returns (requests that sampled their first token, finished)."""
         first: list[Request] = []
         done: list[Request] = []
-        kv = self.kv
         self.num_steps += 1
         for req, n, sampled in zip(out.reqs, out.num_new, out.sampling, strict=True):
             req.num_computed += n

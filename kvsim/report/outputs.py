@@ -1,0 +1,90 @@
+"""Where ``kvsim run`` and ``kvsim report`` may write: checked before any work is done.
+
+One rule for every output path: an empty path is refused (an unset shell variable would write into
+the current directory); a file the run reads (scenario, trace, model config, profile) is never
+written over, ``--force`` or not; a file kvsim did not write is replaced only with ``--force``;
+a folder where a file goes is an error. Left out: free disk space, permissions (the write itself
+reports those).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.results.io import REQUEST_COLUMNS
+
+RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
+_HEADERS = {
+    "requests.csv": ",".join(REQUEST_COLUMNS),
+    "timeseries.csv": "t_s,replica,kv_used_blocks,kv_cached_blocks,kv_free_blocks,running,waiting",
+}
+_MAX_SUMMARY_BYTES = 64 << 20
+
+
+def is_kvsim_output(path: Path) -> bool:
+    """Whether the existing file `path` (named as one of `RUN_FILES`) is one kvsim wrote."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+        if path.name in _HEADERS:
+            return head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8") == _HEADERS[path.name]
+        if path.name == "report.html":
+            return head.startswith(b"<!doctype html>") and b"<title>kvsim: " in head
+        if path.name == "summary.json":
+            if path.stat().st_size > _MAX_SUMMARY_BYTES:
+                return False
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return isinstance(data, dict) and {"requests", "config", "warnings"} <= data.keys()
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON: not ours
+        return False
+    return False
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_dir(
+    out: str,
+    *,
+    reads: Iterable[tuple[str, Path | None]],
+    force: bool,
+    files: Iterable[str] = RUN_FILES,
+    flag: str = "--out",
+) -> Path:
+    """Check that `files` may be written into directory `out`, create it, and return it.
+
+    `reads` names the files the command reads (what, path); none of them may be written over."""
+    if not out.strip():
+        raise KvsimError("empty path (an unset shell variable?); give a directory", source=flag)
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise KvsimError(f"{out} exists and is not a directory", source=flag)
+    inputs = [(what, p) for what, p in reads if p is not None]
+    for name in files:
+        target = root / name
+        if not (target.exists() or target.is_symlink()):
+            continue
+        for what, p in inputs:
+            if _same(target, p):
+                raise KvsimError(
+                    f"{target} is the {what} this command reads; choose another {flag}", source=flag
+                )
+        if target.is_dir():
+            raise KvsimError(f"{target} is a directory, where kvsim writes a file", source=flag)
+        if not force and not is_kvsim_output(target):
+            raise KvsimError(
+                f"{target} exists and was not written by kvsim; use --force to replace it", source=flag
+            )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvsimError(f"cannot create {out}: {exc.strerror or exc}", source=flag) from None
+    return root
