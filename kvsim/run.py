@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from kvsim.accuracy import accuracy_note
-from kvsim.core.block_hash import block_keys
+from kvsim.core.block_hash import block_keys, private_keys
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -108,7 +108,10 @@ def run_scenario(
     plan = plan_memory(sc)
     cost = make_cost_model(sc)
     bs = sc.kv.block_size
-    use_prefix = sc.kv.prefix_cache != "none" and wl.hash_ids is not None
+    caching = sc.kv.prefix_cache != "none"
+    use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
+    # The answer's content ids line up with engine blocks only when blocks are the trace's size.
+    out_ids = wl.output_hash_ids if use_prefix and wl.hash_block_tokens == bs else None
     if use_prefix:
         g = wl.hash_block_tokens
         if g % bs and bs % g:
@@ -131,6 +134,7 @@ def run_scenario(
             sc.scheduler.max_num_seqs,
             sc.scheduler.max_batched_tokens,
             sc.scheduler.chunked_prefill,
+            caching,
         )
         replicas.append(
             Replica(
@@ -153,9 +157,13 @@ def run_scenario(
         p, o = int(prompts[i]), int(outputs[i])
         if use_prefix:
             keys, sizes = block_keys(wl.hash_ids[i], p, wl.hash_block_tokens, bs)  # type: ignore[index]
+        elif caching:
+            keys, sizes = private_keys(i, p // bs)
         else:
             keys, sizes = [], []
-        seq = Request(i, float(arrivals[i]), p, o, keys, sizes)
+        seq = Request(
+            i, float(arrivals[i]), p, o, keys, sizes, None if out_ids is None else out_ids[i].tolist()
+        )
         seqs.append(seq)
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"

@@ -83,6 +83,42 @@ def test_memory_pressure_preempts_and_everyone_completes():
     assert victim.finish_s > res.seqs[0].finish_s
 
 
+def test_a_preempted_request_recomputes_only_what_its_own_cached_blocks_miss():
+    # No hash ids in the trace: each prompt's full blocks are its own cache entries, and a request's
+    # full generated blocks are cached when it is preempted (vLLM caches both). Request 1 is
+    # preempted near the end of request 0; of its released blocks, those request 0 does not take
+    # stay cached, and its recompute hits them: it finishes sooner than recomputing everything.
+    sc = small_scenario(num_blocks=40)
+    wl = make_workload([0.0, 0.0], [320, 300], [20, 40])
+    res = run_scenario(sc, workload=wl)
+    victim = res.seqs[1]
+    assert victim.preemptions == 1
+    off = run_scenario(small_scenario(num_blocks=40, kv={"prefix_cache": False}), workload=wl)
+    assert off.seqs[1].preemptions == 1
+    # With its blocks cached the victim's second admission skips the recompute: it finishes sooner.
+    assert victim.finish_s < off.seqs[1].finish_s
+
+
+def test_next_turn_hits_the_previous_answer():
+    # A synthetic session's turn 2 prompt is turn 1's prompt + answer + new input; once turn 1 has
+    # finished (think time 30 s) its answer's full blocks are cached under the ids turn 2 carries.
+    data = {
+        "synthetic": {
+            "num_requests": 2,
+            "rate": 0.01,
+            "session_turns": 2,
+            "think_time": "30s",
+            "input": {"dist": "constant", "mean": 100},
+            "output": {"dist": "constant", "mean": 200},
+        }
+    }
+    sc = small_scenario(workload=data)
+    t1, t2 = run_scenario(sc).seqs
+    assert t1.finish_s < t2.arrival_s
+    # Turn 1 stored 100 + 200 - 1 = 299 tokens: 18 full blocks (288 tokens), all hit by turn 2.
+    assert t2.num_cached_tokens == 288
+
+
 def test_request_that_can_never_fit_is_rejected_with_reason():
     sc = small_scenario(num_blocks=10)
     res = run_scenario(sc, workload=make_workload([0.0, 1.0], [100, 500], [10, 10]))

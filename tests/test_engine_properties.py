@@ -66,10 +66,10 @@ class CheckedScheduler(Scheduler):
 made: list[CheckedScheduler] = []
 
 
-def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_prefill):  # type: ignore[no-untyped-def]
+def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_prefill, enable_caching=True):  # type: ignore[no-untyped-def]
     made.append(
         sched := CheckedScheduler(
-            KVCacheManager(num_blocks, block_size),
+            KVCacheManager(num_blocks, block_size, enable_caching=enable_caching),
             max_num_seqs=max_num_seqs,
             max_batched_tokens=max_batched_tokens,
             chunked_prefill=chunked_prefill,

@@ -28,7 +28,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
+from itertools import accumulate
 
+from kvsim.core.block_hash import private_key
 from kvsim.core.block_pool import BlockPool
 from kvsim.core.request import Request
 
@@ -47,9 +49,12 @@ class BlockRun:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, *, events: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, enable_caching: bool = True, events: bool = False
+    ) -> None:
         self.pool = BlockPool(num_blocks, events=events)
         self.block_size = block_size
+        self.enable_caching = enable_caching  # prefix caching on: released full blocks stay cached
         self.peak_used_blocks = 0  # referenced by some request
         self.peak_occupied_blocks = 0  # referenced or cached-but-free
 
@@ -162,6 +167,25 @@ class KVCacheManager:
         req.num_private -= cum[end] - cum[start]
         req.held_keys = req.held_keys + keys if req.held_keys else keys
 
+    def _cache_generated(self, req: Request) -> None:
+        start = req.key_cum[-1]  # blocks the request's entries cover
+        full = req.num_computed // self.block_size
+        if full <= start:
+            return
+        j = start - req.prompt_len // self.block_size  # answer blocks already in entries
+        keys = req.out_keys[j : j + full - start]
+        sizes = [1] * len(keys)
+        rest = start + len(keys)
+        if full > rest:
+            keys.append(private_key(req.id, rest))
+            sizes.append(full - rest)
+        self.pool.promote(keys, sizes)
+        req.num_private -= full - start
+        cum = req.key_cum
+        req.key_cum = cum + [cum[-1] + c for c in accumulate(sizes)]
+        req.keys = req.keys + keys
+        req.held_keys = req.held_keys + keys
+
     def grow_decode(self, reqs: list[Request], num_steps: int) -> None:
         """Blocks for `num_steps` decode steps just applied to `reqs` (their computed counts already
         advanced; the first step's blocks were allocated when it was scheduled)."""
@@ -212,6 +236,11 @@ class KVCacheManager:
             self.peak_occupied_blocks = occupied
 
     def free(self, req: Request) -> None:
+        """Release everything `req` holds; with caching on, its full generated blocks are cached
+        first (`kvsim.core.block_hash`: under the answer's content keys where the workload names
+        them, else under keys of the request's own), so a recompute or a later turn can hit them."""
+        if self.enable_caching and len(req.held_keys) == len(req.keys):
+            self._cache_generated(req)
         self.pool.release(req.num_private, req.held_keys)
         req.held_keys = []
         req.num_private = 0

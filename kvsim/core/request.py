@@ -42,6 +42,7 @@ class Request:
         "num_generated",
         "num_private",
         "num_tokens",
+        "out_keys",
         "output_len",
         "preemptions",
         "prompt_len",
@@ -58,6 +59,7 @@ class Request:
         output_len: int,
         keys: list[int],
         key_sizes: list[int],
+        out_keys: list[int] | None = None,
     ) -> None:
         self.id = id
         self.arrival_s = arrival_s
@@ -68,6 +70,9 @@ class Request:
         for size in key_sizes:
             cum.append(cum[-1] + size)
         self.key_cum = cum  # blocks covered by the first i entries
+        # Content keys of the one-block entries the answer completes after the prompt's full blocks
+        # (synthetic sessions), cached when the request releases them.
+        self.out_keys = out_keys or []
         self.num_blocks = 0  # blocks held: the entries' blocks plus private ones
         self.num_tokens = prompt_len  # prompt + generated so far
         self.num_computed = 0  # tokens whose KV is in the cache

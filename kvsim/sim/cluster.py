@@ -46,10 +46,15 @@ def arrival_process(
 
 
 def make_pool_and_scheduler(
-    num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int, chunked_prefill: bool
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    chunked_prefill: bool,
+    enable_caching: bool = True,
 ) -> Scheduler:
     return Scheduler(
-        KVCacheManager(num_blocks, block_size),
+        KVCacheManager(num_blocks, block_size, enable_caching=enable_caching),
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         chunked_prefill=chunked_prefill,

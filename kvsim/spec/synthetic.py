@@ -42,8 +42,11 @@ def _lengths(rng: np.random.Generator, dist: LengthDist, n: int) -> np.ndarray:
 
 def synthetic_workload(
     syn: SyntheticConfig, *, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
-    """Generate (arrival_s, prompt_tokens, output_tokens, hash_ids, G), sorted by arrival."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int, list[np.ndarray] | None]:
+    """Generate (arrival_s, prompt_tokens, output_tokens, hash_ids, G, output_hash_ids), sorted by
+    arrival. ``output_hash_ids[i]``: the ids of the full blocks request i's answer completes (the
+    blocks after its prompt's full ones, up to its last stored token) that a later turn of its
+    session holds in its prompt; None without multi-turn sessions."""
     rng = np.random.Generator(np.random.PCG64(seed))
     n, turns, g = syn.num_requests, syn.session_turns, SYNTHETIC_BLOCK_TOKENS
     num_sessions = -(-n // turns)
@@ -105,4 +108,24 @@ def synthetic_workload(
             np.where(pos < full[owner], session_base[sess] + pos, partial_base + owner),
         )
     hash_ids = np.split(ids, first[1:])
-    return arrival.astype(np.float64), prompt.astype(np.int64), output.astype(np.int64), hash_ids, g
+    out_ids: list[np.ndarray] | None = None
+    if turns > 1:
+        # The answer's blocks are the session stream's blocks full[r] .. (prompt + output - 1) // g
+        # (the last sampled token is never stored), as far as the session's last prompt reaches.
+        stop = np.minimum((prompt + output - 1) // g, last_full[session])
+        base = session_base[session]
+        out_ids = [
+            np.arange(b + f, b + e, dtype=np.int64) if e > f else _EMPTY
+            for b, f, e in zip(base.tolist(), full.tolist(), stop.tolist(), strict=True)
+        ]
+    return (
+        arrival.astype(np.float64),
+        prompt.astype(np.int64),
+        output.astype(np.int64),
+        hash_ids,
+        g,
+        out_ids,
+    )
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)

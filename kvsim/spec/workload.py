@@ -41,6 +41,9 @@ class Workload:
     after_window: int = 0  # requests read but at or after workload.start + duration
     over_max_requests: int = 0  # requests in the window beyond workload.max_requests
     clipped_to_context: int = 0  # requests shortened by `clip_to_context`
+    # Ids (as hash_ids) of the full blocks each request's answer completes, where a later request's
+    # prompt holds them (synthetic sessions); None where no source says what an answer contains.
+    output_hash_ids: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -64,6 +67,7 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
     Raises `KvsimError` (one line, ``FILE:LINE: what is wrong`` for a bad line) on any bad input.
     """
     lines: np.ndarray | None = None
+    out_hashes: list[np.ndarray] | None = None
     skipped = 0
     dropped_t: dict[str, list[float]] = {}
     origin = 0.0  # subtracted from every time: the first request's trace time
@@ -71,7 +75,7 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
     if cfg.format == "synthetic":
         if cfg.synthetic is None:
             raise KvsimError("format synthetic needs workload.synthetic", source="workload")
-        t, prompt, output, hashes, block = synthetic_workload(cfg.synthetic, seed=seed)
+        t, prompt, output, hashes, block, out_hashes = synthetic_workload(cfg.synthetic, seed=seed)
         hash_ids: list[np.ndarray] | None = hashes
         source = "synthetic"
     else:
@@ -116,6 +120,7 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         hash_block_tokens=block,
         source=source,
         line_numbers=None if lines is None else lines[lo:hi],
+        output_hash_ids=None if out_hashes is None else out_hashes[lo:hi],
         skipped_lines=skipped,
         dropped=dropped,
         origin_s=origin_s,
@@ -146,10 +151,14 @@ def clip_to_context(wl: Workload, max_context: int) -> Workload:
         hash_ids = [
             h[: -(-int(n) // g)] if clip else h for h, n, clip in zip(hash_ids, prompt, over, strict=True)
         ]
+    out_ids = wl.output_hash_ids
+    if out_ids is not None:  # a clipped answer no longer completes the blocks its session expects
+        out_ids = [h[:0] if clip else h for h, clip in zip(out_ids, over, strict=True)]
     return replace(
         wl,
         prompt_tokens=prompt,
         output_tokens=output,
         hash_ids=hash_ids,
+        output_hash_ids=out_ids,
         clipped_to_context=wl.clipped_to_context + int(over.sum()),
     )

@@ -106,7 +106,7 @@ class Scheduler:
                         break
                 if preempted_self:
                     break
-            if not decoding and len(req.held_keys) < len(req.keys):
+            if len(req.held_keys) < len(req.keys):
                 kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
             add_req(req)
             add_new(num_new)
