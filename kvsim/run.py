@@ -39,7 +39,7 @@ from kvsim.results.record import (
     write_summary,
 )
 from kvsim.results.summary import summarize
-from kvsim.sim.cluster import ArrivalFeed, arrival_process, make_pool_and_scheduler
+from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.scenario import Scenario
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
@@ -122,7 +122,6 @@ def run_scenario(
             )
     env = simpy.Environment()
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
-    feed = ArrivalFeed(times=wl.arrival_s, end_s=end_s)
     seqs: list[Request] = []
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
@@ -176,10 +175,13 @@ def run_scenario(
             )
         return seq
 
-    env.process(arrival_process(env, feed, make_seq, router))
+    env.process(arrival_process(env, wl.arrival_s, make_seq, router))
     _drive(env, span, end_s, progress)
     wall = time.perf_counter() - t0
-    simulated = min(env.now, end_s) if math.isfinite(end_s) else env.now
+    # Run to the end: the last step's end or the last arrival. (env.now could lie later: a fast-forward
+    # window cut short leaves its first timeout queued, which fires with nothing waiting on it.)
+    last = max([r.clock for r in replicas] + [float(wl.arrival_s[-1]) if len(wl) else 0.0])
+    simulated = min(env.now, end_s) if math.isfinite(end_s) else last
     stats = [r.stats for r in replicas]
     parts = summarize(
         seqs,

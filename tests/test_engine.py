@@ -270,3 +270,39 @@ def test_peak_kv_counts_blocks_allocated_inside_a_fast_forward_run(fast_forward)
     assert (
         res.summary["kv_peak_used_blocks"] == 25
     )  # ceil((100 + 300 - 1) / 16): the last token is not stored
+
+
+def _ff_and_stepping(sc, wl):  # type: ignore[no-untyped-def]
+    return [
+        run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)), workload=wl)
+        for ff in (True, False)
+    ]
+
+
+def test_router_sees_the_evictions_of_the_step_in_flight():
+    # Request 1's decode window on replica 0 evicts cached entry 100 at one of its steps; request 2
+    # (whose prompt starts with block 100) arrives during that step. Stepping has already taken the
+    # step's blocks, so prefix affinity no longer sees 100 on replica 0; fast-forward must agree.
+    sc = small_scenario(num_blocks=16, cluster={"gpus_per_node": 2, "router": "prefix_affinity"})
+    for t in np.linspace(0.107, 0.232, 25):
+        wl = make_workload(
+            [0.0, 0.1, t],
+            [16, 232, 40],
+            [1, 20, 2],
+            hash_ids=[[100], list(range(300, 315)), [100, 200, 201]],
+            block_tokens=16,
+        )
+        a, b = _ff_and_stepping(sc, wl)
+        assert records(a) == records(b), t
+
+
+def test_arrivals_around_step_ends_agree_in_both_modes():
+    sc = small_scenario(num_blocks=64, kv={"prefix_cache": False})
+    (alone,) = run_scenario(sc, workload=make_workload([0.0], [100], [60])).seqs
+    step = (alone.finish_s - alone.first_token_s) / 59  # decode steps are nearly equal here
+    ends = [alone.first_token_s + step * j for j in range(5, 40, 7)]
+    for e in ends:
+        wl = make_workload([0.0, e - step / 2, e], [100, 10, 10], [60, 5, 5])
+        a, b = _ff_and_stepping(sc, wl)
+        assert records(a) == records(b)
+        assert a.summary["simulated_s"] == b.summary["simulated_s"]

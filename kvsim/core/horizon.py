@@ -15,7 +15,7 @@ can end a window contributes a bound, and the window is their minimum:
   instant at which the router reads its prefix cache (`Replica.num_prefix_hits`);
 - ``outside_event``: the next event from outside the replica (end of the simulation now; transfer
   completions and closed-loop turns later): only steps that end strictly before it run, and at least
-  one. Arrivals are not outside events: one routed to this replica cuts its window where it lands
+  one. It needs the steps' end times, so the replica applies it after pricing (`steps_before`). Arrivals are not outside events: one routed to this replica cuts its window where it lands
   (`steps_before`), and the others do not concern it.
 
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.

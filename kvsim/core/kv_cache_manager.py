@@ -6,8 +6,8 @@ between ``sched/scheduler.py`` and ``block_pool.py``; nano-vllm: ``BlockManager.
 
 - `get_computed_blocks(req)`: the prefix-cache hits of a waiting request, as (cache entries hit,
   tokens whose KV they hold), with vLLM's rule that at least one token is always computed;
-- `allocate_slots(req, num_new_tokens)`: blocks for a running request's next tokens, or False with
-  nothing changed when they do not fit (the scheduler then preempts);
+- `allocate_slots(req, num_new_blocks)`: more blocks for a running request's next tokens, or False
+  with nothing changed when they do not fit (the scheduler then preempts);
 - `admit(req, num_hits, num_new_tokens)`: take the hits and the new blocks of a waiting request, or
   False when they do not fit;
 - `cache_blocks(req, num_computed_tokens)`: turn the request's blocks that are full up to that many
@@ -19,8 +19,8 @@ covering ``entry size`` blocks) followed by one run of private blocks; `block_ta
 as `BlockRun`s with their tier. All blocks live in HBM here; the memory-tier work adds tiers to the
 runs. Resident tokens equal computed tokens while no token is evicted.
 
-The manager also keeps the memory peaks (noted after every allocation, before any release) and the
-step stamp the pool uses for last-access times.
+The manager also keeps the memory peaks (noted after every allocation, before any release) and
+hands the scheduler's step count to the pool as its last-access stamp (`set_step`).
 """
 
 from __future__ import annotations
@@ -112,6 +112,10 @@ class KVCacheManager:
         return req.num_computed
 
     # ---- mutations --------------------------------------------------------------------------------
+    def set_step(self, step: int) -> None:
+        """The scheduler's step count: the stamp of what the pool touches from now on."""
+        self.pool.stamp = step
+
     def note_peak(self) -> None:
         """Called after every allocation, before any release: blocks only grow in between."""
         pool = self.pool
@@ -166,6 +170,21 @@ class KVCacheManager:
         self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, end)])
         req.num_private -= cum[end] - cum[start]
         req.held_keys = req.held_keys + keys if req.held_keys else keys
+
+    def take_step_blocks(self, reqs: list[Request]) -> None:
+        """Blocks for the next decode step of `reqs` (one token each), as scheduling it would take
+        them; used when a fast-forward window is applied in parts."""
+        bs = self.block_size
+        extra = 0
+        for r in reqs:
+            n = -(-(r.num_computed + 1) // bs) - r.num_blocks
+            if n > 0:
+                r.num_private += n
+                r.num_blocks += n
+                extra += n
+        if extra:
+            self.pool.allocate(extra)
+        self.note_peak()
 
     def _cache_generated(self, req: Request) -> None:
         start = req.key_cum[-1]  # blocks the request's entries cover

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from kvsim.core.request import Request
+from kvsim.spec.scenario import RouterPolicy
 
-POLICIES = ("round_robin", "least_outstanding_tokens", "least_outstanding_requests", "prefix_affinity")
+POLICIES = tuple(p.value for p in RouterPolicy)
 
 
 class ReplicaView(Protocol):

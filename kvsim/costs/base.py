@@ -11,25 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
+from kvsim.core.sched.output import SeqKind  # re-exported: the batch is the scheduler's
 from kvsim.spec.topology import Link
 
 Flags = frozenset[str]  # names of ops priced outside what a model knows
 Chunks = list[tuple[int, int]]  # (new tokens, cached tokens) of each prefill or verify sequence
 NO_FLAGS: Flags = frozenset()
 _NO_DECODE = np.zeros(0)  # the decode part of a step without decoding sequences (read only)
-
-
-class SeqKind(str, Enum):
-    """What one sequence computes in a forward pass."""
-
-    DECODE = "decode"  # one token past its first sample, attending to its whole cache
-    PREFILL = "prefill"  # a chunk of its prompt (or of a recompute), of any length, one token included
-    VERIFY = "verify"  # speculative decoding: its last token plus draft tokens, checked at once
 
 
 @dataclass(frozen=True)

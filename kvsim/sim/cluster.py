@@ -4,7 +4,6 @@ instant, and the factory of a replica's pool and scheduler."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -15,34 +14,31 @@ from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 
 
-@dataclass
-class ArrivalFeed:
-    """Arrival times and the process that routes each request at its arrival instant."""
+class _ArrivalTimeout(simpy.events.Event):
+    """A timeout at URGENT priority: an arrival at the same instant as a step's end is seen first,
+    so that "the steps that ended strictly before an arrival" is one rule whether the replica
+    steps one by one or fast-forwards (`kvsim.core.horizon.steps_before`)."""
 
-    times: np.ndarray
-    end_s: float
-    cursor: int = 0
-
-    def next_time(self) -> float:
-        return float(self.times[self.cursor]) if self.cursor < len(self.times) else self.end_s
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.core.URGENT, delay)
 
 
 def arrival_process(
     env: simpy.Environment,
-    feed: ArrivalFeed,
+    times: np.ndarray,
     make_seq: Callable[[int], Request],
     router: Router,
 ):  # type: ignore[no-untyped-def]
-    n = len(feed.times)
-    while feed.cursor < n:
-        t = float(feed.times[feed.cursor])
+    """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only."""
+    for i, t in enumerate(times.tolist()):
         if t > env.now:
-            yield env.timeout(t - env.now)
-        i = feed.cursor
-        feed.cursor += 1
+            yield _ArrivalTimeout(env, t - env.now)
         seq = make_seq(i)
         if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
-            router.choose(seq, env.now).submit(seq)  # type: ignore[attr-defined]
+            router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
 
 
 def make_pool_and_scheduler(

@@ -2,14 +2,17 @@
 durations from the cost model.
 
 Fast-forward: where nothing can change between steps (a decode-only batch, no completion before
-the last step, enough empty blocks: `kvsim.core.horizon`), several steps are advanced as one event.
+the last step, blocks enough: `kvsim.core.horizon`), several steps are advanced as one event.
 Step durations come from the same vectorised cost function and times from the same sequential
 sums, so results equal stepping one by one (tests/test_engine.py and the property tests check
 this). An arrival routed here mid-window cuts the window after the step it lands in (`submit`),
 exactly where stepping would first see it; arrivals routed elsewhere leave it alone, and the router
 reads this replica's state at any instant in closed form (`outstanding_tokens_at`): inside a
-decode-only window only the computed-token counts move, one per request per step, and the prefix
-cache does not change. So engine events grow with the requests, not with requests x replicas.
+decode-only window only the computed-token counts move, one per request per step. The prefix cache
+changes inside a window only when the window evicts cached entries; then a read of it first applies
+the steps that ended and takes the blocks of the step in flight (`_apply_ended_steps`), as stepping
+has. Arrivals come first at an instant shared with a step's end (`kvsim.sim.cluster`), in both
+modes. So engine events grow with the requests, not with requests x replicas.
 Only the occupancy time series, sampled once per event, is sparser than stepping's.
 """
 
@@ -25,7 +28,7 @@ from kvsim.core.horizon import decode_window, steps_before
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.costs.base import CostModel, ForwardBatch
 
 MAX_FF_STEPS = 2048
 
@@ -95,12 +98,15 @@ class Replica:
         return self.sched.kv.num_prefix_hits(keys)
 
     def _apply_ended_steps(self, t: float) -> None:
-        """Apply the steps of the window in flight that ended before `t` (never its last one)."""
+        """Bring the replica to where stepping is at `t`: the steps of the window that ended before
+        `t` applied (never its last one), and the step in flight scheduled, its blocks taken (taking
+        them may evict cached entries, which the router must not see)."""
         assert self._win_ends is not None and self._win_plan is not None
         done = steps_before(self._win_ends, t, self._win_k) - self._win_applied
         if done > 0:
             self.sched.advance_decode(self._win_plan, done)
             self._win_applied += done
+            self.sched.kv.take_step_blocks(self._win_plan.reqs)
 
     # ---- arrivals -----------------------------------------------------------------------------------
     def submit(self, seq: Request) -> None:
@@ -177,7 +183,7 @@ class Replica:
                         seq.first_scheduled_s = self.clock
                 # -- cost: price the step that runs, and record its off-grid flags --
                 batch = ForwardBatch(
-                    tuple(SeqKind.DECODE if dec else SeqKind.PREFILL for dec in plan.decoding),
+                    tuple(plan.kinds),
                     tuple(plan.num_new),
                     tuple(plan.ctx_before),
                     plan.num_sampling,

@@ -26,7 +26,7 @@ from collections import deque
 
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
-from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.sched.output import SchedulerOutput, SeqKind
 
 
 class Scheduler:
@@ -75,11 +75,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         kv = self.kv
-        kv.pool.stamp = self.num_steps
+        kv.set_step(self.num_steps)
         budget = self.max_batched_tokens
         running = self.running
         add_req, add_new, add_ctx = out.reqs.append, out.num_new.append, out.ctx_before.append
-        add_dec, add_smp = out.decoding.append, out.sampling.append
+        add_kind, add_smp = out.kinds.append, out.sampling.append
+        DECODE, PREFILL = SeqKind.DECODE, SeqKind.PREFILL
+        bs = self.block_size
         all_decoding = True
         i = 0
         while i < len(running) and budget > 0:
@@ -91,7 +93,7 @@ class Scheduler:
                 all_decoding = False
             if num_new > budget:
                 num_new = budget
-            need = kv.blocks_needed(req, c + num_new)
+            need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
             if need > 0 and not kv.allocate_slots(req, need):
                 kv.note_peak()  # memory is at its fullest just before a preemption
                 preempted_self = False
@@ -106,12 +108,12 @@ class Scheduler:
                         break
                 if preempted_self:
                     break
-            if len(req.held_keys) < len(req.keys):
+            if not decoding and len(req.held_keys) < len(req.keys):
                 kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
             add_req(req)
             add_new(num_new)
             add_ctx(c)
-            add_dec(decoding)
+            add_kind(DECODE if decoding else PREFILL)
             add_smp(c + num_new == req.num_tokens)
             budget -= num_new
             i += 1
@@ -140,7 +142,7 @@ class Scheduler:
             add_req(req)
             add_new(num_new)
             add_ctx(computed)
-            add_dec(False)
+            add_kind(PREFILL)
             add_smp(computed + num_new == req.num_tokens)
             budget -= num_new
         kv.note_peak()
@@ -168,7 +170,7 @@ class Scheduler:
 
     def _finish(self, done: list[Request]) -> None:
         kv = self.kv
-        kv.pool.stamp = self.num_steps
+        kv.set_step(self.num_steps)
         for req in done:
             kv.free(req)
             req.status = RequestStatus.FINISHED
