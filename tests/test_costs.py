@@ -29,8 +29,8 @@ def test_a_one_token_prefill_chunk_is_priced_as_prefill_not_decode():
 
 
 def test_a_decode_computes_exactly_one_token():
-    with pytest.raises(AssertionError):
-        ForwardBatch((SeqKind.DECODE,), (2,), (10,), 1)
+    with pytest.raises(AssertionError):  # checked where the batch is priced (the hot path reads it once)
+        make_cost_model(small_scenario()).price(ForwardBatch((SeqKind.DECODE,), (2,), (10,), 1))
 
 
 def test_decode_step_times_equal_the_price_of_decode_only_batches():

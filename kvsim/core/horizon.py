@@ -18,6 +18,15 @@ can end a window contributes a bound, and the window is their minimum:
   one. It needs the steps' end times, so the replica applies it after pricing (`steps_before`). Arrivals are not outside events: one routed to this replica cuts its window where it lands
   (`steps_before`), and the others do not concern it.
 
+Mixed windows: a step of decodes plus one prefill chunk that takes the rest of the token budget
+(chunked prefill under load) repeats too: each decode computes one token and the chunk stays the
+same size, until the prefill's last full chunk. No request can be admitted inside (the budget is
+spent every step), so evicting cached entries is safe; the prefilling request registers its full
+blocks as each step is scheduled, which the replica applies at the window's end or before the router
+reads its prefix cache, and a key it would register that is cached already (sharing frees a block
+mid-window) ends the window before that step (``shared_key``). `mixed_window` returns the per-step
+contexts that `CostModel.mixed_step_times` prices.
+
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.
 The window returns its per-step work, the cached tokens the batch attends before each step, which
 the cost model prices in one vectorised call (`CostModel.decode_step_times`).
@@ -31,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.core.kv_cache_manager import KVCacheManager
-from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.sched.output import SchedulerOutput, SeqKind
 
 
 @dataclass(frozen=True)
@@ -76,3 +85,72 @@ def decode_window(
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
     """How many of the first `k` steps (all by default) end strictly before time `t`."""
     return bisect_left(ends, t, 0, len(ends) if k is None else k)
+
+
+@dataclass(frozen=True)
+class MixedWindow:
+    num_steps: int
+    num_decode: int  # decoding requests: all but the last of the step
+    chunk: int  # prefill tokens per step of the last request
+    dec_sum_ctx: np.ndarray  # (num_steps,) int64: cached tokens of the decoding requests before step j
+    prefill_ctx: np.ndarray  # (num_steps,) int64: cached tokens of the prefilling request before step j
+    num_sampling: np.ndarray  # (num_steps,) int64: LM-head rows (the prefill samples at its last chunk)
+    bound: str
+
+
+def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> MixedWindow | None:
+    """The longest run of decodes-plus-one-full-chunk steps starting with the scheduled one, or None
+    where the step is not of that shape or no second step would follow unchanged."""
+    if out.admitted or out.preempted:
+        return None
+    kinds = out.kinds
+    n = len(kinds)
+    if kinds[-1] is not SeqKind.PREFILL or kinds.count(SeqKind.DECODE) != n - 1:
+        return None
+    reqs = out.reqs
+    p = reqs[-1]
+    chunk = out.num_new[-1]
+    c_p = out.ctx_before[-1]
+    # Full chunks left, this one included; a shorter last chunk would leave budget for an admission.
+    k, bound = (p.num_tokens - c_p) // chunk, "prefill"
+    if k < 2:
+        return None
+    if max_steps < k:
+        k, bound = max_steps, "max_steps"
+    m = n - 1
+    sum_c = 0
+    for r in reqs[:m]:
+        left = r.output_len - r.num_generated
+        if left < k:
+            k, bound = left, "outputs"
+        sum_c += r.num_computed
+    if p.keys and len(p.held_keys) < len(p.keys):
+        refs = kv.pool.refs
+        cum = p.key_cum
+        bs = kv.block_size
+        for e in range(len(p.held_keys), len(p.keys)):
+            if p.keys[e] in refs:  # registering it at step j would share it and free a block
+                j = -(-(cum[e + 1] * bs - c_p) // chunk) - 1
+                if j < k:
+                    k, bound = j, "shared_key"
+                break
+    if k < 2:
+        return None
+    avail = kv.num_free_blocks
+    if kv.blocks_needed_through(reqs, k - 1, chunk) > avail:
+        lo, hi = 0, k - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if kv.blocks_needed_through(reqs, mid, chunk) <= avail:
+                lo = mid
+            else:
+                hi = mid - 1
+        k, bound = lo + 1, "free_blocks"
+        if k < 2:
+            return None
+    j = np.arange(k, dtype=np.int64)
+    prefill_ctx = c_p + j * chunk
+    sampling = np.full(k, m, dtype=np.int64)
+    if c_p + k * chunk == p.num_tokens:
+        sampling[-1] += 1
+    return MixedWindow(k, m, chunk, sum_c + j * m, prefill_ctx, sampling, bound)

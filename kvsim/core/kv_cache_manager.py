@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
 
+import numpy as np
+
 from kvsim.core.block_hash import private_key
 from kvsim.core.block_pool import BlockPool
 from kvsim.core.request import Request
@@ -91,15 +93,34 @@ class KVCacheManager:
         """New blocks a running request needs to hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size) - req.num_blocks
 
-    def blocks_needed_through(self, reqs: list[Request], j: int) -> int:
-        """New blocks the requests need to run decode steps 0..j (step 0's are already held)."""
+    def blocks_needed_through(self, reqs: list[Request], j: int, chunk: int = 0) -> int:
+        """New blocks the requests need to run steps 0..j of a window (step 0's are already held):
+        one token per step each, but the last request `chunk` tokens per step when `chunk` > 0."""
         bs = self.block_size
         total = 0
         for r in reqs:
             n = -(-(r.num_computed + j + 1) // bs) - r.num_blocks
             if n > 0:
                 total += n
+        if chunk:
+            last = reqs[-1]
+            total -= max(0, -(-(last.num_computed + j + 1) // bs) - last.num_blocks)
+            total += max(0, -(-(last.num_computed + (j + 1) * chunk) // bs) - last.num_blocks)
         return total
+
+    def new_blocks_per_step(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> np.ndarray:
+        """(num_steps,) int64: blocks the requests take at each step of a window that starts now
+        (step 0's are held already, so entry 0 is 0); tokens per step as in `blocks_needed_through`."""
+        bs = self.block_size
+        steps: list[int] = []
+        last = len(reqs) - 1
+        for i, r in enumerate(reqs):
+            t = chunk if chunk and i == last else 1
+            c, nb = r.num_computed, r.num_blocks
+            end = -(-(c + num_steps * t) // bs)
+            if end > nb:  # block b is taken by the step that writes its first token
+                steps.extend([(b * bs - c) // t for b in range(nb, end)])
+        return np.bincount(np.asarray(steps, dtype=np.int64), minlength=num_steps)[:num_steps]
 
     def block_table(self, req: Request) -> list[BlockRun]:
         cum = req.key_cum
@@ -171,13 +192,14 @@ class KVCacheManager:
         req.num_private -= cum[end] - cum[start]
         req.held_keys = req.held_keys + keys if req.held_keys else keys
 
-    def take_step_blocks(self, reqs: list[Request]) -> None:
-        """Blocks for the next decode step of `reqs` (one token each), as scheduling it would take
-        them; used when a fast-forward window is applied in parts."""
+    def take_step_blocks(self, reqs: list[Request], chunk: int = 0) -> None:
+        """Blocks for the next step of `reqs` (one token each, the last `chunk` if given), as
+        scheduling it would take them; used when a fast-forward window is applied in parts."""
         bs = self.block_size
         extra = 0
-        for r in reqs:
-            n = -(-(r.num_computed + 1) // bs) - r.num_blocks
+        last = len(reqs) - 1
+        for i, r in enumerate(reqs):
+            n = -(-(r.num_computed + (chunk if chunk and i == last else 1)) // bs) - r.num_blocks
             if n > 0:
                 r.num_private += n
                 r.num_blocks += n
@@ -205,19 +227,22 @@ class KVCacheManager:
         req.keys = req.keys + keys
         req.held_keys = req.held_keys + keys
 
-    def grow_decode(self, reqs: list[Request], num_steps: int) -> None:
-        """Blocks for `num_steps` decode steps just applied to `reqs` (their computed counts already
-        advanced; the first step's blocks were allocated when it was scheduled)."""
+    def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> None:
+        """Blocks for `num_steps` steps just applied to `reqs` (their computed counts already
+        advanced: one token per step, the last request `chunk` if given; blocks held before cover
+        the first of those steps, as scheduling it took them)."""
         bs = self.block_size
         extra = 0
         pool = self.pool
-        steps: list[int] = []  # the step (1..num_steps-1) at which stepping would take each block
-        for r in reqs:
+        steps: list[int] = []  # the step at which stepping would take each block
+        last = len(reqs) - 1
+        for i, r in enumerate(reqs):
             n = -(-r.num_computed // bs) - r.num_blocks
             if n > 0:
+                t = chunk if chunk and i == last else 1
+                c0 = r.num_computed - num_steps * t
                 # Block b of the request's table is taken by the step that writes its first token.
-                first = r.num_blocks * bs - (r.num_computed - num_steps)  # 1-based step of the first
-                steps.extend(range(first, first + n * bs, bs))
+                steps.extend((b * bs - c0) // t for b in range(r.num_blocks, r.num_blocks + n))
                 r.num_private += n
                 r.num_blocks += n
                 extra += n

@@ -41,7 +41,6 @@ class ForwardBatch:
 
     def __post_init__(self) -> None:
         assert len(self.kinds) == len(self.num_new) == len(self.ctx_before)
-        assert all(n == 1 for k, n in zip(self.kinds, self.num_new, strict=True) if k is SeqKind.DECODE)
 
     @staticmethod
     def decode(ctx_before: Iterable[int]) -> ForwardBatch:
@@ -87,6 +86,31 @@ class CostModel(Protocol):
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
         """The off-grid flags of the decode-only steps ``sum_ctx`` (as above), together."""
+        ...
+
+    def mixed_step_times(
+        self,
+        num_decode: int,
+        dec_sum_ctx: np.ndarray,
+        chunk: int,
+        prefill_ctx: np.ndarray,
+        num_sampling: np.ndarray,
+    ) -> np.ndarray:
+        """Seconds of steps j that each run `num_decode` decodes (contexts summing to
+        ``dec_sum_ctx[j]``) and one prefill chunk of `chunk` tokens on ``prefill_ctx[j]`` cached
+        ones, with ``num_sampling[j]`` LM-head rows. Equal, element by element, to `price` of the
+        same batches (fast-forward relies on it). No side effects."""
+        ...
+
+    def mixed_off_grid(
+        self,
+        num_decode: int,
+        dec_sum_ctx: np.ndarray,
+        chunk: int,
+        prefill_ctx: np.ndarray,
+        num_sampling: np.ndarray,
+    ) -> frozenset[str]:
+        """The off-grid flags of those steps, together."""
         ...
 
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
@@ -136,17 +160,22 @@ class StepCostModel:
 
     def price(self, batch: ForwardBatch) -> StepPrice:
         total = batch.num_tokens
-        dec_n = 0
-        dec_ctx = 0
+        kinds, num_new, ctx_before = batch.kinds, batch.num_new, batch.ctx_before
+        dec_n = kinds.count(SeqKind.DECODE)
+        dec_ctx = sum(ctx_before)
         prefill = 0.0
         chunks: list[tuple[int, int]] = []
-        for kind, n, c in zip(batch.kinds, batch.num_new, batch.ctx_before, strict=True):
-            if kind is SeqKind.DECODE:
-                dec_n += 1
-                dec_ctx += c
-            else:  # a prefill chunk, or a verify: n queries attending causally over c cached keys
+        # The few prefill (or verify) rows, found from the end, where the scheduler puts them: a
+        # batch is mostly decodes, and this is the simulator's hottest pricing path.
+        i = len(kinds)
+        while len(chunks) < len(kinds) - dec_n:
+            i -= 1
+            if kinds[i] is not SeqKind.DECODE:  # n queries attending causally over c cached keys
+                n, c = num_new[i], ctx_before[i]
                 prefill += self._prefill_attn_time(n, c)
                 chunks.append((n, c))
+                dec_ctx -= c
+        assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"
         t = self.overhead_s + self._gemm_time(total, batch.num_sampling) + self._comm_time(total) + prefill
         ctx = _NO_DECODE
         if dec_n:
@@ -163,6 +192,45 @@ class StepCostModel:
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
         return self._off_grid(num_seqs, num_seqs, [], num_seqs, sum_ctx.astype(np.float64))
+
+    def mixed_step_times(
+        self,
+        num_decode: int,
+        dec_sum_ctx: np.ndarray,
+        chunk: int,
+        prefill_ctx: np.ndarray,
+        num_sampling: np.ndarray,
+    ) -> np.ndarray:
+        # The same operations in the same order as `price`, one step per element.
+        total = num_decode + chunk
+        comm = self._comm_time(total)
+        gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
+        t = np.array(
+            [
+                self.overhead_s + gemm[s] + comm + (0.0 + self._prefill_attn_time(chunk, c))
+                for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
+            ],
+            dtype=np.float64,
+        )
+        if num_decode:
+            t = t + self._decode_attn_time(num_decode, dec_sum_ctx.astype(np.float64))
+        return t
+
+    def mixed_off_grid(
+        self,
+        num_decode: int,
+        dec_sum_ctx: np.ndarray,
+        chunk: int,
+        prefill_ctx: np.ndarray,
+        num_sampling: np.ndarray,
+    ) -> frozenset[str]:
+        total = num_decode + chunk
+        chunks = [(chunk, int(c)) for c in prefill_ctx.tolist()]
+        dec = dec_sum_ctx.astype(np.float64) if num_decode else _NO_DECODE
+        flags: frozenset[str] = NO_FLAGS
+        for rows in sorted(set(num_sampling.tolist())):
+            flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec)
+        return flags
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []

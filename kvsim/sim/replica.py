@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.core.horizon import decode_window, steps_before
+from kvsim.core.horizon import decode_window, mixed_window, steps_before
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
@@ -70,43 +70,48 @@ class Replica:
         self.stats = ReplicaStats()
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
-        self._win_ends: list[float] | None = None  # end times of the decode window in flight
-        self._win_k = 0  # steps of it that will run
-        self._win_m = 0  # requests in it
-        self._win_plan: SchedulerOutput | None = None
-        self._win_applied = 0  # steps of it already applied (the router read this replica mid-window)
-        self._win_evicts = False  # whether it evicts cached entries (then reads apply ended steps)
+        self._win: _Window | None = None  # the fast-forward window in flight
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
     def outstanding_tokens_at(self, t: float) -> int:
         """Tokens still to compute at time `t`, steps of the current window that ended before `t`
         taken off (each computes one token per running request)."""
-        ends = self._win_ends
-        if ends is None:
+        win = self._win
+        if win is None:
             return self.sched.outstanding_tokens
-        done = steps_before(ends, t, self._win_k) - self._win_applied
-        return self.sched.outstanding_tokens - self._win_m * done
+        done = steps_before(win.ends, t, win.k) - win.applied
+        return self.sched.outstanding_tokens - win.tokens_per_step * done
 
     @property
     def num_requests(self) -> int:
         return self.sched.num_requests
 
     def num_prefix_hits(self, keys: list[int]) -> int:
-        if self._win_evicts and self._win_ends is not None:
-            self._apply_ended_steps(self.env.now)  # the window's evictions so far, as stepping has them
+        if self._win is not None and self._win.changes_cache:
+            self._apply_ended_steps(self.env.now)  # the window's cache changes so far, as stepping has
         return self.sched.kv.num_prefix_hits(keys)
 
     def _apply_ended_steps(self, t: float) -> None:
         """Bring the replica to where stepping is at `t`: the steps of the window that ended before
         `t` applied (never its last one), and the step in flight scheduled, its blocks taken (taking
         them may evict cached entries, which the router must not see)."""
-        assert self._win_ends is not None and self._win_plan is not None
-        done = steps_before(self._win_ends, t, self._win_k) - self._win_applied
-        if done > 0:
-            self.sched.advance_decode(self._win_plan, done)
-            self._win_applied += done
-            self.sched.kv.take_step_blocks(self._win_plan.reqs)
+        win = self._win
+        assert win is not None
+        done = steps_before(win.ends, t, win.k) - win.applied
+        if done <= 0:
+            return
+        sched, reqs = self.sched, win.plan.reqs
+        if win.chunk:
+            sched.advance_mixed(win.plan, done)
+            sched.kv.take_step_blocks(reqs, win.chunk)
+            p = reqs[-1]
+            if len(p.held_keys) < len(p.keys):  # the step in flight registered its blocks when scheduled
+                sched.kv.cache_blocks(p, p.num_computed + win.chunk)
+        else:
+            sched.advance_decode(win.plan, done)
+            sched.kv.take_step_blocks(reqs)
+        win.applied += done
 
     # ---- arrivals -----------------------------------------------------------------------------------
     def submit(self, seq: Request) -> None:
@@ -114,11 +119,12 @@ class Replica:
         self.sched.add(seq)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
-        elif self._win_ends is not None:
+        elif self._win is not None:
             # Stepping would first see the request after the step in flight now: cut the window there.
-            k = steps_before(self._win_ends, self.env.now, self._win_k) + 1
-            if k < self._win_k:
-                self._win_k = k
+            win = self._win
+            k = steps_before(win.ends, self.env.now, win.k) + 1
+            if k < win.k:
+                win.k = k
                 self.process.interrupt()
 
     def _sample(self) -> None:
@@ -153,28 +159,30 @@ class Replica:
                 self.clock = env.now
                 continue
             self._sample()
-            if plan.decode_only:
-                ends, sum_ctx, evicts, block_s = self._decode_window(plan)
-                self._win_ends, self._win_k, self._win_m = ends, len(ends), len(plan.reqs)
-                self._win_plan, self._win_applied, self._win_evicts = plan, 0, evicts
+            win = self._window(plan) if self.fast_forward else None
+            if win is not None:
+                self._win = win
                 while True:
                     try:
-                        yield env.timeout(max(0.0, ends[self._win_k - 1] - env.now))
+                        yield env.timeout(max(0.0, win.ends[win.k - 1] - env.now))
                         break
                     except simpy.Interrupt:  # an arrival cut the window shorter
                         continue
-                k = self._win_k
-                self._win_ends = self._win_plan = None
-                t_end = ends[k - 1]
-                self.off_grid |= self.cost.decode_off_grid(
-                    len(plan.reqs), sum_ctx[:k]
-                )  # cost: only the steps that ran
+                self._win = None
+                k = win.k
+                t_end = win.ends[k - 1]
+                self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
                 self.clock = t_end
                 self.stats.kv_block_s = float(
-                    np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s[:k])))[-1]
+                    np.cumsum(np.concatenate(([self.stats.kv_block_s], win.block_s[:k])))[-1]
                 )
-                done = sched.advance_decode(plan, k - self._win_applied)
+                if win.chunk:
+                    first, done = sched.advance_mixed(plan, k - win.applied)
+                else:
+                    first, done = [], sched.advance_decode(plan, k - win.applied)
                 self.stats.steps += k
+                for seq in first:
+                    seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
             else:
@@ -208,42 +216,62 @@ class Replica:
             # steps each event ran (a sum of per-event durations would round differently).
             self.stats.busy_s = self.clock - self.stats.idle_s
 
-    def _decode_window(self, plan: SchedulerOutput) -> tuple[list[float], np.ndarray, bool, np.ndarray]:
-        """End times of the decode steps this event may run, the batch's cached context before each
-        (for pricing and bookkeeping), whether the window evicts cached entries, and each step's KV
-        block-seconds."""
-        m = len(plan.reqs)
-        used0 = self.sched.kv.pool.num_used
-        if not self.fast_forward:
-            sum_ctx = np.array([sum(plan.ctx_before)], dtype=np.int64)
-            evicts = False
-        else:
-            sched = self.sched
-            window = decode_window(plan, sched.kv, MAX_FF_STEPS, may_evict=sched.may_evict_in_window)
+    def _window(self, plan: SchedulerOutput) -> _Window | None:
+        """The fast-forward window starting with the scheduled step, or None to run it alone.
+
+        Stepping one by one (``sim.fast_forward: false``) never comes here: it prices every step
+        with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
+        sched = self.sched
+        kv = sched.kv
+        used0 = kv.pool.num_used
+        if plan.decode_only:
+            m = len(plan.reqs)
+            window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=sched.may_evict_in_window)
+            if window.num_steps == 1:
+                return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
-            evicts = (
-                sched.kv.blocks_needed_through(plan.reqs, window.num_steps - 1) > sched.kv.num_empty_blocks
-            )
-        d = self.cost.decode_step_times(m, sum_ctx)
+            evicts = kv.blocks_needed_through(plan.reqs, window.num_steps - 1) > kv.num_empty_blocks
+            d = self.cost.decode_step_times(m, sum_ctx)
+            cost = self.cost
+
+            def off_grid(k: int) -> frozenset[str]:
+                return cost.decode_off_grid(m, sum_ctx[:k])
+
+            chunk, tokens, changes = 0, m, evicts
+        else:
+            mw = mixed_window(plan, kv, MAX_FF_STEPS)
+            if mw is None:
+                return None
+            args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
+            d = self.cost.mixed_step_times(*args)
+            cost = self.cost
+
+            def off_grid(k: int) -> frozenset[str]:
+                return cost.mixed_off_grid(
+                    mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
+                )
+
+            p = plan.reqs[-1]
+            chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
+            evicts = kv.blocks_needed_through(plan.reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
+            changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, steps_before(ends, self.next_outside_event()))
-        used = _decode_used_blocks(plan.reqs, used0, self.sched.block_size, k)
-        return ends[:k], sum_ctx, evicts, used * d[:k]
+        used = used0 + np.cumsum(kv.new_blocks_per_step(plan.reqs, k, chunk))
+        return _Window(plan, ends[:k], k, chunk, tokens, changes, used * d[:k], off_grid)
 
 
-def _decode_used_blocks(seqs: list[Request], used0: int, block_size: int, k: int) -> np.ndarray:
-    """(k,) int64: blocks in use during each of k decode-only steps that start with `used0` in use.
+@dataclass
+class _Window:
+    """A fast-forward window in flight: `k` of its steps will run (an arrival may lower it)."""
 
-    Step j writes token num_computed + j, so a sequence takes a new block at step
-    num_blocks * block_size - num_computed (>= 1: step 0's blocks are held) and every block_size steps
-    after; the blocks taken through step j are what ``Scheduler.advance_decode`` allocates.
-    """
-    first = np.fromiter((s.num_blocks * block_size - s.num_computed for s in seqs), np.int64, len(seqs))
-    first = first[first < k]
-    rows = -(-k // block_size)
-    # Crossings of one sequence fall in one column of a (rows, block_size) layout of the steps,
-    # from its first row on: count first crossings per cell, then carry them down the rows.
-    starts = np.bincount(first, minlength=rows * block_size).reshape(rows, block_size)
-    new_at = np.cumsum(starts, axis=0).ravel()[:k]
-    return used0 + np.cumsum(new_at)
+    plan: SchedulerOutput
+    ends: list[float]  # end time of each step
+    k: int
+    chunk: int  # prefill tokens per step of the last request (mixed window), 0 for decode-only
+    tokens_per_step: int  # tokens computed per step, all requests together
+    changes_cache: bool  # it evicts cached entries or registers blocks: reads first apply ended steps
+    block_s: np.ndarray  # (len(ends),) KV blocks in use x seconds, per step
+    off_grid: Callable[[int], frozenset[str]]  # the cost model's flags of its first k steps
+    applied: int = 0  # steps already applied (the router read this replica mid-window)

@@ -88,12 +88,23 @@ class Scheduler:
             req = running[i]
             c = req.num_computed
             num_new = req.num_tokens - c
-            decoding = num_new == 1 and req.num_generated > 0
-            if not decoding:
-                all_decoding = False
-            if num_new > budget:
-                num_new = budget
-            need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
+            if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
+                if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
+                    add_req(req)
+                    add_new(1)
+                    add_ctx(c)
+                    add_kind(DECODE)
+                    add_smp(True)
+                    budget -= 1
+                    i += 1
+                    continue
+                need = 1
+                decoding = True
+            else:
+                all_decoding = decoding = False
+                if num_new > budget:
+                    num_new = budget
+                need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
             if need > 0 and not kv.allocate_slots(req, need):
                 kv.note_peak()  # memory is at its fullest just before a preemption
                 preempted_self = False
@@ -154,9 +165,10 @@ class Scheduler:
         first: list[Request] = []
         done: list[Request] = []
         self.num_steps += 1
-        for req, n, sampled in zip(out.reqs, out.num_new, out.sampling, strict=True):
+        num_new = out.num_new
+        self.outstanding_tokens -= sum(num_new)
+        for req, n, sampled in zip(out.reqs, num_new, out.sampling, strict=True):
             req.num_computed += n
-            self.outstanding_tokens -= n
             if sampled:
                 req.num_generated += 1
                 req.num_tokens += 1
@@ -177,6 +189,40 @@ class Scheduler:
             req.keys, req.key_cum = [], [0]  # nothing reads them again; a long run keeps every request
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
+
+    def advance_mixed(self, out: SchedulerOutput, k: int) -> tuple[list[Request], list[Request]]:
+        """Apply k steps of a mixed window (`kvsim.core.horizon.mixed_window`): the decodes one token
+        each, the last request one chunk each. Returns (sampled their first token, finished); every
+        part of a window but its last returns none of either."""
+        reqs = out.reqs
+        p = reqs[-1]
+        chunk = out.num_new[-1]
+        decoders = reqs[:-1]
+        done = []
+        for req in decoders:
+            req.num_computed += k
+            req.num_generated += k
+            req.num_tokens += k
+            if req.num_generated >= req.output_len:
+                done.append(req)
+        p.num_computed += k * chunk
+        kv = self.kv
+        kv.grow_decode(reqs, k, chunk)
+        if len(p.held_keys) < len(p.keys):
+            kv.cache_blocks(p, p.num_computed)  # registered as each step was scheduled
+        self.num_steps += k
+        self.outstanding_tokens -= k * (len(decoders) + chunk)
+        first = []
+        if p.num_computed == p.num_tokens:  # its last full chunk: it samples
+            p.num_generated += 1
+            p.num_tokens += 1
+            if p.num_generated == 1:
+                first.append(p)
+            if p.num_generated >= p.output_len:
+                done.append(p)
+        if done:
+            self._finish(done)
+        return first, done
 
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
