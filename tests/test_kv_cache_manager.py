@@ -57,9 +57,8 @@ def _decoding(kv: KVCacheManager, reqs: list[Request]) -> SchedulerOutput:
         r.num_generated = 1
         r.num_tokens = r.prompt_len + 1
         assert kv.allocate_slots(r, kv.blocks_needed(r, r.num_tokens))
-        out.reqs.append(r)
-        out.num_new.append(1)
-        out.ctx_before.append(r.num_computed)
+        out.decode_reqs.append(r)
+        out.decode_ctx.append(r.num_computed)
     return out
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.core.kv_cache_manager import KVCacheManager
-from kvsim.core.sched.output import SchedulerOutput, SeqKind
+from kvsim.core.sched.output import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def decode_window(
 ) -> DecodeWindow:
     """The longest run of decode-only steps, the scheduled one first, that no mechanism ends early.
     `may_evict`: whether the window may evict cached-but-free entries (see the module docstring)."""
-    reqs = out.reqs
+    reqs = out.decode_reqs
     k, bound = max_steps, "max_steps"
     sum_c = 0
     for r in reqs:
@@ -101,16 +101,13 @@ class MixedWindow:
 def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> MixedWindow | None:
     """The longest run of decodes-plus-one-full-chunk steps starting with the scheduled one, or None
     where the step is not of that shape or no second step would follow unchanged."""
-    if out.admitted or out.preempted:
+    if out.admitted or out.preempted or len(out.prefill_reqs) != 1 or not out.last_is_prefill:
         return None
-    kinds = out.kinds
-    n = len(kinds)
-    if kinds[-1] is not SeqKind.PREFILL or kinds.count(SeqKind.DECODE) != n - 1:
-        return None
-    reqs = out.reqs
-    p = reqs[-1]
-    chunk = out.num_new[-1]
-    c_p = out.ctx_before[-1]
+    p = out.prefill_reqs[0]
+    reqs = [*out.decode_reqs, p]  # the prefill last, as `KVCacheManager.blocks_needed_through` takes it
+    n = len(reqs)
+    chunk = out.prefill_new[0]
+    c_p = out.prefill_ctx[0]
     # Full chunks left, this one included; a shorter last chunk would leave budget for an admission.
     k, bound = (p.num_tokens - c_p) // chunk, "prefill"
     if k < 2:

@@ -108,20 +108,6 @@ class KVCacheManager:
             total += max(0, -(-(last.num_computed + (j + 1) * chunk) // bs) - last.num_blocks)
         return total
 
-    def new_blocks_per_step(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> np.ndarray:
-        """(num_steps,) int64: blocks the requests take at each step of a window that starts now
-        (step 0's are held already, so entry 0 is 0); tokens per step as in `blocks_needed_through`."""
-        bs = self.block_size
-        steps: list[int] = []
-        last = len(reqs) - 1
-        for i, r in enumerate(reqs):
-            t = chunk if chunk and i == last else 1
-            c, nb = r.num_computed, r.num_blocks
-            end = -(-(c + num_steps * t) // bs)
-            if end > nb:  # block b is taken by the step that writes its first token
-                steps.extend([(b * bs - c) // t for b in range(nb, end)])
-        return np.bincount(np.asarray(steps, dtype=np.int64), minlength=num_steps)[:num_steps]
-
     def block_table(self, req: Request) -> list[BlockRun]:
         cum = req.key_cum
         runs = [BlockRun(k, cum[i + 1] - cum[i]) for i, k in enumerate(req.held_keys)]
@@ -227,54 +213,71 @@ class KVCacheManager:
         req.keys = req.keys + keys
         req.held_keys = req.held_keys + keys
 
-    def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> None:
+    def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> np.ndarray:
         """Blocks for `num_steps` steps just applied to `reqs` (their computed counts already
         advanced: one token per step, the last request `chunk` if given; blocks held before cover
-        the first of those steps, as scheduling it took them)."""
+        the first of those steps, as scheduling it took them). Returns (num_steps,) int64: the new
+        blocks stepping would have taken at each step (entry 0 is 0)."""
         bs = self.block_size
         extra = 0
         pool = self.pool
-        steps: list[int] = []  # the step at which stepping would take each block
+        firsts: list[int] = []  # per request taking blocks: the step that takes its first new one
+        counts: list[int] = []
+        chunked: np.ndarray | None = None  # steps of the chunked request's new blocks
         last = len(reqs) - 1
         for i, r in enumerate(reqs):
             n = -(-r.num_computed // bs) - r.num_blocks
             if n > 0:
-                t = chunk if chunk and i == last else 1
-                c0 = r.num_computed - num_steps * t
                 # Block b of the request's table is taken by the step that writes its first token.
-                steps.extend((b * bs - c0) // t for b in range(r.num_blocks, r.num_blocks + n))
+                if chunk and i == last:
+                    c0 = r.num_computed - num_steps * chunk
+                    b = np.arange(r.num_blocks, r.num_blocks + n, dtype=np.int64)
+                    chunked = (b * bs - c0) // chunk
+                else:
+                    firsts.append(r.num_blocks * bs - (r.num_computed - num_steps))
+                    counts.append(n)  # then one every bs steps
                 r.num_private += n
                 r.num_blocks += n
                 extra += n
+        taken = np.zeros(num_steps, dtype=np.int64)
+        if counts:
+            cnt = np.asarray(counts, dtype=np.int64)
+            within = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            taken += np.bincount(
+                np.repeat(np.asarray(firsts, np.int64), cnt) + bs * within, minlength=num_steps
+            )
+        if chunked is not None:
+            taken += np.bincount(chunked, minlength=num_steps)
         if extra > pool.free and pool.sizes and pool.lru:
-            self._note_stepwise_peak(sorted(steps))
+            self._note_stepwise_peak(taken, extra)
         if extra:
             pool.allocate(extra)
         self.note_peak()
+        return taken
 
-    def _note_stepwise_peak(self, steps: list[int]) -> None:
+    def _note_stepwise_peak(self, taken: np.ndarray, total: int) -> None:
         """The occupancy peak stepping would see while a window's allocations evict cached entries.
 
         One batch allocation evicts the same least-recently-used entries as one allocation per step,
         but an entry larger than one block returns its surplus to the empty blocks, so occupancy
-        after some intermediate step can exceed the batch's final one. `steps` lists, sorted, the
-        step that takes each new block; the LRU order is fixed inside a window (nothing is released).
-        """
+        after some intermediate step can exceed the batch's final one. `taken[j]`: blocks step j
+        takes; the LRU order is fixed inside a window (nothing is released)."""
         pool = self.pool
         empty0 = pool.free
-        evicted_blocks = 0
-        lru = iter(pool.lru)
-        min_empty = empty0
-        i = 0
-        while i < len(steps):
-            j = i
-            while j < len(steps) and steps[j] == steps[i]:
-                j += 1
-            taken = j  # blocks taken by the end of step steps[i]
-            while empty0 + evicted_blocks < taken:
-                evicted_blocks += pool.size(next(lru))
-            min_empty = min(min_empty, empty0 + evicted_blocks - taken)
-            i = j
+        sizes: list[int] = []  # of the LRU entries the whole allocation evicts, oldest first
+        covered = 0
+        for key in pool.lru:
+            if empty0 + covered >= total:
+                break
+            s = pool.size(key)
+            sizes.append(s)
+            covered += s
+        cum = np.cumsum(taken)  # blocks taken by the end of each step
+        cum = cum[taken > 0]
+        evicted = np.concatenate(([0], np.cumsum(sizes)))
+        # After a step that has taken x blocks, the smallest LRU prefix with empty0 + E >= x is gone.
+        e = evicted[np.searchsorted(evicted, np.maximum(cum - empty0, 0), side="left")]
+        min_empty = min(empty0, int((empty0 + e - cum).min())) if len(cum) else empty0
         occupied = pool.num_blocks - min_empty
         if occupied > self.peak_occupied_blocks:
             self.peak_occupied_blocks = occupied

@@ -28,7 +28,7 @@ from kvsim.core.horizon import decode_window, mixed_window, steps_before
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch
+from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
 
 MAX_FF_STEPS = 2048
 
@@ -101,17 +101,15 @@ class Replica:
         done = steps_before(win.ends, t, win.k) - win.applied
         if done <= 0:
             return
-        sched, reqs = self.sched, win.plan.reqs
+        sched, reqs = self.sched, win.reqs
+        self._apply_part(win, done)
         if win.chunk:
-            sched.advance_mixed(win.plan, done)
             sched.kv.take_step_blocks(reqs, win.chunk)
             p = reqs[-1]
             if len(p.held_keys) < len(p.keys):  # the step in flight registered its blocks when scheduled
                 sched.kv.cache_blocks(p, p.num_computed + win.chunk)
         else:
-            sched.advance_decode(win.plan, done)
             sched.kv.take_step_blocks(reqs)
-        win.applied += done
 
     # ---- arrivals -----------------------------------------------------------------------------------
     def submit(self, seq: Request) -> None:
@@ -126,6 +124,21 @@ class Replica:
             if k < win.k:
                 win.k = k
                 self.process.interrupt()
+
+    def _apply_part(self, win: _Window, n: int) -> tuple[list[Request], list[Request]]:
+        """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
+        stepping's order. Returns (sampled their first token, finished)."""
+        sched = self.sched
+        used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
+        if win.chunk:
+            first, done = sched.advance_mixed(win.plan, n)
+        else:
+            first, done = [], sched.advance_decode(win.plan, n)
+        a = win.applied
+        block_s = (used0 + np.cumsum(sched.last_new_blocks)) * win.durations[a : a + n]
+        self.stats.kv_block_s = float(np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1])
+        win.applied += n
+        return first, done
 
     def _sample(self) -> None:
         if self.clock >= self._next_sample:
@@ -173,13 +186,7 @@ class Replica:
                 t_end = win.ends[k - 1]
                 self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
                 self.clock = t_end
-                self.stats.kv_block_s = float(
-                    np.cumsum(np.concatenate(([self.stats.kv_block_s], win.block_s[:k])))[-1]
-                )
-                if win.chunk:
-                    first, done = sched.advance_mixed(plan, k - win.applied)
-                else:
-                    first, done = [], sched.advance_decode(plan, k - win.applied)
+                first, done = self._apply_part(win, k - win.applied)
                 self.stats.steps += k
                 for seq in first:
                     seq.first_token_s = t_end
@@ -190,11 +197,12 @@ class Replica:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                         seq.first_scheduled_s = self.clock
                 # -- cost: price the step that runs, and record its off-grid flags --
+                m = len(plan.decode_reqs)
                 batch = ForwardBatch(
-                    tuple(plan.kinds),
-                    tuple(plan.num_new),
-                    tuple(plan.ctx_before),
-                    plan.num_sampling,
+                    (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
+                    (1,) * m + tuple(plan.prefill_new),
+                    tuple(plan.decode_ctx + plan.prefill_ctx),
+                    m + sum(plan.prefill_sampling),
                 )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
@@ -223,14 +231,14 @@ class Replica:
         with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
         sched = self.sched
         kv = sched.kv
-        used0 = kv.pool.num_used
         if plan.decode_only:
-            m = len(plan.reqs)
+            m = len(plan.decode_reqs)
+            reqs = plan.decode_reqs
             window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=sched.may_evict_in_window)
             if window.num_steps == 1:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
-            evicts = kv.blocks_needed_through(plan.reqs, window.num_steps - 1) > kv.num_empty_blocks
+            evicts = kv.blocks_needed_through(reqs, window.num_steps - 1) > kv.num_empty_blocks
             d = self.cost.decode_step_times(m, sum_ctx)
             cost = self.cost
 
@@ -251,15 +259,15 @@ class Replica:
                     mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
                 )
 
-            p = plan.reqs[-1]
+            p = plan.prefill_reqs[0]
+            reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
-            evicts = kv.blocks_needed_through(plan.reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
+            evicts = kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.
         k = max(1, steps_before(ends, self.next_outside_event()))
-        used = used0 + np.cumsum(kv.new_blocks_per_step(plan.reqs, k, chunk))
-        return _Window(plan, ends[:k], k, chunk, tokens, changes, used * d[:k], off_grid)
+        return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
 
 
 @dataclass
@@ -267,11 +275,12 @@ class _Window:
     """A fast-forward window in flight: `k` of its steps will run (an arrival may lower it)."""
 
     plan: SchedulerOutput
+    reqs: list[Request]  # its requests, a mixed window's prefilling one last
     ends: list[float]  # end time of each step
     k: int
     chunk: int  # prefill tokens per step of the last request (mixed window), 0 for decode-only
     tokens_per_step: int  # tokens computed per step, all requests together
     changes_cache: bool  # it evicts cached entries or registers blocks: reads first apply ended steps
-    block_s: np.ndarray  # (len(ends),) KV blocks in use x seconds, per step
+    durations: np.ndarray  # (len(ends),) seconds of each step
     off_grid: Callable[[int], frozenset[str]]  # the cost model's flags of its first k steps
     applied: int = 0  # steps already applied (the router read this replica mid-window)

@@ -1,9 +1,12 @@
 """What one scheduler step decided: vLLM v1's ``SchedulerOutput``, for a replica that keeps counts.
 
-Row i describes ``reqs[i]``: ``num_new[i]`` tokens computed on top of ``ctx_before[i]`` cached ones;
-``kinds[i]``: it decodes (one token past its first sampled one) or prefills; ``sampling[i]``: it samples a
-token when the step ends (its computed tokens reach its token count). The engine prices the step
-and applies it from this record; it re-derives nothing.
+Rows come in two groups, because a batch under load is mostly decodes and the engine handles them
+in bulk: decode rows (a request one token past its first sample computes exactly one token on top of
+``decode_ctx[i]`` cached ones, and samples) and prefill rows (``prefill_new[i]`` tokens of a prompt,
+or of a recompute, on top of ``prefill_ctx[i]``; ``prefill_sampling[i]``: it samples when the step
+ends, its computed tokens reaching its token count). The engine prices the step and applies it from
+this record; it re-derives nothing. ``reqs``, ``num_new``, ``ctx_before``, ``kinds`` and
+``sampling`` list all rows, decodes first.
 """
 
 from __future__ import annotations
@@ -24,24 +27,49 @@ class SeqKind(str, Enum):
 
 @dataclass
 class SchedulerOutput:
-    reqs: list[Request] = field(default_factory=list)
-    num_new: list[int] = field(default_factory=list)
-    ctx_before: list[int] = field(default_factory=list)
-    kinds: list[SeqKind] = field(default_factory=list)
-    sampling: list[bool] = field(default_factory=list)
+    decode_reqs: list[Request] = field(default_factory=list)
+    decode_ctx: list[int] = field(default_factory=list)
+    prefill_reqs: list[Request] = field(default_factory=list)
+    prefill_new: list[int] = field(default_factory=list)
+    prefill_ctx: list[int] = field(default_factory=list)
+    prefill_sampling: list[bool] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
-    all_decoding: bool = True  # every scheduled request decodes one token past its first
+    last_is_prefill: bool = False  # the last request scheduled (in running order) is a prefill row
 
     @property
     def empty(self) -> bool:
-        return not self.reqs
+        return not self.decode_reqs and not self.prefill_reqs
 
     @property
     def decode_only(self) -> bool:
         """Every scheduled request is decoding one token and nothing joined or left."""
-        return self.all_decoding and not self.admitted and not self.preempted
+        return not self.prefill_reqs and not self.admitted and not self.preempted
 
     @property
     def num_sampling(self) -> int:
-        return sum(self.sampling)
+        return len(self.decode_reqs) + sum(self.prefill_sampling)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_reqs) + sum(self.prefill_new)
+
+    @property
+    def reqs(self) -> list[Request]:
+        return self.decode_reqs + self.prefill_reqs
+
+    @property
+    def num_new(self) -> list[int]:
+        return [1] * len(self.decode_reqs) + self.prefill_new
+
+    @property
+    def ctx_before(self) -> list[int]:
+        return self.decode_ctx + self.prefill_ctx
+
+    @property
+    def kinds(self) -> list[SeqKind]:
+        return [SeqKind.DECODE] * len(self.decode_reqs) + [SeqKind.PREFILL] * len(self.prefill_reqs)
+
+    @property
+    def sampling(self) -> list[bool]:
+        return [True] * len(self.decode_reqs) + self.prefill_sampling

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
-from kvsim.core.sched.output import SchedulerOutput, SeqKind
+from kvsim.core.sched.output import SchedulerOutput
 
 
 class Scheduler:
@@ -47,6 +49,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.outstanding_tokens = 0
         self.num_steps = 0  # steps applied; the pool's last-access stamp
+        # Of the last window part applied (`advance_decode`, `advance_mixed`): the blocks taken at
+        # each of its steps, for the engine's blocks-in-use integral.
+        self.last_new_blocks: np.ndarray = np.zeros(0, dtype=np.int64)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -78,11 +83,11 @@ class Scheduler:
         kv.set_step(self.num_steps)
         budget = self.max_batched_tokens
         running = self.running
-        add_req, add_new, add_ctx = out.reqs.append, out.num_new.append, out.ctx_before.append
-        add_kind, add_smp = out.kinds.append, out.sampling.append
-        DECODE, PREFILL = SeqKind.DECODE, SeqKind.PREFILL
+        add_dec, add_dec_ctx = out.decode_reqs.append, out.decode_ctx.append
+        add_pre, add_new, add_ctx = out.prefill_reqs.append, out.prefill_new.append, out.prefill_ctx.append
+        add_smp = out.prefill_sampling.append
         bs = self.block_size
-        all_decoding = True
+        last_is_prefill = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -90,18 +95,16 @@ class Scheduler:
             num_new = req.num_tokens - c
             if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
-                    add_req(req)
-                    add_new(1)
-                    add_ctx(c)
-                    add_kind(DECODE)
-                    add_smp(True)
+                    add_dec(req)
+                    add_dec_ctx(c)
+                    last_is_prefill = False
                     budget -= 1
                     i += 1
                     continue
                 need = 1
                 decoding = True
             else:
-                all_decoding = decoding = False
+                decoding = False
                 if num_new > budget:
                     num_new = budget
                 need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
@@ -119,16 +122,20 @@ class Scheduler:
                         break
                 if preempted_self:
                     break
-            if not decoding and len(req.held_keys) < len(req.keys):
-                kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
-            add_req(req)
-            add_new(num_new)
-            add_ctx(c)
-            add_kind(DECODE if decoding else PREFILL)
-            add_smp(c + num_new == req.num_tokens)
+            if decoding:
+                add_dec(req)
+                add_dec_ctx(c)
+            else:
+                if len(req.held_keys) < len(req.keys):
+                    kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
+                add_pre(req)
+                add_new(num_new)
+                add_ctx(c)
+                add_smp(c + num_new == req.num_tokens)
+            last_is_prefill = not decoding
             budget -= num_new
             i += 1
-        out.all_decoding = all_decoding
+        out.last_is_prefill = last_is_prefill
         if out.preempted:
             kv.note_peak()
             return out
@@ -150,11 +157,11 @@ class Scheduler:
             out.admitted.append(req)
             if len(req.held_keys) < len(req.keys):
                 kv.cache_blocks(req, computed + num_new)
-            add_req(req)
+            add_pre(req)
             add_new(num_new)
             add_ctx(computed)
-            add_kind(PREFILL)
             add_smp(computed + num_new == req.num_tokens)
+            out.last_is_prefill = True
             budget -= num_new
         kv.note_peak()
         return out
@@ -165,9 +172,14 @@ class Scheduler:
         first: list[Request] = []
         done: list[Request] = []
         self.num_steps += 1
-        num_new = out.num_new
-        self.outstanding_tokens -= sum(num_new)
-        for req, n, sampled in zip(out.reqs, num_new, out.sampling, strict=True):
+        self.outstanding_tokens -= len(out.decode_reqs) + sum(out.prefill_new)
+        for req in out.decode_reqs:
+            req.num_computed += 1
+            req.num_generated += 1
+            req.num_tokens += 1
+            if req.num_generated >= req.output_len:
+                done.append(req)
+        for req, n, sampled in zip(out.prefill_reqs, out.prefill_new, out.prefill_sampling, strict=True):
             req.num_computed += n
             if sampled:
                 req.num_generated += 1
@@ -194,10 +206,10 @@ class Scheduler:
         """Apply k steps of a mixed window (`kvsim.core.horizon.mixed_window`): the decodes one token
         each, the last request one chunk each. Returns (sampled their first token, finished); every
         part of a window but its last returns none of either."""
-        reqs = out.reqs
-        p = reqs[-1]
-        chunk = out.num_new[-1]
-        decoders = reqs[:-1]
+        decoders = out.decode_reqs
+        (p,) = out.prefill_reqs
+        (chunk,) = out.prefill_new
+        reqs = [*decoders, p]
         done = []
         for req in decoders:
             req.num_computed += k
@@ -207,7 +219,7 @@ class Scheduler:
                 done.append(req)
         p.num_computed += k * chunk
         kv = self.kv
-        kv.grow_decode(reqs, k, chunk)
+        self.last_new_blocks = kv.grow_decode(reqs, k, chunk)
         if len(p.held_keys) < len(p.keys):
             kv.cache_blocks(p, p.num_computed)  # registered as each step was scheduled
         self.num_steps += k
@@ -229,15 +241,16 @@ class Scheduler:
         A window may be applied in parts (the router reading the replica mid-window): every part but
         the last finishes nobody, since the window ends at the first finish."""
         done = []
-        for req in out.reqs:
+        reqs = out.decode_reqs
+        for req in reqs:
             req.num_computed += k
             req.num_generated += k
             req.num_tokens += k
             if req.num_generated >= req.output_len:
                 done.append(req)
-        self.kv.grow_decode(out.reqs, k)
+        self.last_new_blocks = self.kv.grow_decode(reqs, k)
         self.num_steps += k
-        self.outstanding_tokens -= k * len(out.reqs)
+        self.outstanding_tokens -= k * len(reqs)
         if done:
             self._finish(done)
         return done
