@@ -49,6 +49,7 @@ class DecodeWindow:
     num_seqs: int
     sum_ctx: np.ndarray  # (num_steps,) int64: cached tokens of all requests before step j
     bound: str  # the mechanism that set num_steps
+    new_blocks: int  # blocks its steps after the first take (more than the empty ones: it evicts)
 
     @property
     def tokens_attended(self) -> np.ndarray:
@@ -70,7 +71,8 @@ def decode_window(
             k, bound = left, "outputs"
         sum_c += r.num_computed
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
-    if kv.blocks_needed_through(reqs, k - 1) > avail:
+    need = kv.blocks_needed_through(reqs, k - 1)
+    if need > avail:
         lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -79,7 +81,8 @@ def decode_window(
             else:
                 hi = mid - 1
         k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
-    return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound)
+        need = kv.blocks_needed_through(reqs, lo)
+    return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound, need)
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:

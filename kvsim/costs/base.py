@@ -191,6 +191,8 @@ class StepCostModel:
         return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
+        if type(self)._off_grid is StepCostModel._off_grid:  # a model without a grid: nothing to flag
+            return NO_FLAGS
         return self._off_grid(num_seqs, num_seqs, [], num_seqs, sum_ctx.astype(np.float64))
 
     def mixed_step_times(

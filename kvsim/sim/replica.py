@@ -135,8 +135,16 @@ class Replica:
         else:
             first, done = [], sched.advance_decode(win.plan, n)
         a = win.applied
-        block_s = (used0 + np.cumsum(sched.last_new_blocks)) * win.durations[a : a + n]
-        self.stats.kv_block_s = float(np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1])
+        taken, d = sched.last_new_blocks, win.durations[a : a + n]
+        if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
+            acc, used = self.stats.kv_block_s, used0
+            for t_j, d_j in zip(taken.tolist(), d.tolist(), strict=True):
+                used += t_j
+                acc += used * d_j
+            self.stats.kv_block_s = acc
+        else:
+            block_s = (used0 + np.cumsum(taken)) * d
+            self.stats.kv_block_s = float(np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1])
         win.applied += n
         return first, done
 
@@ -238,7 +246,7 @@ class Replica:
             if window.num_steps == 1:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
-            evicts = kv.blocks_needed_through(reqs, window.num_steps - 1) > kv.num_empty_blocks
+            evicts = window.new_blocks > kv.num_empty_blocks
             d = self.cost.decode_step_times(m, sum_ctx)
             cost = self.cost
 
