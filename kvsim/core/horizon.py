@@ -148,9 +148,9 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
         k, bound = lo + 1, "free_blocks"
         if k < 2:
             return None
-    j = np.arange(k, dtype=np.int64)
-    prefill_ctx = c_p + j * chunk
+    steps = np.arange(k, dtype=np.int64)
+    prefill_ctx = c_p + steps * chunk
     sampling = np.full(k, m, dtype=np.int64)
     if c_p + k * chunk == p.num_tokens:
         sampling[-1] += 1
-    return MixedWindow(k, m, chunk, sum_c + j * m, prefill_ctx, sampling, bound)
+    return MixedWindow(k, m, chunk, sum_c + steps * m, prefill_ctx, sampling, bound)

@@ -129,14 +129,14 @@ def _validate_op(op: str, body: Any, err: Any) -> None:
         where = f"ops.{op}.points[{i}]"
         if not isinstance(pt, dict):
             raise err(where, "expected an object")
-        for key in (*TIME_KEYS, "bytes", "flops"):
-            v = pt.get(key)
+        for field in (*TIME_KEYS, "bytes", "flops"):
+            v: Any = pt.get(field)
             if not _is_num(v):
-                raise err(f"{where}.{key}", f"expected a number, got {show(v)}")
-            if key in TIME_KEYS and not lo_t <= v <= hi_t:
-                raise err(f"{where}.{key}", f"time must be in [{lo_t:g}, {hi_t:g}] s, got {show(v)}")
+                raise err(f"{where}.{field}", f"expected a number, got {show(v)}")
+            if field in TIME_KEYS and not lo_t <= v <= hi_t:
+                raise err(f"{where}.{field}", f"time must be in [{lo_t:g}, {hi_t:g}] s, got {show(v)}")
             if v < 0:
-                raise err(f"{where}.{key}", f"must be >= 0, got {show(v)}")
+                raise err(f"{where}.{field}", f"must be >= 0, got {show(v)}")
         if not pt["t_p20"] <= pt["t_p50"] <= pt["t_p80"]:
             raise err(f"{where}.t_p50", "percentiles out of order: expected t_p20 <= t_p50 <= t_p80")
         if work is not None:
@@ -151,7 +151,7 @@ def _validate_op(op: str, body: Any, err: Any) -> None:
                     f"{where}.t_p50",
                     f"implies {rate:.3g} {work}/s, above any GPU ({MAX_RATE[work]:.3g}); check the units",
                 )
-        key_values = []
+        key_values: list[Any] = []
         for name, kind in coords:
             v = pt.get(name)
             if kind == "label":
