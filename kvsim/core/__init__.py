@@ -1,1 +1,2 @@
-"""The pure KV-cache core: block pool, prefix keys, scheduler decision. No SimPy, no clock."""
+"""The pure KV-cache core: request, prefix keys, block pool, KV cache manager, the scheduler's
+decision, the fast-forward horizon, the router, the memory plan. No SimPy, no clock."""

@@ -1,4 +1,4 @@
-"""Paged KV block pool with reference counts, prefix-cache LRU and copy-on-write.
+"""Paged KV block pool of one tier: reference counts and a prefix-cache LRU.
 
 Blocks are fungible except for the content they cache, so the pool keeps counts, not block ids:
 ``free`` empty blocks, cached entries (key -> reference count), an LRU of cached entries no request

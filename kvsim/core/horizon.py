@@ -1,4 +1,4 @@
-"""The fast-forward horizon: how many decode-only steps can run as one engine event.
+"""The fast-forward horizon: how many steps can run as one engine event (decode-only or mixed).
 
 Inside a window nothing may happen that stepping one by one would react to. Each mechanism that
 can end a window contributes a bound, and the window is their minimum:
@@ -28,8 +28,8 @@ mid-window) ends the window before that step (``shared_key``). `mixed_window` re
 contexts that `CostModel.mixed_step_times` prices.
 
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.
-The window returns its per-step work, the cached tokens the batch attends before each step, which
-the cost model prices in one vectorised call (`CostModel.decode_step_times`).
+A window returns its per-step work (the cached tokens the batch attends before each step), which
+the cost model prices in one call (`CostModel.decode_step_times`, `CostModel.mixed_step_times`).
 """
 
 from __future__ import annotations

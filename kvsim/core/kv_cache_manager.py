@@ -285,7 +285,9 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release everything `req` holds; with caching on, its full generated blocks are cached
         first (`kvsim.core.block_hash`: under the answer's content keys where the workload names
-        them, else under keys of the request's own), so a recompute or a later turn can hit them."""
+        them, else under keys of the request's own), so a recompute or a later turn can hit them.
+        Only once every prompt entry is held: a request preempted while still recomputing its
+        prompt has no answer blocks past them to cache."""
         if self.enable_caching and len(req.held_keys) == len(req.keys):
             self._cache_generated(req)
         self.pool.release(req.num_private, req.held_keys)

@@ -1,6 +1,6 @@
-"""The one cost seam: how long a scheduler step and a transfer take.
+"""The analytic cost model: how long a scheduler step and a transfer take, from first principles.
 
-`CostModel` is what the engine asks. `AnalyticCostModel` is a roofline: each part of a step takes
+The engine asks a `kvsim.costs.base.CostModel`; `AnalyticCostModel` is a roofline: each part of a step takes
 max(FLOPs / (peak x compute efficiency), bytes / (HBM bandwidth x memory efficiency)), and the
 parts run one after another: GEMMs (weights read once per step; MoE layers read only the experts
 the batch touches), prefill attention, decode attention, tensor-parallel all-reduces, and a fixed

@@ -8,7 +8,8 @@ sums, so results equal stepping one by one (tests/test_engine.py and the propert
 this). An arrival routed here mid-window cuts the window after the step it lands in (`submit`),
 exactly where stepping would first see it; arrivals routed elsewhere leave it alone, and the router
 reads this replica's state at any instant in closed form (`outstanding_tokens_at`): inside a
-decode-only window only the computed-token counts move, one per request per step. The prefix cache
+window only the computed-token counts move (one per decoding request per step, a chunk for the
+prefilling one of a mixed window). The prefix cache
 changes inside a window only when the window evicts cached entries; then a read of it first applies
 the steps that ended and takes the blocks of the step in flight (`_apply_ended_steps`), as stepping
 has. Arrivals come first at an instant shared with a step's end (`kvsim.sim.cluster`), in both

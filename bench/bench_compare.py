@@ -1,0 +1,100 @@
+"""Simulator speed side by side against an earlier checkout (issue 8's targets).
+
+Runs each case alternately in this tree and in ``--base DIR`` (a git worktree of the commit to
+compare with, e.g. ``git worktree add /tmp/base bbec2e2``), each run in a fresh process, and prints
+medians of wall time and peak RSS, the ratio of the medians, and engine events and steps beside
+them. Scenario paths are looked up in each tree; a case missing in the base tree uses this tree's
+file (its sections must be ones the base reads). Usage:
+
+    python bench/bench_compare.py --base /tmp/base [--repeats 3] [--case NAME ...] [--json out.json]
+
+Cases: the Mooncake conversation trace on 64 H100s; one A100 overloaded with Llama-2-7B from its
+config.json; cluster scale, 10,000 synthetic requests on 32 H100 replicas (``cluster-100k`` runs
+the 100,000-request version: minutes on the commit before this wave).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES: dict[str, tuple[str, ...]] = {
+    "mooncake-70b-64xh100": ("scenarios/mooncake_70b.yaml",),
+    "azure-a100-llama2-7b-overloaded": ("bench/scenarios/azure_a100_overloaded.yaml",),
+    "cluster-10k-32xh100": ("bench/scenarios/cluster_scale.yaml", "workload.synthetic.num_requests=10000"),
+    "cluster-100k-32xh100": ("bench/scenarios/cluster_scale.yaml",),
+}
+DEFAULT = ("mooncake-70b-64xh100", "azure-a100-llama2-7b-overloaded", "cluster-10k-32xh100")
+CHILD = """
+import json, resource, sys, time
+try:
+    from kvsim.scenario import load_scenario  # before the restructure
+except ImportError:
+    from kvsim.spec.scenario import load_scenario
+from kvsim.run import run_scenario
+sc = load_scenario(sys.argv[1], sys.argv[2:])
+t = time.perf_counter()
+r = run_scenario(sc)
+wall = time.perf_counter() - t
+s = r.summary
+print(json.dumps({"wall_s": wall, "events": s["engine_events"], "steps": s["steps"],
+                  "requests": s["requests"]["total"], "simulated_s": s["simulated_s"],
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run_once(tree: Path, scenario: str, *overrides: str) -> dict[str, float]:
+    path = tree / scenario
+    if not path.is_file():
+        path = ROOT / scenario
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # the tree's own kvsim, not the installed one
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), *overrides],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", type=Path, required=True, help="checkout of the commit to compare with")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: " + ", ".join(DEFAULT))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    results = {}
+    for name in args.case or DEFAULT:
+        runs: dict[str, list[dict[str, float]]] = {"now": [], "base": []}
+        for _ in range(args.repeats):  # alternate, so drift on a shared machine hits both alike
+            runs["now"].append(run_once(ROOT, *CASES[name]))
+            runs["base"].append(run_once(args.base.resolve(), *CASES[name]))
+        row = {}
+        for side, rs in runs.items():
+            row[side] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        row["speedup"] = row["base"]["wall_s"] / row["now"]["wall_s"]
+        results[name] = row
+        n, b = row["now"], row["base"]
+        print(
+            f"{name}: now {n['wall_s']:.2f} s, {n['rss_mib']:.0f} MiB, {n['events']:,.0f} events / "
+            f"{n['steps']:,.0f} steps ({n['events'] / n['requests']:.2f} events per request); base "
+            f"{b['wall_s']:.2f} s, {b['rss_mib']:.0f} MiB, {b['events']:,.0f} events / {b['steps']:,.0f} "
+            f"steps ({b['events'] / b['requests']:.2f} per request); {row['speedup']:.2f}x "
+            f"(median of {args.repeats}, alternating)"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
