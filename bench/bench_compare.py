@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from simrun import run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[str, ...]] = {
@@ -31,38 +31,11 @@ CASES: dict[str, tuple[str, ...]] = {
     "cluster-100k-32xh100": ("bench/scenarios/cluster_scale.yaml",),
 }
 DEFAULT = ("mooncake-70b-64xh100", "azure-a100-llama2-7b-overloaded", "cluster-10k-32xh100")
-CHILD = """
-import json, resource, sys, time
-try:
-    from kvsim.scenario import load_scenario  # before the restructure
-except ImportError:
-    from kvsim.spec.scenario import load_scenario
-from kvsim.run import run_scenario
-sc = load_scenario(sys.argv[1], sys.argv[2:])
-t = time.perf_counter()
-r = run_scenario(sc)
-wall = time.perf_counter() - t
-s = r.summary
-print(json.dumps({"wall_s": wall, "events": s["engine_events"], "steps": s["steps"],
-                  "requests": s["requests"]["total"], "simulated_s": s["simulated_s"],
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
 
 
 def run_once(tree: Path, scenario: str, *overrides: str) -> dict[str, float]:
     path = tree / scenario
-    if not path.is_file():
-        path = ROOT / scenario
-    env = {**os.environ, "PYTHONPATH": str(tree)}  # the tree's own kvsim, not the installed one
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), *overrides],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(tree, path if path.is_file() else ROOT / scenario, *overrides)
 
 
 def main() -> int:

@@ -13,26 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from simrun import run_child
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "bench" / "scenarios" / "cluster_scale.yaml"
-CHILD = """
-import json, resource, sys, time
-from kvsim.spec.scenario import load_scenario
-from kvsim.run import run_scenario
-sc = load_scenario(sys.argv[1], sys.argv[2:])
-t = time.perf_counter()
-r = run_scenario(sc)
-wall = time.perf_counter() - t
-s = r.summary
-print(json.dumps({"wall_s": wall, "events": s["engine_events"], "steps": s["steps"],
-                  "requests": s["requests"]["total"], "completed": s["requests"]["completed"],
-                  "simulated_s": s["simulated_s"],
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
 
 
 def _ints(text: str) -> list[int]:
@@ -53,14 +40,7 @@ def main() -> int:
                 f"workload.synthetic.rate={100 * gpus / 32:g}",
                 f"cluster.nodes={gpus // 8}",
             ]
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, str(SCENARIO), *over],
-                cwd=ROOT,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            r = {"gpus": gpus, **json.loads(out.strip().splitlines()[-1])}
+            r = {"gpus": gpus, **run_child(ROOT, SCENARIO, *over)}
             rows.append(r)
             print(
                 f"{gpus:4d} GPUs, {n:>9,} requests: {r['wall_s']:7.1f} s wall, {r['rss_mib']:6.0f} MiB, "

@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from simrun import run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[str, ...]] = {
@@ -31,30 +32,10 @@ CASES: dict[str, tuple[str, ...]] = {
         "cost_model.profile=profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
     ),
 }
-CHILD = """
-import json, resource, sys, time
-from kvsim.spec.scenario import load_scenario
-from kvsim.run import run_scenario
-sc = load_scenario(sys.argv[1], sys.argv[2:])
-t = time.perf_counter()
-r = run_scenario(sc)
-wall = time.perf_counter() - t
-s = r.record
-print(json.dumps({"wall_s": wall, "simulated_s": s.simulated_s, "events": s.engine_events,
-                  "steps": s.steps, "requests": s.requests.total,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
 
 
 def run_once(scenario: str, *overrides: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, scenario, *overrides],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(ROOT, scenario, *overrides)
 
 
 def main() -> int:

@@ -182,12 +182,7 @@ class Scheduler:
         for req, n, sampled in zip(out.prefill_reqs, out.prefill_new, out.prefill_sampling, strict=True):
             req.num_computed += n
             if sampled:
-                req.num_generated += 1
-                req.num_tokens += 1
-                if req.num_generated == 1:
-                    first.append(req)
-                if req.num_generated >= req.output_len:
-                    done.append(req)
+                _sample(req, first, done)
         if done:
             self._finish(done)
         return first, done
@@ -224,14 +219,9 @@ class Scheduler:
             kv.cache_blocks(p, p.num_computed)  # registered as each step was scheduled
         self.num_steps += k
         self.outstanding_tokens -= k * (len(decoders) + chunk)
-        first = []
+        first: list[Request] = []
         if p.num_computed == p.num_tokens:  # its last full chunk: it samples
-            p.num_generated += 1
-            p.num_tokens += 1
-            if p.num_generated == 1:
-                first.append(p)
-            if p.num_generated >= p.output_len:
-                done.append(p)
+            _sample(p, first, done)
         if done:
             self._finish(done)
         return first, done
@@ -254,3 +244,13 @@ class Scheduler:
         if done:
             self._finish(done)
         return done
+
+
+def _sample(req: Request, first: list[Request], done: list[Request]) -> None:
+    """`req` sampled a token at the end of a step: its first (TTFT), or its last (finished)."""
+    req.num_generated += 1
+    req.num_tokens += 1
+    if req.num_generated == 1:
+        first.append(req)
+    if req.num_generated >= req.output_len:
+        done.append(req)
