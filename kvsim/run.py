@@ -91,6 +91,16 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return load_profile_cost_model(sc)
 
 
+def _load_workload(sc: Scenario) -> Workload:
+    """The scenario's workload; an error of the generator (which knows no file) names the scenario."""
+    try:
+        return load_workload(sc.workload, seed=sc.sim.seed)
+    except KvsimError as exc:
+        if exc.source == "synthetic":
+            raise KvsimError(exc.message, source=sc.source, path=exc.path) from None
+        raise
+
+
 def run_scenario(
     sc: Scenario,
     *,
@@ -102,7 +112,7 @@ def run_scenario(
     invariants after every operation)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
-    wl = workload if workload is not None else load_workload(sc.workload, seed=sc.sim.seed)
+    wl = workload if workload is not None else _load_workload(sc)
     if sc.workload.clip_to_context:
         wl = clip_to_context(wl, sc.model.max_context)
     plan = plan_memory(sc)
