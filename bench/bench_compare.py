@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[str, ...]] = {
     "mooncake-70b-64xh100": ("scenarios/mooncake_70b.yaml",),
     "azure-a100-llama2-7b-overloaded": ("bench/scenarios/azure_a100_overloaded.yaml",),
+    "azure-conv-8b-1xh100": ("scenarios/default.yaml",),
     "cluster-10k-32xh100": ("bench/scenarios/cluster_scale.yaml", "workload.synthetic.num_requests=10000"),
     "cluster-100k-32xh100": ("bench/scenarios/cluster_scale.yaml",),
 }

@@ -213,7 +213,7 @@ class KVCacheManager:
         req.keys = req.keys + keys
         req.held_keys = req.held_keys + keys
 
-    def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> np.ndarray:
+    def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> list[int] | np.ndarray:
         """Blocks for `num_steps` steps just applied to `reqs` (their computed counts already
         advanced: one token per step, the last request `chunk` if given; blocks held before cover
         the first of those steps, as scheduling it took them). Returns (num_steps,) int64: the new
@@ -239,15 +239,21 @@ class KVCacheManager:
                 r.num_private += n
                 r.num_blocks += n
                 extra += n
-        taken = np.zeros(num_steps, dtype=np.int64)
-        if counts:
-            cnt = np.asarray(counts, dtype=np.int64)
-            within = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            taken += np.bincount(
-                np.repeat(np.asarray(firsts, np.int64), cnt) + bs * within, minlength=num_steps
-            )
-        if chunked is not None:
-            taken += np.bincount(chunked, minlength=num_steps)
+        taken: list[int] | np.ndarray
+        if extra <= 256 and chunked is None:  # the usual short window: a loop beats numpy's call cost
+            taken = [0] * num_steps
+            for first, n in zip(firsts, counts, strict=True):
+                for step in range(first, first + n * bs, bs):
+                    taken[step] += 1
+        else:
+            taken = np.zeros(num_steps, dtype=np.int64)
+            if counts:
+                cnt = np.asarray(counts, dtype=np.int64)
+                within = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+                steps = np.repeat(np.asarray(firsts, np.int64), cnt) + bs * within
+                taken += np.bincount(steps, minlength=num_steps)
+            if chunked is not None:
+                taken += np.bincount(chunked, minlength=num_steps)
         if extra > pool.free and pool.sizes and pool.lru:
             self._note_stepwise_peak(taken, extra)
         if extra:
@@ -255,7 +261,7 @@ class KVCacheManager:
         self.note_peak()
         return taken
 
-    def _note_stepwise_peak(self, taken: np.ndarray, total: int) -> None:
+    def _note_stepwise_peak(self, taken: list[int] | np.ndarray, total: int) -> None:
         """The occupancy peak stepping would see while a window's allocations evict cached entries.
 
         One batch allocation evicts the same least-recently-used entries as one allocation per step,
@@ -272,8 +278,8 @@ class KVCacheManager:
             s = pool.size(key)
             sizes.append(s)
             covered += s
-        cum = np.cumsum(taken)  # blocks taken by the end of each step
-        cum = cum[taken > 0]
+        steps = np.asarray(taken, dtype=np.int64)
+        cum = np.cumsum(steps)[steps > 0]  # blocks taken by the end of each step that takes some
         evicted = np.concatenate(([0], np.cumsum(sizes)))
         # After a step that has taken x blocks, the smallest LRU prefix with empty0 + E >= x is gone.
         e = evicted[np.searchsorted(evicted, np.maximum(cum - empty0, 0), side="left")]

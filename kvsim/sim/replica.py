@@ -139,7 +139,7 @@ class Replica:
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
-            for t_j, d_j in zip(taken.tolist(), d.tolist(), strict=True):
+            for t_j, d_j in zip(list(taken), d.tolist(), strict=True):
                 used += t_j
                 acc += used * d_j
             self.stats.kv_block_s = acc

@@ -51,7 +51,7 @@ class Scheduler:
         self.num_steps = 0  # steps applied; the pool's last-access stamp
         # Of the last window part applied (`advance_decode`, `advance_mixed`): the blocks taken at
         # each of its steps, for the engine's blocks-in-use integral.
-        self.last_new_blocks: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.last_new_blocks: list[int] | np.ndarray = []
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
