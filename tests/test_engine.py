@@ -9,7 +9,7 @@ import pytest
 
 from kvsim.costs.base import ForwardBatch
 from kvsim.run import make_cost_model, run_scenario
-from tests.helpers import make_workload, records, small_scenario
+from tests.helpers import ROOT, make_workload, records, small_scenario
 
 
 def cost_of(sc):
@@ -306,3 +306,21 @@ def test_arrivals_around_step_ends_agree_in_both_modes():
         a, b = _ff_and_stepping(sc, wl)
         assert records(a) == records(b)
         assert a.summary["simulated_s"] == b.summary["simulated_s"]
+
+
+def test_fast_forward_equals_stepping_with_the_profile_cost_model_under_load():
+    # Chunked prefill under load (a 512-token budget, 64 sequences): mixed windows (decodes plus one
+    # full prefill chunk) priced by the measured profile's mixed_step_times must equal price().
+    from kvsim.spec.scenario import load_scenario
+
+    sc = load_scenario(
+        ROOT / "tests/goldens/scenarios/profile_h200.yaml",
+        ["scheduler.max_batched_tokens=512", "scheduler.max_num_seqs=64", "workload.rate_scale=12"],
+    )
+    a, b = (
+        run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)))
+        for ff in (True, False)
+    )
+    assert records(a) == records(b)
+    assert a.summary["warnings"] == b.summary["warnings"]
+    assert a.summary["engine_events"] < b.summary["engine_events"] / 2

@@ -86,3 +86,27 @@ def test_steps_before_counts_strictly_earlier_ends():
     ends = [1.0, 2.0, 3.0]
     assert [steps_before(ends, t) for t in (0.5, 1.0, 1.5, 3.0, 9.0)] == [0, 0, 1, 2, 3]
     assert steps_before(ends, 9.0, k=2) == 2
+
+
+def test_mixed_window_runs_the_full_chunks_of_one_prefill_beside_decodes():
+    from kvsim.core.horizon import mixed_window
+
+    kv = KVCacheManager(1000, 16)
+    out = _decoding(kv, [_req(0, 10, 50), _req(1, 20, 50)])
+    p = _req(2, 1000, 5)
+    assert kv.admit(p, 0, 300)
+    p.num_computed = 300  # its first chunk ran; the next ones take the rest of a 302-token budget
+    assert kv.allocate_slots(p, kv.blocks_needed(p, 600))
+    out.prefill_reqs.append(p)
+    out.prefill_new.append(300)
+    out.prefill_ctx.append(300)
+    out.prefill_sampling.append(False)
+    out.last_is_prefill = True
+    w = mixed_window(out, kv, 2048)
+    assert w is not None
+    # 700 tokens left: two full chunks of 300 (this one included); the 100-token rest is a real step.
+    assert (w.num_steps, w.bound, w.chunk, w.num_decode) == (2, "prefill", 300, 2)
+    assert w.prefill_ctx.tolist() == [300, 600] and w.dec_sum_ctx.tolist() == [30, 32]
+    assert w.num_sampling.tolist() == [2, 2]  # the prefill samples only at its last chunk
+    out.last_is_prefill = False  # a decode after it in running order: not this shape
+    assert mixed_window(out, kv, 2048) is None
