@@ -254,8 +254,8 @@ class KVCacheManager:
                 taken += np.bincount(steps, minlength=num_steps)
             if chunked is not None:
                 taken += np.bincount(chunked, minlength=num_steps)
-        if extra > pool.free and pool.sizes and pool.lru:
-            self._note_stepwise_peak(taken, extra)
+        if extra > pool.free and pool.sizes and pool.lru and self.peak_occupied_blocks < pool.num_blocks:
+            self._note_stepwise_peak(taken, extra)  # (a full pool's peak cannot rise further)
         if extra:
             pool.allocate(extra)
         self.note_peak()
