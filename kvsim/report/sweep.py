@@ -138,7 +138,7 @@ def _points_table(rows: list[dict[str, str]], paths: list[str], front: list[bool
     for r, on in zip(rows, front, strict=True):
         pid = html.escape(r["id"])
         link = (
-            f'<a href="points/{html.escape(quote(r["id"]))}/report.html">{pid}</a>'
+            f'<a href="points/{html.escape(quote(r["id"], safe="=,+"))}/report.html">{pid}</a>'
             if r["status"] == "ok"
             else pid
         )
