@@ -142,7 +142,7 @@ def load_sweep_file(path: str) -> list[Factor]:
         pts = data["points"]
         if not isinstance(pts, list) or not pts:
             raise KvsimError("expected a non-empty list of mappings", source=path, path="points")
-        sets = []
+        point_sets: list[tuple[str, ...]] = []
         paths: list[str] = []
         for i, pt in enumerate(pts):
             where = f"points[{i}]"
@@ -154,8 +154,8 @@ def load_sweep_file(path: str) -> list[Factor]:
                 one.append(f"{p}={_value_text(value, f'{path}: {where}.{p}')}")
                 if p not in paths:
                     paths.append(p)
-            sets.append(tuple(one))
-        factors.append(Factor(f"{path}: points", tuple(paths), tuple(sets)))
+            point_sets.append(tuple(one))
+        factors.append(Factor(f"{path}: points", tuple(paths), tuple(point_sets)))
     if not factors:
         raise KvsimError("no grid, zip or points: nothing to sweep", source=path)
     return factors

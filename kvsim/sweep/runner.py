@@ -130,7 +130,9 @@ def resumable(plan: SweepPlan, out: Path, *, force: bool) -> bool:
             f"{out / MANIFEST} is a sweep with a different {what}; use --force to replace it, or another --out",
             source="--out",
         )
-    return old.get("scenario_sha256") == new["scenario_sha256"] and old.get("scenario") == new["scenario"]
+    return bool(
+        old.get("scenario_sha256") == new["scenario_sha256"] and old.get("scenario") == new["scenario"]
+    )
 
 
 def _finished(point: SweepPoint, run_dir: Path) -> PointResult | None:

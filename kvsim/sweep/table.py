@@ -160,10 +160,11 @@ def pareto_front(points: Sequence[tuple[float | None, float | None]]) -> list[bo
     other point is at most as costly and at most as slow, and better in one). A pair with a missing
     or non-finite value is never on it; equal pairs are on it together."""
 
-    def ok(x: float | None) -> bool:
-        return x is not None and math.isfinite(x)
-
-    valid = sorted((c, t, i) for i, (c, t) in enumerate(points) if ok(c) and ok(t))
+    valid: list[tuple[float, float, int]] = sorted(
+        (c, t, i)
+        for i, (c, t) in enumerate(points)
+        if c is not None and t is not None and math.isfinite(c) and math.isfinite(t)
+    )
     on = [False] * len(points)
     best_cheaper = math.inf  # lowest latency among strictly cheaper points
     for _, group in itertools.groupby(valid, key=lambda v: v[0]):
