@@ -1,4 +1,4 @@
-"""The ``kvsim`` command line: kv-size, run, report, calibrate.
+"""The ``kvsim`` command line: kv-size, run, sweep, report, calibrate.
 
 Any `KvsimError` (and argparse's own complaints) becomes one line on stderr and exit code 2;
 ``--debug`` shows the traceback instead.
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kvsim.errors import KvsimError
 
@@ -112,6 +113,56 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _AxisAction(argparse.Action):
+    """--grid and --zip into one list, in the order given (the first axis varies slowest)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        axes = list(getattr(namespace, "axes", None) or [])
+        axes.append((str(option_string), str(values)))
+        namespace.axes = axes
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from kvsim.report import write_report
+    from kvsim.report.outputs import check_output_dir
+    from kvsim.report.sweep import SWEEP_FILES, write_sweep_report
+    from kvsim.sweep.define import Factor, grid_factor, load_sweep_file, parse_axis, zip_factor
+    from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
+
+    if not args.out.strip():  # before reading anything: an unset shell variable
+        check_output_dir(args.out, reads=(), force=args.force, files=SWEEP_FILES)
+    factors: list[Factor | None] = list(load_sweep_file(args.file)) if args.file else []
+    zipped: list[tuple[str, list[str]]] = []
+    for flag, text in args.axes or []:
+        if flag == "--grid":
+            factors.append(grid_factor(text))
+        else:
+            if not zipped:
+                factors.append(None)  # the zip group's place: where its first axis was given
+            zipped.append(parse_axis(text, "--zip"))
+    full = [f if f is not None else zip_factor(zipped, "--zip", "--zip") for f in factors]
+    plan = prepare_sweep(args.scenario, full)  # every point validated before anything is written
+    reads = (*plan.reads, ("sweep file", Path(args.file) if args.file else None))
+    out = check_output_dir(args.out, reads=reads, force=args.force, files=SWEEP_FILES)
+    reuse = resumable(plan, out, force=args.force)
+    jobs = args.jobs or os.cpu_count() or 1
+    try:
+        outcome = run_sweep(
+            plan, out, jobs=jobs, reuse=reuse, finish=write_report, progress=not args.no_progress
+        )
+        page = write_sweep_report(out)
+    except OSError as exc:
+        raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+    n = len(outcome.results)
+    reused = f", {outcome.reused} reused from an earlier run" if outcome.reused else ""
+    print(f"{n} points: {n - outcome.failed} ok, {outcome.failed} failed{reused}")
+    for r in outcome.results:
+        if r.status != "ok":
+            print(f"  failed: {plan.points[r.index].id}: {r.error}", file=sys.stderr)
+    print(f"wrote {out / 'results.csv'}, {page}")
+    return 1 if outcome.failed else 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from kvsim.report import report_command
 
@@ -151,6 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
+
+    sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides; results.csv and sweep.html")
+    sw.add_argument("scenario", help="scenario YAML file")
+    sw.add_argument(
+        "--grid", action=_AxisAction, metavar="PATH=V1,V2", help="an axis of the product (repeatable)"
+    )
+    sw.add_argument(
+        "--zip", action=_AxisAction, metavar="PATH=V1,V2", help="axes varied together (repeat; equal lengths)"
+    )
+    sw.add_argument("--file", help="sweep file: grid, zip and/or points (scenarios/README.md)")
+    sw.add_argument("--out", required=True, help="output directory (a re-run resumes)")
+    sw.add_argument("--jobs", type=_positive_int, help="worker processes (default: CPU count)")
+    sw.add_argument(
+        "--force", action="store_true", help="replace files kvsim did not write, or another sweep"
+    )
+    sw.add_argument("--no-progress", action="store_true")
+    sw.set_defaults(func=cmd_sweep, axes=[])
 
     rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
     rep.add_argument("run_dir", help="directory written by kvsim run")

@@ -91,7 +91,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return load_profile_cost_model(sc)
 
 
-def _load_workload(sc: Scenario) -> Workload:
+def scenario_workload(sc: Scenario) -> Workload:
     """The scenario's workload; an error of the generator (which knows no file) names the scenario."""
     try:
         return load_workload(sc.workload, seed=sc.sim.seed)
@@ -112,7 +112,7 @@ def run_scenario(
     invariants after every operation)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
-    wl = workload if workload is not None else _load_workload(sc)
+    wl = workload if workload is not None else scenario_workload(sc)
     if sc.workload.clip_to_context:
         wl = clip_to_context(wl, sc.model.max_context)
     plan = plan_memory(sc)

@@ -38,6 +38,7 @@ LAYERS = [
     ("sim",),
     ("results",),
     ("accuracy", "kvsize", "render", "run"),
+    ("sweep",),
     ("report",),
     ("cli", "__main__", "__init__"),
 ]

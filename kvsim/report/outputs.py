@@ -1,4 +1,4 @@
-"""Where ``kvsim run`` and ``kvsim report`` may write: checked before any work is done.
+"""Where ``kvsim run``, ``kvsim report`` and ``kvsim sweep`` may write: checked before any work is done.
 
 One rule for every output path: an empty path is refused (an unset shell variable would write into
 the current directory); a file the run reads (scenario, trace, model config, profile) is never
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvsim.errors import KvsimError
 from kvsim.results.io import REQUEST_COLUMNS
+from kvsim.sweep.table import is_results_csv, read_manifest
 
 RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
 _HEADERS = {
@@ -26,7 +27,8 @@ _MAX_SUMMARY_BYTES = 64 << 20
 
 
 def is_kvsim_output(path: Path) -> bool:
-    """Whether the existing file `path` (named as one of `RUN_FILES`) is one kvsim wrote."""
+    """Whether the existing file `path` (named as one of `RUN_FILES` or a sweep's files) is one
+    kvsim wrote."""
     try:
         with path.open("rb") as f:
             head = f.read(4096)
@@ -34,6 +36,12 @@ def is_kvsim_output(path: Path) -> bool:
             return head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8") == _HEADERS[path.name]
         if path.name == "report.html":
             return head.startswith(b"<!doctype html>") and b"<title>kvsim: " in head
+        if path.name == "sweep.html":
+            return head.startswith(b"<!doctype html>") and b"<title>kvsim sweep: " in head
+        if path.name == "sweep.json":
+            return path.stat().st_size <= _MAX_SUMMARY_BYTES and read_manifest(path) is not None
+        if path.name == "results.csv":
+            return is_results_csv(path)
         if path.name == "summary.json":
             if path.stat().st_size > _MAX_SUMMARY_BYTES:
                 return False

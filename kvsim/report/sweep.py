@@ -1,0 +1,208 @@
+"""A sweep's self-contained HTML page (``DIR/sweep.html``), rebuilt from ``sweep.json`` and ``results.csv``.
+
+Shows: a table of the points (each linking to its own ``points/<id>/report.html``, failed ones
+with their error); p99 TTFT and cost per million tokens as lines over a sweep of one factor, or
+as heatmaps over a sweep of two (a factor: one ``--grid`` axis, the ``--zip`` group, or a sweep
+file's ``points``); and cost versus p99 TTFT for every point that ran, with the Pareto front
+(no point both cheaper and faster) marked. A sweep of more than two factors gets the table and
+the Pareto chart only. Numbers are read from results.csv, never recomputed; plotly.js is inline,
+so the file opens offline, and the same files give the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from kvsim.errors import KvsimError
+from kvsim.report import _CSS
+from kvsim.report.charts import _figure_html
+from kvsim.report.tables import _table
+from kvsim.sweep.table import pareto_front, read_manifest, read_results
+
+SWEEP_FILES = ("sweep.json", "results.csv", "sweep.html")
+_SHOWN = (  # column, header, format
+    ("ttft_p99_s", "TTFT p99 (s)", ".4g"),
+    ("tpot_p99_s", "TPOT p99 (s)", ".4g"),
+    ("e2e_p99_s", "E2E p99 (s)", ".4g"),
+    ("throughput_tok_s", "throughput (tok/s)", ",.0f"),
+    ("goodput_req_s", "goodput (req/s)", ".4g"),
+    ("cost_per_mtok_usd", "$ / M tok", ".4g"),
+    ("requests_completed", "completed", ",.0f"),
+    ("requests_rejected", "rejected", ",.0f"),
+)
+_CHARTED = (("ttft_p99_s", "p99 TTFT (s)"), ("cost_per_mtok_usd", "cost per million tokens ($)"))
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        v = float(text) if text else None
+    except ValueError:
+        return None
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _set_label(sets_entry: list[str], paths: list[str]) -> str:
+    if len(paths) == 1 and len(sets_entry) == 1:
+        return sets_entry[0].split("=", 1)[1]
+    return ", ".join(sets_entry)
+
+
+def _factor_charts(factors: list[dict[str, Any]], rows: list[dict[str, str]]) -> tuple[str, go.Figure | None]:
+    """A line chart over one factor or heatmaps over two; (a note, None) otherwise."""
+    if not 1 <= len(factors) <= 2:
+        return f"A sweep of {len(factors)} factors: see the table and the Pareto chart.", None
+    labels = [[_set_label(s, f["paths"]) for s in f["sets"]] for f in factors]
+    by_index = {int(r["index"]): r for r in rows}
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in _CHARTED], horizontal_spacing=0.12)
+    if len(factors) == 1:
+        for col, (column, _) in enumerate(_CHARTED, start=1):
+            y = [_num(by_index[i].get(column)) if i in by_index else None for i in range(len(labels[0]))]
+            fig.add_trace(
+                go.Scatter(x=labels[0], y=y, mode="lines+markers", showlegend=False), row=1, col=col
+            )
+            fig.update_xaxes(title_text=factors[0]["label"], type="category", row=1, col=col)
+        return "", fig
+    n1 = len(labels[1])
+    for col, (column, title) in enumerate(_CHARTED, start=1):
+        z = [
+            [_num(by_index[i * n1 + j].get(column)) if i * n1 + j in by_index else None for j in range(n1)]
+            for i in range(len(labels[0]))
+        ]
+        fig.add_trace(
+            go.Heatmap(
+                x=labels[1],
+                y=labels[0],
+                z=z,
+                colorscale="Viridis",
+                colorbar={"title": {"text": title.split(" (")[0]}, "x": 0.44 if col == 1 else 1.0},
+                hovertemplate="%{y} · %{x}: %{z:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(title_text=factors[1]["label"], type="category", row=1, col=col)
+        fig.update_yaxes(title_text=factors[0]["label"], type="category", row=1, col=col)
+    return "", fig
+
+
+def _pareto_chart(rows: list[dict[str, str]], front: list[bool]) -> go.Figure | None:
+    pts = [
+        (r, on)
+        for r, on in zip(rows, front, strict=True)
+        if _num(r.get("cost_per_mtok_usd")) is not None and _num(r.get("ttft_p99_s")) is not None
+    ]
+    if not pts:
+        return None
+    fig = go.Figure()
+    for on, name, marker in (
+        (False, "dominated", {"size": 8, "color": "#9e9e9e"}),
+        (True, "Pareto front", {"size": 12, "color": "#c62828", "symbol": "star"}),
+    ):
+        chosen = sorted(
+            (r for r, o in pts if o == on),
+            key=lambda r: (_num(r["ttft_p99_s"]), _num(r["cost_per_mtok_usd"])),
+        )
+        if chosen:
+            fig.add_trace(
+                go.Scatter(
+                    x=[_num(r["ttft_p99_s"]) for r in chosen],
+                    y=[_num(r["cost_per_mtok_usd"]) for r in chosen],
+                    text=[r["id"] for r in chosen],
+                    mode="lines+markers" if on else "markers",
+                    line={"shape": "hv", "color": "#c62828"} if on else None,
+                    marker=marker,
+                    name=name,
+                    hovertemplate="%{text}<br>p99 TTFT %{x:.4g} s<br>$%{y:.4g} / M tok<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        title="cost versus p99 TTFT (lower-left is better)",
+        xaxis_title="p99 TTFT (s)",
+        yaxis_title="cost per million tokens ($)",
+        height=420,
+    )
+    return fig
+
+
+def _points_table(rows: list[dict[str, str]], paths: list[str], front: list[bool]) -> str:
+    header = ["#", "point", *paths, "status", *(h for _, h, _ in _SHOWN), "Pareto"]
+    body = []
+    for r, on in zip(rows, front, strict=True):
+        pid = html.escape(r["id"])
+        link = (
+            f'<a href="points/{html.escape(quote(r["id"], safe="=,+"))}/report.html">{pid}</a>'
+            if r["status"] == "ok"
+            else pid
+        )
+        status = (
+            '<span class="ok">ok</span>'
+            if r["status"] == "ok"
+            else f'<span class="bad">{html.escape(r["status"])}</span>: {html.escape(r.get("error", ""))}'
+        )
+        cells = []
+        for column, _, fmt in _SHOWN:
+            v = _num(r.get(column))
+            cells.append("–" if v is None else format(v, fmt))
+        body.append(
+            [
+                html.escape(r["index"]),
+                link,
+                *(html.escape(r.get(p, "")) for p in paths),
+                status,
+                *cells,
+                "★" if on else "",
+            ]
+        )
+    return _table(body, [html.escape(h) for h in header], cls="num")
+
+
+def _page(sweep_dir: Path) -> str:
+    man = read_manifest(sweep_dir / "sweep.json")
+    if man is None:
+        raise KvsimError("not a kvsim sweep manifest", source=str(sweep_dir / "sweep.json"))
+    rows = read_results(sweep_dir / "results.csv")
+    factors = man.get("factors") or []
+    paths = [p for f in factors for p in f["paths"]]
+    front = pareto_front([(_num(r.get("cost_per_mtok_usd")), _num(r.get("ttft_p99_s"))) for r in rows])
+    name = Path(str(man.get("scenario", "sweep"))).stem
+    failed = sum(r["status"] != "ok" for r in rows)
+    note, fig = _factor_charts(factors, rows)
+    pareto = _pareto_chart(rows, front)
+    figs = "\n".join(
+        _figure_html(i, f) for i, f in (("sweep-axes", fig), ("sweep-pareto", pareto)) if f is not None
+    )
+    body = [
+        f"<h1>kvsim sweep: {html.escape(name)}</h1>",
+        f'<p class="sub">{len(rows)} points, {failed} failed · scenario {html.escape(str(man.get("scenario")))}'
+        f" · sha256 {html.escape(str(man.get('scenario_sha256', ''))[:12])}</p>",
+        "<h2>Points</h2>",
+        _points_table(rows, paths, front),
+        "<h2>Charts</h2>",
+        f'<p class="note">{html.escape(note)}</p>' if note else "",
+        figs if figs else '<p class="note">No point completed a request: nothing to chart.</p>',
+    ]
+    head_js = f"<script>{get_plotlyjs()}</script>" if figs else ""
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>kvsim sweep: {html.escape(name)}</title>\n<style>{_CSS}</style>\n{head_js}\n</head>\n"
+        "<body><main>\n" + "\n".join(b for b in body if b) + "\n</main></body>\n</html>\n"
+    )
+
+
+def write_sweep_report(sweep_dir: Path) -> Path:
+    """Write ``sweep_dir/sweep.html`` from its sweep.json and results.csv; returns its path."""
+    out = Path(sweep_dir) / "sweep.html"
+    page = _page(Path(sweep_dir))
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise KvsimError(f"cannot write the sweep report: {exc.strerror or exc}", source=str(out)) from None
+    return out

@@ -1,0 +1,242 @@
+"""A sweep from definition to results table: validate every point, resume, run, tabulate.
+
+`prepare_sweep` expands the factors and loads every point's scenario (the same validation as
+``kvsim run --set``) before anything runs or is written; the first bad value raises one
+`KvsimError` naming the axis and the value. `resumable` compares an existing ``DIR/sweep.json``
+with the new definition. `run_sweep` writes the manifest, reuses finished points, runs the rest
+(`kvsim.sweep.local`) and writes ``results.csv``. Building the HTML page is the report layer's
+(`kvsim.report.sweep`); the CLI joins the two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvsim.errors import KvsimError
+from kvsim.results.record import read_summary
+from kvsim.spec.scenario import load_scenario
+from kvsim.sweep.define import Factor, SweepPoint, expand
+from kvsim.sweep.local import BeforePoint, Finish, PointTask, run_points, workload_key
+from kvsim.sweep.table import (
+    PointResult,
+    manifest,
+    metrics_of,
+    read_manifest,
+    results_csv,
+    swept_paths,
+)
+
+MANIFEST = "sweep.json"
+RESULTS = "results.csv"
+POINTS = "points"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    scenario: Path
+    factors: tuple[Factor, ...]
+    points: tuple[SweepPoint, ...]
+    keys: tuple[Hashable, ...]  # each point's workload key
+    reads: tuple[tuple[str, Path | None], ...]  # files the points read, never to be written over
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    plan: SweepPlan
+    results: tuple[PointResult, ...]  # in point order
+    reused: int  # points taken from an earlier, interrupted run
+
+    @property
+    def failed(self) -> int:
+        return sum(r.status != "ok" for r in self.results)
+
+
+def _blame(point: SweepPoint, exc: KvsimError) -> str | None:
+    """The override of `point` an error is about (by its field path), as ``--grid path=value``."""
+    source = exc.source or ""
+    field = exc.path or (source.removeprefix("--set ").strip() if source.startswith("--set ") else "")
+    if not field or not ("(--set)" in source or source.startswith("--set")):
+        return None  # the scenario itself, not a swept value
+    for override, origin in zip(point.overrides, point.origins, strict=True):
+        p = override.split("=", 1)[0]
+        if field == p or field.startswith(p + ".") or p.startswith(field + "."):
+            if origin.startswith("--"):
+                return f"{origin.split(' ', 1)[0]} {override}"
+            return f"{origin}: {override}"
+    return f"point {point.id}"
+
+
+def _loads(scenario: str) -> bool:
+    try:
+        load_scenario(scenario)
+    except KvsimError:
+        return False
+    return True
+
+
+def prepare_sweep(scenario: str, factors: list[Factor]) -> SweepPlan:
+    points = expand(factors)
+    keys: list[Hashable] = []
+    reads: dict[str, tuple[str, Path | None]] = {}
+    for p in points:
+        try:
+            sc = load_scenario(scenario, p.overrides)
+        except KvsimError as exc:
+            blame = _blame(p, exc)
+            if blame is None and p.overrides and _loads(scenario):
+                blame = f"point {p.index} ({', '.join(p.overrides)})"  # values valid alone, not together
+            if blame is None:
+                raise
+            raise KvsimError(str(exc), source=blame) from None
+        keys.append(workload_key(sc))
+        for what, path in (
+            ("trace", sc.workload.trace),
+            ("model config", sc.model.config_path),
+            ("profile", sc.cost_model.profile),
+        ):
+            if path is not None:
+                reads.setdefault(str(path), (what, path))
+    path = Path(scenario)
+    return SweepPlan(path, tuple(factors), tuple(points), tuple(keys), (("scenario", path), *reads.values()))
+
+
+def resumable(plan: SweepPlan, out: Path, *, force: bool) -> bool:
+    """Whether the run directories under `out` may be reused: there is a manifest for the same
+    scenario file (path and content). A manifest of a different sweep is refused unless `force`;
+    so is a ``points`` folder with no manifest beside it."""
+    old = read_manifest(out / MANIFEST) if (out / MANIFEST).is_file() else None
+    if old is None:
+        if (out / POINTS).exists() and not force:
+            raise KvsimError(
+                f"{out / POINTS} exists but {out / MANIFEST} does not: not a kvsim sweep; use --force",
+                source="--out",
+            )
+        return False
+    new = manifest(plan.scenario, plan.factors, plan.points)
+    if old.get("scenario") != new["scenario"] or old.get("scenario_sha256") != new["scenario_sha256"]:
+        what = "scenario file" if old.get("scenario") != new["scenario"] else "scenario content"
+    elif old.get("points") != new["points"]:
+        what = "set of points"
+    else:
+        return True
+    if not force:
+        raise KvsimError(
+            f"{out / MANIFEST} is a sweep with a different {what}; use --force to replace it, or another --out",
+            source="--out",
+        )
+    return bool(
+        old.get("scenario_sha256") == new["scenario_sha256"] and old.get("scenario") == new["scenario"]
+    )
+
+
+def _finished(point: SweepPoint, run_dir: Path) -> PointResult | None:
+    """The point's result from its run directory, when it holds a summary for its overrides."""
+    if not (run_dir / "summary.json").is_file():
+        return None
+    try:
+        summary = read_summary(run_dir)
+    except KvsimError:
+        return None
+    if tuple(summary.config.overrides) != point.overrides:
+        return None
+    return PointResult(point.index, "ok", "", metrics_of(summary))
+
+
+class _Display:
+    """The sweep's progress bar: points done of those to run, failed, reused, time left."""
+
+    def __init__(self, total: int, reused: int) -> None:
+        self.total, self.reused, self.failed = total, reused, 0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        reused = f", {self.reused} reused" if self.reused else ""
+        self._bar = Progress(
+            TextColumn("points"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("done, {task.fields[failed]} failed" + reused),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task("sweep", total=self.total, failed=0)
+
+    def advance(self, result: PointResult) -> None:
+        self.failed += result.status != "ok"
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failed=self.failed)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    *,
+    jobs: int,
+    reuse: bool,
+    finish: Finish | None = None,
+    before_point: BeforePoint | None = None,
+    progress: bool = False,
+) -> SweepOutcome:
+    """Run `plan` into `out` (already checked); `reuse`: from `resumable`. `progress`: a rich
+    progress bar on stderr (points done, failed, time left)."""
+    points_dir = out / POINTS
+    points_dir.mkdir(parents=True, exist_ok=True)
+    old = read_manifest(out / MANIFEST) if (out / MANIFEST).is_file() else None
+    ours = {p.id for p in plan.points}
+    if old is not None:  # points of a replaced definition: kvsim wrote them, so it removes them
+        for entry in old["points"]:
+            name = entry.get("id") if isinstance(entry, dict) else None
+            if isinstance(name, str) and name not in ours and "/" not in name and name not in ("", ".", ".."):
+                shutil.rmtree(points_dir / name, ignore_errors=True)
+    _write_atomic(
+        out / MANIFEST, json.dumps(manifest(plan.scenario, plan.factors, plan.points), indent=2) + "\n"
+    )
+    done: list[PointResult] = []
+    tasks: list[PointTask] = []
+    keys: list[Hashable] = []
+    for p, key in zip(plan.points, plan.keys, strict=True):
+        prior = _finished(p, points_dir / p.id) if reuse else None
+        if prior is not None:
+            done.append(prior)
+        else:
+            tasks.append(PointTask(p.index, str(plan.scenario), p.overrides, points_dir / p.id))
+            keys.append(key)
+    display = _Display(len(tasks), len(done)) if progress and tasks else None
+    try:
+        ran = run_points(
+            tasks,
+            keys,
+            jobs=jobs,
+            finish=finish,
+            before_point=before_point,
+            on_started=display.start if display else None,
+            on_result=display.advance if display else None,
+        )
+    finally:
+        if display is not None:
+            display.stop()
+    results = sorted([*done, *ran], key=lambda r: r.index)
+    _write_atomic(out / RESULTS, results_csv(swept_paths(plan.factors), plan.points, results))
+    return SweepOutcome(plan, tuple(results), len(done))

@@ -1,0 +1,176 @@
+"""A sweep's files: the manifest ``sweep.json``, the results table ``results.csv``, the Pareto front.
+
+``sweep.json`` states what was swept (the scenario's path and SHA-256, the factors, and every
+point's id and overrides); a re-run compares it to decide whether it is resuming the same sweep.
+``results.csv`` has one row per point, in point order: ``index``, ``id``, one column per swept
+path (the override's value text), ``status`` (ok, failed), ``error``, then the headline metrics
+taken from each point's summary (never recomputed). Wall-clock fields are left out on purpose, so
+that one seed gives one file whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvsim.errors import KvsimError
+from kvsim.results.record import RunSummary
+from kvsim.sweep.define import Factor, SweepPoint
+
+SCHEMA = "kvsim-sweep"
+VERSION = 1
+FIXED_COLUMNS = ("index", "id")
+STATUS_COLUMNS = ("status", "error")
+
+# Column -> how to read it from a run summary: every headline metric of `kvsim run`.
+METRICS: tuple[tuple[str, Any], ...] = (
+    ("requests_total", lambda s: s.requests.total),
+    ("requests_completed", lambda s: s.requests.completed),
+    ("requests_rejected", lambda s: s.requests.rejected),
+    ("requests_unfinished", lambda s: s.requests.unfinished),
+    ("ttft_p50_s", lambda s: s.ttft_s.p50),
+    ("ttft_p99_s", lambda s: s.ttft_s.p99),
+    ("tpot_p50_s", lambda s: s.tpot_s.p50),
+    ("tpot_p99_s", lambda s: s.tpot_s.p99),
+    ("e2e_p99_s", lambda s: s.e2e_s.p99),
+    ("throughput_tok_s", lambda s: s.throughput_tok_s),
+    ("output_throughput_tok_s", lambda s: s.output_throughput_tok_s),
+    ("goodput_req_s", lambda s: s.goodput_req_s),
+    ("slo_met", lambda s: s.slo.ttft_met and s.slo.tpot_met),
+    ("cost_usd", lambda s: s.cost_usd),
+    ("cost_per_mtok_usd", lambda s: s.cost_per_mtok_usd),
+    ("hbm_peak_bytes", lambda s: s.hbm_peak_bytes),
+    ("hbm_capacity_bytes", lambda s: s.hbm_capacity_bytes),
+    ("prefix_hit_rate", lambda s: s.prefix_hit_rate),
+    ("preemptions", lambda s: s.preemptions),
+)
+METRIC_COLUMNS = tuple(name for name, _ in METRICS)
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One point's outcome: its metrics (column -> value) when it ran, else its error."""
+
+    index: int
+    status: str  # "ok" or "failed"
+    error: str
+    metrics: dict[str, Any]
+
+
+def metrics_of(summary: RunSummary) -> dict[str, Any]:
+    return {name: get(summary) for name, get in METRICS}
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def manifest(scenario: Path, factors: Sequence[Factor], points: Sequence[SweepPoint]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "scenario": str(scenario.resolve()),
+        "scenario_sha256": file_sha256(scenario),
+        "factors": [
+            {"label": f.label, "paths": list(f.paths), "sets": [list(s) for s in f.sets]} for f in factors
+        ],
+        "points": [{"index": p.index, "id": p.id, "overrides": list(p.overrides)} for p in points],
+    }
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at `path`, or None when it is not a kvsim sweep manifest."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("points"), list):
+        return None
+    return data
+
+
+def swept_paths(factors: Sequence[Factor]) -> list[str]:
+    return [p for f in factors for p in f.paths]
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    return str(v)
+
+
+def results_csv(paths: Sequence[str], points: Sequence[SweepPoint], results: Sequence[PointResult]) -> str:
+    """The table's text; `results` in any order, rows in point order."""
+    by_index = {r.index: r for r in results}
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*FIXED_COLUMNS, *paths, *STATUS_COLUMNS, *METRIC_COLUMNS])
+    for p in points:
+        r = by_index[p.index]
+        values = dict(o.split("=", 1) for o in p.overrides)
+        w.writerow(
+            [
+                p.index,
+                p.id,
+                *(values.get(k, "") for k in paths),
+                r.status,
+                r.error,
+                *(_cell(r.metrics.get(c)) for c in METRIC_COLUMNS),
+            ]
+        )
+    return buf.getvalue()
+
+
+def read_results(path: Path) -> list[dict[str, str]]:
+    """The rows of a ``results.csv`` (column -> text); `KvsimError` when it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"cannot read: {exc}", source=str(path)) from None
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not text.startswith(",".join(FIXED_COLUMNS) + ","):
+        raise KvsimError("not a kvsim sweep results table (no index,id header)", source=str(path))
+    return rows
+
+
+def is_results_csv(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            head = f.readline(65536).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    cols = head.rstrip("\r\n").split(",")
+    return cols[:2] == list(FIXED_COLUMNS) and set(STATUS_COLUMNS + METRIC_COLUMNS) <= set(cols)
+
+
+def pareto_front(points: Sequence[tuple[float | None, float | None]]) -> list[bool]:
+    """For (cost, latency) pairs, both lower-is-better: whether each is on the Pareto front (no
+    other point is at most as costly and at most as slow, and better in one). A pair with a missing
+    or non-finite value is never on it; equal pairs are on it together."""
+
+    valid: list[tuple[float, float, int]] = sorted(
+        (c, t, i)
+        for i, (c, t) in enumerate(points)
+        if c is not None and t is not None and math.isfinite(c) and math.isfinite(t)
+    )
+    on = [False] * len(points)
+    best_cheaper = math.inf  # lowest latency among strictly cheaper points
+    for _, group in itertools.groupby(valid, key=lambda v: v[0]):
+        members = list(group)
+        fastest = members[0][1]  # sorted: the group's lowest latency first
+        for _, t, i in members:
+            on[i] = t == fastest and t < best_cheaper
+        best_cheaper = min(best_cheaper, fastest)
+    return on

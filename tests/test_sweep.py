@@ -1,0 +1,181 @@
+"""kvsim sweep: the product of override axes, each point a full run; validated before anything
+runs, failures recorded per point, resumable, and one seed giving one results.csv at any --jobs."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.report.sweep import write_sweep_report
+from kvsim.spec.scenario import load_scenario
+from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis, zip_factor
+from kvsim.sweep.local import PointRunner, PointTask
+from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
+from kvsim.sweep.table import pareto_front
+
+SCENARIO = """\
+model: llama-3.1-8b
+cluster: {gpu: h100-sxm, gpus_per_node: 1}
+workload: {synthetic: {num_requests: 24, rate: 6}}
+sim: {seed: 5}
+"""
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _sweep(scenario: Path, out: Path, *axes: str, jobs: int = 1) -> int:
+    return main(["sweep", str(scenario), *axes, "--out", str(out), "--jobs", str(jobs), "--no-progress"])
+
+
+def test_grid_product_first_axis_slowest_and_zip_varies_together():
+    f = [
+        grid_factor("kv.format=bf16,fp8"),
+        zip_factor(
+            [parse_axis("scheduler.max_num_seqs=8,16", "--zip"), parse_axis("kv.block_size=16,32", "--zip")],
+            "--zip",
+            "--zip",
+        ),
+    ]
+    points = expand(f)
+    assert [p.overrides for p in points] == [
+        ("kv.format=bf16", "scheduler.max_num_seqs=8", "kv.block_size=16"),
+        ("kv.format=bf16", "scheduler.max_num_seqs=16", "kv.block_size=32"),
+        ("kv.format=fp8", "scheduler.max_num_seqs=8", "kv.block_size=16"),
+        ("kv.format=fp8", "scheduler.max_num_seqs=16", "kv.block_size=32"),
+    ]
+    assert points[2].id == "002-format=fp8,max_num_seqs=8,block_size=16"
+    assert len({p.id for p in points}) == 4
+
+
+def test_sweep_file_grid_zip_and_points(tmp_path: Path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text(
+        "grid: {kv.format: [bf16, fp8]}\n"
+        "points:\n  - {scheduler.max_num_seqs: 8, kv.block_size: 32}\n  - {scheduler.max_num_seqs: 64}\n"
+    )
+    points = expand(load_sweep_file(str(f)))
+    assert [p.overrides for p in points][:2] == [
+        ("kv.format=bf16", "scheduler.max_num_seqs=8", "kv.block_size=32"),
+        ("kv.format=bf16", "scheduler.max_num_seqs=64"),
+    ]
+    assert len(points) == 4
+
+
+def test_bad_axis_is_refused_before_anything_runs(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    code = _sweep(scenario, out, "--grid", "scheduler.max_num_seqs=8,16", "--grid", "kv.format=bf16,fp9")
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1
+    assert "--grid kv.format=fp9" in err[0] and "kv.format" in err[0]
+    assert not out.exists()
+
+
+def test_failed_point_is_recorded_and_the_others_complete(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    # CPU offload passes validation and is refused when the run starts: a run-time failure.
+    code = _sweep(
+        scenario, out, "--grid", "kv.offload.enabled=false,true", "--grid", "kv.format=bf16,fp8", jobs=2
+    )
+    assert code == 1
+    rows = _rows(out / "results.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok", "failed", "failed"]
+    assert "offload" in rows[2]["error"] and rows[0]["error"] == ""
+    assert rows[0]["requests_completed"] == "24" and rows[2]["requests_completed"] == ""
+    assert sorted(p.name for p in (out / "points").iterdir()) == [rows[0]["id"], rows[1]["id"]]
+
+
+def _fail_index_1(index: int, overrides: tuple[str, ...]) -> None:
+    if index == 1:
+        raise RuntimeError("injected")
+
+
+def test_an_internal_error_in_one_point_does_not_sink_the_sweep(scenario: Path, tmp_path: Path):
+    plan = prepare_sweep(str(scenario), [grid_factor("scheduler.max_num_seqs=8,16,32")])
+    out = tmp_path / "out"
+    out.mkdir()
+    outcome = run_sweep(plan, out, jobs=1, reuse=False, before_point=_fail_index_1)
+    assert [r.status for r in outcome.results] == ["ok", "failed", "ok"]
+    assert outcome.results[1].error == "internal error: RuntimeError: injected"
+    assert outcome.failed == 1
+
+
+def test_resume_skips_finished_points(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    axes = ("--grid", "scheduler.max_num_seqs=8,16,32")
+    assert _sweep(scenario, out, *axes) == 0
+    first = (out / "results.csv").read_text()
+    dirs = sorted((out / "points").iterdir())
+    import shutil
+
+    shutil.rmtree(dirs[1])  # as if interrupted while running point 1
+    kept = {d.name: (d / "summary.json").stat().st_mtime_ns for d in (dirs[0], dirs[2])}
+    capsys.readouterr()
+    assert _sweep(scenario, out, *axes) == 0
+    assert "2 reused" in capsys.readouterr().out
+    assert {d.name: (d / "summary.json").stat().st_mtime_ns for d in (dirs[0], dirs[2])} == kept
+    assert (dirs[1] / "summary.json").is_file()
+    assert (out / "results.csv").read_text() == first
+    # Another definition in the same folder is refused, unless --force.
+    assert _sweep(scenario, out, "--grid", "scheduler.max_num_seqs=8,64") == 2
+    assert "different set of points" in capsys.readouterr().err
+    assert _sweep(scenario, out, "--grid", "scheduler.max_num_seqs=8,64", "--force") == 0
+    assert len(list((out / "points").iterdir())) == 2
+    # An edited scenario is another sweep too: nothing reused.
+    scenario.write_text(SCENARIO.replace("seed: 5", "seed: 6"))
+    plan = prepare_sweep(str(scenario), [grid_factor("scheduler.max_num_seqs=8,64")])
+    assert resumable(plan, out, force=True) is False
+
+
+def test_jobs_1_and_2_give_the_same_results(scenario: Path, tmp_path: Path):
+    axes = ("--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64")
+    assert _sweep(scenario, tmp_path / "a", *axes, jobs=1) == 0
+    assert _sweep(scenario, tmp_path / "b", *axes, jobs=2) == 0
+    a, b = (tmp_path / "a" / "results.csv").read_text(), (tmp_path / "b" / "results.csv").read_text()
+    assert a == b
+    rows = _rows(tmp_path / "a" / "results.csv")
+    assert len({r["ttft_p99_s"] for r in rows}) > 1  # the axes change the answer
+
+
+def test_a_worker_reads_a_shared_workload_once(scenario: Path, tmp_path: Path):
+    runner = PointRunner()
+    for i, v in enumerate((8, 16)):
+        r = runner(PointTask(i, str(scenario), (f"scheduler.max_num_seqs={v}",), tmp_path / f"p{i}"))
+        assert r.status == "ok"
+    assert runner.workload_reads == 1
+    r = runner(PointTask(2, str(scenario), ("sim.seed=9",), tmp_path / "p2"))
+    assert r.status == "ok" and runner.workload_reads == 2
+    assert load_scenario(scenario, ("sim.seed=9",)).sim.seed == 9
+
+
+def test_pareto_front_on_a_hand_made_table():
+    # (cost, p99 TTFT): 0 and 3 trade off, 1 is beaten by 0, 2 equals 3, 4 has no latency.
+    table = [(1.0, 5.0), (1.5, 6.0), (2.0, 1.0), (2.0, 1.0), (0.5, None), (3.0, 1.0), (0.9, 9.0)]
+    assert pareto_front(table) == [True, False, True, True, False, False, True]
+    assert pareto_front([]) == []
+
+
+def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
+    page = (out / "sweep.html").read_text()
+    for r in _rows(out / "results.csv"):
+        assert (out / "points" / r["id"] / "report.html").is_file()
+        assert f'href="points/{r["id"]}/report.html"' in page
+    assert "Heatmap" in page or "heatmap" in page
+    assert "Pareto front" in page and "<script src=" not in page
+    before = page
+    write_sweep_report(out)
+    assert (out / "sweep.html").read_text() == before  # rebuilt from the files: same bytes
