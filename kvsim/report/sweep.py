@@ -56,7 +56,9 @@ def _set_label(sets_entry: list[str], paths: list[str]) -> str:
 
 
 def _factor_charts(factors: list[dict[str, Any]], rows: list[dict[str, str]]) -> tuple[str, go.Figure | None]:
-    """A line chart over one factor or heatmaps over two; (a note, None) otherwise."""
+    """A line chart over one factor or heatmaps over two; (a note, None) otherwise. Factors with a
+    single value are left out (they multiply the point count by one, so indices are unchanged)."""
+    factors = [f for f in factors if len(f["sets"]) > 1]
     if not 1 <= len(factors) <= 2:
         return f"A sweep of {len(factors)} factors: see the table and the Pareto chart.", None
     labels = [[_set_label(s, f["paths"]) for s in f["sets"]] for f in factors]
