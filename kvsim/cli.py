@@ -1,4 +1,4 @@
-"""The ``kvsim`` command line: kv-size, run, sweep, report, calibrate.
+"""The ``kvsim`` command line: kv-size, run, sweep, plan, report, calibrate.
 
 Any `KvsimError` (and argparse's own complaints) becomes one line on stderr and exit code 2;
 ``--debug`` shows the traceback instead.
@@ -163,6 +163,56 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if outcome.failed else 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from kvsim.report import write_report
+    from kvsim.report.outputs import check_output_dir
+    from kvsim.report.plan import write_plan_report
+    from kvsim.sweep.plan import (
+        PLAN_FILES,
+        parse_loads,
+        parse_search,
+        parse_slo,
+        plan_resumable,
+        prepare_plan,
+        run_plan,
+    )
+
+    if not args.out.strip():  # before reading anything: an unset shell variable
+        check_output_dir(args.out, reads=(), force=args.force, files=PLAN_FILES)
+    slos = [parse_slo(t) for t in args.slo]
+    axes = [parse_search(t) for t in args.search]
+    loads = parse_loads(args.load)
+    planner = prepare_plan(args.scenario, slos, axes, loads, args.max_unserved)  # every point checked
+    out = check_output_dir(args.out, reads=planner.reads, force=args.force, files=PLAN_FILES)
+    reuse = plan_resumable(planner, out, force=args.force)
+    jobs = args.jobs or os.cpu_count() or 1
+
+    def progress(n: int) -> None:
+        if not args.no_progress:
+            print(f"running {n} point{'s' if n != 1 else ''}...", file=sys.stderr, flush=True)
+
+    try:
+        data = run_plan(planner, out, jobs=jobs, reuse=reuse, finish=write_report, on_batch=progress)
+        page = write_plan_report(out)
+    except OSError as exc:
+        raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+    from kvsim.render import print_plan
+
+    print_plan(data)
+    print(f"wrote {out / 'plan.json'}, {out / 'plan.csv'}, {page}")
+    return 0 if data["choice"] is not None else 3
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.01, got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return v
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from kvsim.report import report_command
 
@@ -219,6 +269,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--no-progress", action="store_true")
     sw.set_defaults(func=cmd_sweep, axes=[])
+
+    pl = sub.add_parser(
+        "plan", help="the cheapest configuration meeting latency SLOs; plan.json and plan.html"
+    )
+    pl.add_argument("scenario", help="scenario YAML file")
+    pl.add_argument(
+        "--slo", action="append", default=[], metavar="METRIC=DURATION", help="e.g. ttft_p99=2s (repeatable)"
+    )
+    pl.add_argument(
+        "--search",
+        action="append",
+        default=[],
+        metavar="PATH=LO..HI|V1,V2",
+        help="a bisected count range (one) or values to try (repeatable)",
+    )
+    pl.add_argument(
+        "--load", metavar="1x,2x", help="multiples of the scenario's arrival rate to meet (default 1x)"
+    )
+    pl.add_argument(
+        "--max-unserved",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction of requests that may be rejected or unfinished (default 0)",
+    )
+    pl.add_argument("--out", required=True, help="output directory (a re-run reuses its points)")
+    pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: CPU count)")
+    pl.add_argument("--force", action="store_true", help="replace files kvsim did not write, or another plan")
+    pl.add_argument("--no-progress", action="store_true")
+    pl.set_defaults(func=cmd_plan)
 
     rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
     rep.add_argument("run_dir", help="directory written by kvsim run")

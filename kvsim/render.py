@@ -125,3 +125,27 @@ def _ms(v: float | None) -> str:
     if v is None:
         return "-"
     return f"{v * 1e3:,.1f} ms"
+
+
+def print_plan(data: dict[str, Any]) -> None:
+    """The terminal summary of ``kvsim plan``: the choice or the closest miss, the nearest runners-up."""
+    slos = ", ".join(s["text"] for s in data["slos"])
+    loads = ", ".join(data["loads"])
+    ran, reused = data.get("points_run", 0), data.get("points_reused", 0)
+    n = len(data["configurations"])
+    print(f"{n} configurations evaluated; {ran} points run, {reused} reused from an earlier run")
+    choice = data["choice"]
+    if choice is None:
+        print(f"no configuration in the search meets {slos} at {loads}")
+        closest = data.get("closest")
+        if closest is not None:
+            print(
+                f"closest: {closest['label']} ({closest['gpus']} GPUs, ${closest['usd_per_hour']:.2f}/h): {closest['why']}"
+            )
+        return
+    print(
+        f"choice: {choice['label']}: {choice['gpus']} GPUs, ${choice['usd_per_hour']:.2f}/h; "
+        f"meets {slos} at {loads}"
+    )
+    for e in data["runners_up"][:3]:
+        print(f"  runner-up: {e['label']} (${e['usd_per_hour']:.2f}/h): {e['why']}")

@@ -1,4 +1,4 @@
-"""Where ``kvsim run``, ``kvsim report`` and ``kvsim sweep`` may write: checked before any work is done.
+"""Where ``kvsim run``, ``kvsim report``, ``kvsim sweep`` and ``kvsim plan`` may write: checked before any work is done.
 
 One rule for every output path: an empty path is refused (an unset shell variable would write into
 the current directory); a file the run reads (scenario, trace, model config, profile) is never
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvsim.errors import KvsimError
 from kvsim.results.io import REQUEST_COLUMNS
+from kvsim.sweep.plan import is_plan_csv, read_plan
 from kvsim.sweep.table import is_results_csv, read_manifest
 
 RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
@@ -42,6 +43,12 @@ def is_kvsim_output(path: Path) -> bool:
             return path.stat().st_size <= _MAX_SUMMARY_BYTES and read_manifest(path) is not None
         if path.name == "results.csv":
             return is_results_csv(path)
+        if path.name == "plan.html":
+            return head.startswith(b"<!doctype html>") and b"<title>kvsim plan: " in head
+        if path.name == "plan.json":
+            return read_plan(path) is not None
+        if path.name == "plan.csv":
+            return is_plan_csv(path)
         if path.name == "summary.json":
             if path.stat().st_size > _MAX_SUMMARY_BYTES:
                 return False
