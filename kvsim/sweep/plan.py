@@ -223,12 +223,12 @@ def prepare_plan(
         Factor(f"--search {a.path}", (a.path,), tuple((f"{a.path}={v}",) for v in a.values)) for a in ordered
     ]
     rates = tuple((f"{LOAD_PATH}={base.workload.rate_scale * k!r}",) for k in loads)
-    try:
-        sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
-    except KvsimError as exc:
-        if exc.source and exc.source.startswith(f"--load {LOAD_PATH}="):
-            raise KvsimError(str(exc), source="--load") from None
-        raise
+    for k, (rate,) in zip(loads, rates, strict=True):
+        try:
+            load_scenario(scenario, (rate,))
+        except KvsimError as exc:
+            raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
+    sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
     cost: dict[tuple[str, ...], tuple[int, float]] = {}
     for p in sweep.points[:: len(loads)]:

@@ -1,0 +1,215 @@
+"""kvsim plan: bisection over the replica count finds what brute force finds with fewer runs, the
+cheapest meeting configuration is chosen, runners-up say why they lost, a search that cannot meet
+the SLOs says so (exit 3) with the closest, bad flags are refused before any run, and a re-run
+reuses its points; one seed gives one plan.json at any --jobs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.report.plan import write_plan_report
+from kvsim.spec.hardware import load_gpu
+from kvsim.sweep.local import PointRunner, PointTask
+from kvsim.sweep.plan import (
+    misses,
+    parse_loads,
+    parse_search,
+    parse_slo,
+    plan_resumable,
+    prepare_plan,
+    run_plan,
+)
+
+SCENARIO = """\
+model: llama-3.1-8b
+cluster: {gpu: h100-sxm, gpus_per_node: 1}
+workload:
+  synthetic: {num_requests: 40, rate: 40, input: {dist: constant, mean: 2048}, output: {dist: constant, mean: 32}}
+sim: {seed: 5}
+"""
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def _plan(scenario: Path, out: Path, *flags: str, jobs: int = 1) -> int:
+    return main(["plan", str(scenario), *flags, "--out", str(out), "--jobs", str(jobs), "--no-progress"])
+
+
+def _data(out: Path) -> dict[str, Any]:
+    data = json.loads((out / "plan.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_bisection_finds_the_brute_force_minimum_with_fewer_runs(scenario: Path, tmp_path: Path):
+    slos = [parse_slo("ttft_p99=300ms")]
+    planner = prepare_plan(str(scenario), slos, [parse_search("cluster.nodes=1..8")], (1.0,), 0.0)
+    # Brute force: every count.
+    runner = PointRunner()
+    meets = []
+    for n in range(1, 9):
+        o = planner.point_overrides(planner.combos[0], str(n), 1.0)
+        meets.append(not misses(planner, runner(PointTask(n, str(scenario), o, tmp_path / f"bf{n}"))))
+    assert meets == sorted(meets), "latency is not monotone in the count here"
+    smallest = meets.index(True) + 1
+    assert 1 < smallest < 8  # an interior answer, so that bisection has work to do
+    out = tmp_path / "plan"
+    out.mkdir()
+    data = run_plan(planner, out, jobs=1, reuse=False)
+    assert data["choice"]["count"] == str(smallest)
+    assert data["points_run"] < 8
+    assert data["points_run"] == len(list((out / "points").iterdir()))
+
+
+def test_the_cheapest_meeting_configuration_is_chosen_across_gpus(scenario: Path, tmp_path: Path):
+    out = tmp_path / "plan"
+    flags = (
+        "--slo",
+        "ttft_p99=300ms",
+        "--slo",
+        "tpot_p99=30ms",
+        "--search",
+        "cluster.gpu=h100-sxm,h200-sxm,a100-80gb",
+    )
+    assert _plan(scenario, out, *flags, "--search", "cluster.nodes=1..8", jobs=2) == 0
+    data = _data(out)
+    configs = data["configurations"]
+    for e in configs:
+        gpu = next(o.split("=", 1)[1] for o in e["overrides"] if o.startswith("cluster.gpu="))
+        assert e["gpu_hour_usd"] == load_gpu(gpu).usd_per_hour
+        assert e["usd_per_hour"] == pytest.approx(e["gpus"] * e["gpu_hour_usd"])
+    meeting = [e for e in configs if e["meets"]]
+    assert len({e["combo"] for e in meeting}) >= 2  # a real choice between GPUs
+    assert data["choice"]["usd_per_hour"] == min(e["usd_per_hour"] for e in meeting)
+    losers = [r for r in data["runners_up"] if r["meets"]]
+    assert losers and all(
+        "costs $" in r["why"] and r["usd_per_hour"] > data["choice"]["usd_per_hour"] for r in losers
+    )
+    # The same configuration one replica smaller is a runner-up that names the SLO it misses.
+    below = data["runners_up"][0]
+    assert (
+        below["combo"] == data["choice"]["combo"] and int(below["count"]) == int(data["choice"]["count"]) - 1
+    )
+    w = below["worst_miss"]
+    assert w["what"] in ("ttft_p99", "tpot_p99") and w["what"] in below["why"] and "ms >" in below["why"]
+    metric = next(ld for ld in below["loads"] if ld["load"] == w["load"])["metrics"][f"{w['what']}_s"]
+    assert w["value"] == metric and metric > w["bound"]
+    # plan.html: the choice, each runner-up's reason, every point's report linked; rebuilt, same bytes.
+    page = (out / "plan.html").read_text()
+    assert "Choice" in page and below["why"].split(" (")[0] in page.replace("&gt;", ">")
+    for e in configs:
+        for ld in e["loads"]:
+            if ld["evaluated"]:
+                assert (out / "points" / ld["point"] / "report.html").is_file()
+                assert f'href="points/{ld["point"]}/report.html"' in page
+    write_plan_report(out)
+    assert (out / "plan.html").read_text() == page
+    rows = (out / "plan.csv").read_text().splitlines()
+    assert len(rows) == 1 + sum(ld["evaluated"] for e in configs for ld in e["loads"])
+
+
+def test_no_feasible_configuration_says_so_with_the_closest(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "plan"
+    code = _plan(scenario, out, "--slo", "ttft_p99=1ms", "--search", "cluster.nodes=1..4", "--load", "1x,2x")
+    assert code == 3
+    text = capsys.readouterr().out
+    assert "no configuration in the search meets ttft_p99=1ms" in text and "closest:" in text
+    data = _data(out)
+    assert data["choice"] is None and data["runners_up"] == []
+    closest = data["closest"]
+    assert closest["count"] == "4" and "ttft_p99" in closest["why"]
+    assert len(list((out / "points").iterdir())) == 2  # only the top of the range, at each load
+    assert "No configuration meets the SLOs" in (out / "plan.html").read_text()
+
+
+def test_rejected_requests_fail_an_slo_unless_allowed(scenario: Path, tmp_path: Path):
+    # Lognormal prompts around 64K tokens: some exceed the model's 128K context and are rejected.
+    scenario.write_text(
+        SCENARIO.replace("{dist: constant, mean: 2048}", "{dist: lognormal, mean: 65536, stdev: 60000}")
+    )
+    found = {}
+    for allowed in (0.0, 0.5):
+        planner = prepare_plan(str(scenario), [parse_slo("e2e_p99=1h")], [], (1.0,), allowed)
+        out = tmp_path / f"a{allowed}"
+        out.mkdir()
+        found[allowed] = run_plan(planner, out, jobs=1, reuse=False)
+    strict = found[0.0]
+    assert strict["choice"] is None
+    miss = strict["closest"]["worst_miss"]
+    assert miss["what"] == "unserved" and 0 < miss["value"] < 0.5 and "rejected or unfinished" in miss["text"]
+    assert found[0.5]["choice"] is not None
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (("--slo", "ttft_p98=2s"), "--slo: unknown SLO metric 'ttft_p98'"),
+        (("--slo", "ttft_p99=2"), "--slo: ttft_p99: expected a duration with its unit"),
+        (("--slo", "ttft_p99=-1s"), "--slo: ttft_p99: expected a duration with its unit"),
+        (
+            ("--slo", "ttft_p99=2s", "--search", "cluster.nodes=8..1"),
+            "--search: cluster.nodes: expected 1 <= lo <= hi",
+        ),
+        (
+            ("--slo", "ttft_p99=2s", "--search", "cluster.nodes=1..x"),
+            "--search: cluster.nodes: expected an integer range",
+        ),
+        (
+            ("--slo", "ttft_p99=2s", "--search", "cluster.gpus_per_node=1..65"),
+            "--search cluster.gpus_per_node=65",
+        ),
+        (("--slo", "ttft_p99=2s", "--search", "kv.format=bf16,fp9"), "--search kv.format=fp9"),
+        (("--slo", "ttft_p99=2s", "--load", "2"), "--load: expected loads such as 1x"),
+        (("--slo", "ttft_p99=2s", "--load", "0x"), "--load: expected loads such as 1x"),
+        (("--search", "cluster.nodes=1..4"), "give at least one --slo"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_run(scenario: Path, tmp_path: Path, capsys, flags, error):
+    out = tmp_path / "plan"
+    assert _plan(scenario, out, *flags) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and error in err[0], err
+    assert not out.exists()
+
+
+def test_parsers():
+    assert parse_loads("1x, 2x,0.5x") == (1.0, 2.0, 0.5)
+    assert parse_slo("tpot_p90=50ms").bound_s == pytest.approx(0.05)
+    axis = parse_search("cluster.gpus_per_node=1..4")
+    assert axis.count and axis.values == ("1", "2", "3", "4")
+    assert not parse_search("cluster.nodes=1,2,4").count
+
+
+def test_resume_reuses_runs_and_jobs_do_not_change_the_plan(scenario: Path, tmp_path: Path, capsys):
+    flags = ("--slo", "ttft_p99=300ms", "--search", "kv.format=bf16,fp8", "--search", "cluster.nodes=1..6")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _plan(scenario, a, *flags, jobs=1) == 0
+    assert _plan(scenario, b, *flags, jobs=2) == 0
+    first = (a / "plan.json").read_text()
+    assert first == (b / "plan.json").read_text()
+    assert (a / "plan.csv").read_text() == (b / "plan.csv").read_text()
+    points = sorted((a / "points").iterdir())
+    shutil.rmtree(points[0])  # as if interrupted while running it
+    kept = {p.name: (p / "summary.json").stat().st_mtime_ns for p in points[1:]}
+    capsys.readouterr()
+    assert _plan(scenario, a, *flags) == 0
+    assert f"1 points run, {len(points) - 1} reused" in capsys.readouterr().out
+    assert {p.name: (p / "summary.json").stat().st_mtime_ns for p in points[1:]} == kept
+    assert (a / "plan.json").read_text() == first
+    # Another scenario's plan in the folder is refused unless --force.
+    scenario.write_text(SCENARIO.replace("seed: 5", "seed: 6"))
+    assert _plan(scenario, a, *flags) == 2
+    assert "plan of another scenario" in capsys.readouterr().err
+    planner = prepare_plan(str(scenario), [parse_slo("ttft_p99=300ms")], [], (1.0,), 0.0)
+    assert plan_resumable(planner, a, force=True) is False and not (a / "points").exists()
