@@ -144,7 +144,7 @@ def print_plan(data: dict[str, Any]) -> None:
             )
         return
     print(
-        f"choice: {choice['label']}: {choice['gpus']} GPUs, ${choice['usd_per_hour']:.2f}/h; "
+        f"choice: {choice['label']}: {choice['gpus']} GPU{'s' if choice['gpus'] != 1 else ''}, ${choice['usd_per_hour']:.2f}/h; "
         f"meets {slos} at {loads}"
     )
     for e in data["runners_up"][:3]:

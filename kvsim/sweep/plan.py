@@ -154,10 +154,6 @@ class Combo:
     index: int
     overrides: tuple[str, ...]
 
-    @property
-    def label(self) -> str:
-        return ", ".join(self.overrides) or "(the scenario as written)"
-
 
 @dataclass(frozen=True)
 class Planner:
@@ -503,18 +499,13 @@ def run_plan(
     configs: dict[tuple[int, str | None], dict[str, Any]] = {}
     count_pos = {v: i for i, v in enumerate(p.count.values)} if p.count else {}
     for c in p.combos:
-        counts: list[str | None] = (
-            [None]
-            if p.count is None
-            else sorted(
-                {
-                    o_count(p, o)
-                    for o in run.results
-                    if len(o) == len(c.overrides) + 2 and o[: len(c.overrides)] == c.overrides
-                },
-                key=lambda v: count_pos[v],
-            )
-        )
+        ran = {
+            o_count(p, o)
+            for o in run.results
+            if p.count is not None and len(o) == len(c.overrides) + 2 and o[: len(c.overrides)] == c.overrides
+        }
+        in_order = sorted(ran, key=lambda v: count_pos[v])
+        counts: list[str | None] = [None] if p.count is None else list(in_order)
         for n in counts:
             configs[(c.index, n)] = _config_entry(run, c, n)
     cand = [configs[(c.index, n)] for c, n in candidates]
