@@ -134,6 +134,8 @@ def print_plan(data: dict[str, Any]) -> None:
     ran, reused = data.get("points_run", 0), data.get("points_reused", 0)
     n = len(data["configurations"])
     print(f"{n} configurations evaluated; {ran} points run, {reused} reused from an earlier run")
+    for note in data.get("notes", []):
+        print(f"note: {note}")
     choice = data["choice"]
     if choice is None:
         print(f"no configuration in the search meets {slos} at {loads}")

@@ -124,6 +124,7 @@ def _page(plan_dir: Path) -> str:
         ]
         if closest is not None:
             body.append(f"<p>Closest: {_config_line(closest)}; {_e(closest['why'])}.</p>")
+    body += [f'<p class="warn">{_e(n)}</p>' for n in data.get("notes", [])]
     body += ["<h2>Points run</h2>", _points(data["configurations"])]
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

@@ -462,7 +462,14 @@ def _rel(m: dict[str, Any]) -> float:
 def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None) -> str:
     if not entry["meets"]:
         w = entry["worst_miss"]
-        return f"misses at {w['load']}: {w['text']}" if w else "not run at every load"
+        if w is None:
+            return "not run at every load"
+        others = [
+            f"at {ld['load']}: {ld['misses'][0]['text']}"
+            for ld in entry["loads"]
+            if ld.get("evaluated") and ld["misses"] and ld["load"] != w["load"]
+        ]
+        return f"misses at {w['load']}: {w['text']}" + "".join(f"; also {o}" for o in others)
     assert choice is not None
     extra = entry["usd_per_hour"] - choice["usd_per_hour"]
     if extra == 0:
@@ -509,6 +516,15 @@ def run_plan(
         for n in counts:
             configs[(c.index, n)] = _config_entry(run, c, n)
     cand = [configs[(c.index, n)] for c, n in candidates]
+    notes = []
+    for e in cand:  # a miss at a load that a smaller count met: bisection's premise did not hold
+        for li, ld in enumerate(e["loads"]):
+            smaller = mins[(e["combo"], li)]
+            if ld.get("evaluated") and not ld["meets"] and p.count is not None and smaller != e["count"]:
+                notes.append(
+                    f"{e['label']} misses at {ld['load']} although {p.count.path}={smaller} met it: latency "
+                    f"is not monotone in {p.count.path} here; larger counts were not tried"
+                )
     feasible = sorted((e for e in cand if e["meets"]), key=lambda e: (e["usd_per_hour"], e["combo"]))
     choice = feasible[0] if feasible else None
     runners: list[dict[str, Any]] = []
@@ -541,6 +557,7 @@ def run_plan(
         "choice": choice,
         "runners_up": runners,
         "closest": closest,
+        "notes": notes,
         "configurations": list(configs.values()),
     }
     _write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
