@@ -133,7 +133,7 @@ def test_report_rejects_a_non_number_in_a_csv(run_dir: Path):
         write_report(run_dir)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (CI does not install it)")
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (.ci/run installs it)")
 def test_report_renders_in_headless_chromium(tmp_path: Path):
     html = write_report(FIXTURE, tmp_path / "report.html")
     png = tmp_path / "report.png"

@@ -179,3 +179,36 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
     before = page
     write_sweep_report(out)
     assert (out / "sweep.html").read_text() == before  # rebuilt from the files: same bytes
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (.ci/run installs it)")
+def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_path: Path):
+    # In a real browser, offline: plotly (inlined) must draw the two heatmaps and the Pareto chart,
+    # and every point's link must be in the rendered page.
+    import subprocess
+
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        (out / "sweep.html").resolve().as_uri(),
+    ]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
+    assert dom.count('class="main-svg"') >= 2  # plotly drew both figures (axes grid, Pareto)
+    assert dom.count('class="hm"') == 2  # the two heatmaps (p99 TTFT, cost) hold drawn cells
+    assert 'class="scatterlayer' in dom  # the Pareto chart's points
+    for r in _rows(out / "results.csv"):
+        assert f"points/{r['id']}/report.html" in dom
