@@ -159,7 +159,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for r in outcome.results:
         if r.status != "ok":
             print(f"  failed: {plan.points[r.index].id}: {r.error}", file=sys.stderr)
-    print(f"wrote {out / 'results.csv'}, {page}")
+    parquet = (
+        f", {out / 'results.parquet'}"
+        if outcome.parquet
+        else " (no results.parquet: pip install 'kvsim[sweep]')"
+    )
+    print(f"wrote {out / 'results.csv'}{parquet}, {page}")
     return 1 if outcome.failed else 0
 
 

@@ -212,3 +212,19 @@ def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_pa
     assert 'class="scatterlayer' in dom  # the Pareto chart's points
     for r in _rows(out / "results.csv"):
         assert f"points/{r['id']}/report.html" in dom
+
+
+def test_results_parquet_holds_the_same_table_typed(scenario: Path, tmp_path: Path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
+    table = pq.read_table(out / "results.parquet").to_pylist()
+    rows = _rows(out / "results.csv")
+    assert [r["index"] for r in table] == [int(r["index"]) for r in rows]
+    for got, want in zip(table, rows, strict=True):
+        assert got["id"] == want["id"] and got["status"] == want["status"]
+        assert got["ttft_p99_s"] == pytest.approx(float(want["ttft_p99_s"]), rel=1e-12)
+    # kvsim recognises its own table: a rerun may replace it; a foreign file of that name may not.
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
+    (out / "results.parquet").write_bytes(b"PAR1 someone else's data PAR1")
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 2

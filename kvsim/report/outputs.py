@@ -17,7 +17,7 @@ from pathlib import Path
 from kvsim.errors import KvsimError
 from kvsim.results.io import REQUEST_COLUMNS
 from kvsim.sweep.plan import is_plan_csv, read_plan
-from kvsim.sweep.table import is_results_csv, read_manifest
+from kvsim.sweep.table import is_results_csv, is_results_parquet, read_manifest
 
 RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
 _HEADERS = {
@@ -43,6 +43,8 @@ def is_kvsim_output(path: Path) -> bool:
             return path.stat().st_size <= _MAX_SUMMARY_BYTES and read_manifest(path) is not None
         if path.name == "results.csv":
             return is_results_csv(path)
+        if path.name == "results.parquet":
+            return is_results_parquet(path)
         if path.name == "plan.html":
             return head.startswith(b"<!doctype html>") and b"<title>kvsim plan: " in head
         if path.name == "plan.json":

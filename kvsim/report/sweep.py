@@ -27,7 +27,7 @@ from kvsim.report.charts import _figure_html
 from kvsim.report.tables import _table
 from kvsim.sweep.table import pareto_front, read_manifest, read_results
 
-SWEEP_FILES = ("sweep.json", "results.csv", "sweep.html")
+SWEEP_FILES = ("sweep.json", "results.csv", "results.parquet", "sweep.html")
 _SHOWN = (  # column, header, format
     ("ttft_p99_s", "TTFT p99 (s)", ".4g"),
     ("tpot_p99_s", "TPOT p99 (s)", ".4g"),

@@ -29,11 +29,13 @@ from kvsim.sweep.table import (
     metrics_of,
     read_manifest,
     results_csv,
+    results_parquet,
     swept_paths,
 )
 
 MANIFEST = "sweep.json"
 RESULTS = "results.csv"
+RESULTS_PARQUET = "results.parquet"  # the same table, typed, where pyarrow is installed
 POINTS = "points"
 
 
@@ -51,6 +53,7 @@ class SweepOutcome:
     plan: SweepPlan
     results: tuple[PointResult, ...]  # in point order
     reused: int  # points taken from an earlier, interrupted run
+    parquet: bool = False  # results.parquet written (pyarrow installed)
 
     @property
     def failed(self) -> int:
@@ -238,5 +241,7 @@ def run_sweep(
         if display is not None:
             display.stop()
     results = sorted([*done, *ran], key=lambda r: r.index)
-    _write_atomic(out / RESULTS, results_csv(swept_paths(plan.factors), plan.points, results))
-    return SweepOutcome(plan, tuple(results), len(done))
+    text = results_csv(swept_paths(plan.factors), plan.points, results)
+    _write_atomic(out / RESULTS, text)
+    parquet = results_parquet(out / RESULTS_PARQUET, text)
+    return SweepOutcome(plan, tuple(results), len(done), parquet)

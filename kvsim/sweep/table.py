@@ -137,6 +137,45 @@ def results_csv(paths: Sequence[str], points: Sequence[SweepPoint], results: Seq
     return buf.getvalue()
 
 
+PARQUET_KEY = b"kvsim-sweep-results"  # schema metadata that marks a results.parquet as kvsim's own
+
+
+def results_parquet(path: Path, csv_text: str) -> bool:
+    """Write the results table as Parquet (typed: index an integer, metrics floats or booleans,
+    empty cells null) beside ``results.csv``; False, writing nothing, where pyarrow is not installed
+    (``pip install 'kvsim[sweep]'``)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return False
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    header = next(csv.reader(io.StringIO(csv_text)))
+    columns: dict[str, Any] = {}
+    for name in header:
+        cells = [r[name] for r in rows]
+        if name == "index":
+            columns[name] = pa.array([int(c) for c in cells], pa.int64())
+        elif name in METRIC_COLUMNS and all(c in ("", "true", "false") for c in cells):
+            columns[name] = pa.array([None if not c else c == "true" for c in cells], pa.bool_())
+        elif name in METRIC_COLUMNS:
+            columns[name] = pa.array([float(c) if c else None for c in cells], pa.float64())
+        else:
+            columns[name] = pa.array(cells, pa.string())
+    table = pa.table(columns).replace_schema_metadata({PARQUET_KEY: b"1"})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return True
+
+
+def is_results_parquet(path: Path) -> bool:
+    """Whether `path` is a results.parquet kvsim wrote (read without pyarrow: the footer's magic
+    and our metadata key in the file)."""
+    data = path.read_bytes()
+    return data[:4] == b"PAR1" and data[-4:] == b"PAR1" and PARQUET_KEY in data[-65536:]
+
+
 def read_results(path: Path) -> list[dict[str, str]]:
     """The rows of a ``results.csv`` (column -> text); `KvsimError` when it is not one."""
     try:
