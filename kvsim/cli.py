@@ -131,6 +131,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if not args.out.strip():  # before reading anything: an unset shell variable
         check_output_dir(args.out, reads=(), force=args.force, files=SWEEP_FILES)
+    if args.ray_address is not None and args.executor != "ray":
+        raise KvsimError("only with --executor ray", source="--ray-address")
     factors: list[Factor | None] = list(load_sweep_file(args.file)) if args.file else []
     zipped: list[tuple[str, list[str]]] = []
     for flag, text in args.axes or []:
@@ -148,7 +150,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     jobs = args.jobs or os.cpu_count() or 1
     try:
         outcome = run_sweep(
-            plan, out, jobs=jobs, reuse=reuse, finish=write_report, progress=not args.no_progress
+            plan,
+            out,
+            jobs=jobs,
+            reuse=reuse,
+            finish=write_report,
+            progress=not args.no_progress,
+            executor=args.executor,
+            ray_address=args.ray_address,
         )
         page = write_sweep_report(out)
     except OSError as exc:
@@ -269,6 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--file", help="sweep file: grid, zip and/or points (scenarios/README.md)")
     sw.add_argument("--out", required=True, help="output directory (a re-run resumes)")
     sw.add_argument("--jobs", type=_positive_int, help="worker processes (default: CPU count)")
+    sw.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local processes, or a Ray cluster (pip install 'kvsim[ray]'; every node sees --out)",
+    )
+    sw.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     sw.add_argument(
         "--force", action="store_true", help="replace files kvsim did not write, or another sweep"
     )

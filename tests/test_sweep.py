@@ -228,3 +228,48 @@ def test_results_parquet_holds_the_same_table_typed(scenario: Path, tmp_path: Pa
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
     (out / "results.parquet").write_bytes(b"PAR1 someone else's data PAR1")
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 2
+
+
+def test_the_ray_executor_gives_the_local_results(scenario: Path, tmp_path: Path):
+    # A local Ray instance (started by the sweep, 2 CPUs): the same points, the same table.
+    pytest.importorskip("ray")
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    axes = ("--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64")
+    assert _sweep(scenario, local, *axes) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(scenario),
+                *axes,
+                "--out",
+                str(on_ray),
+                "--jobs",
+                "2",
+                "--executor",
+                "ray",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (on_ray / "results.csv").read_text() == (local / "results.csv").read_text()
+    for r in _rows(on_ray / "results.csv"):
+        assert (on_ray / "points" / r["id"] / "report.html").is_file()
+
+
+def test_ray_address_without_the_ray_executor_is_refused(scenario: Path, tmp_path: Path, capsys):
+    rc = main(
+        [
+            "sweep",
+            str(scenario),
+            "--grid",
+            "kv.format=bf16",
+            "--out",
+            str(tmp_path / "o"),
+            "--ray-address",
+            "x:1",
+        ]
+    )
+    assert rc == 2 and "--ray-address: only with --executor ray" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

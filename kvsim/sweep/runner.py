@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +202,12 @@ def run_sweep(
     finish: Finish | None = None,
     before_point: BeforePoint | None = None,
     progress: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> SweepOutcome:
     """Run `plan` into `out` (already checked); `reuse`: from `resumable`. `progress`: a rich
-    progress bar on stderr (points done, failed, time left)."""
+    progress bar on stderr (points done, failed, time left). `executor`: ``local`` (processes on
+    this machine) or ``ray`` (`kvsim.sweep.ray_executor`, at `ray_address` or a local instance)."""
     points_dir = out / POINTS
     points_dir.mkdir(parents=True, exist_ok=True)
     old = read_manifest(out / MANIFEST) if (out / MANIFEST).is_file() else None
@@ -228,7 +232,13 @@ def run_sweep(
             keys.append(key)
     display = _Display(len(tasks), len(done)) if progress and tasks else None
     try:
-        ran = run_points(
+        if executor == "ray":
+            from kvsim.sweep.ray_executor import run_points_ray
+
+            execute: Any = partial(run_points_ray, address=ray_address)
+        else:
+            execute = run_points
+        ran = execute(
             tasks,
             keys,
             jobs=jobs,
