@@ -229,8 +229,15 @@ def _fraction(text: str) -> float:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from kvsim.report import report_command
+    from kvsim.report.compare import compare_command
 
-    return report_command(args.run_dir, force=args.force)
+    if args.out is not None:
+        return compare_command(args.run_dir, args.out, force=args.force)
+    if len(args.run_dir) > 1:
+        raise KvsimError(
+            "several run directories are compared into one page; give --out FILE.html", source="kvsim report"
+        )
+    return report_command(args.run_dir[0], force=args.force)
 
 
 def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -322,8 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     rep = sub.add_parser("report", help="rebuild report.html from a run directory, without re-running")
-    rep.add_argument("run_dir", help="directory written by kvsim run")
-    rep.add_argument("--force", action="store_true", help="replace a report.html that kvsim did not write")
+    rep.add_argument("run_dir", nargs="+", help="directory written by kvsim run (several: a comparison)")
+    rep.add_argument(
+        "--out", help="write a comparison of the runs (the first is the baseline) to this .html file"
+    )
+    rep.add_argument("--force", action="store_true", help="replace a report file that kvsim did not write")
     rep.set_defaults(func=cmd_report)
 
     sub.add_parser(

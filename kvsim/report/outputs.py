@@ -51,6 +51,8 @@ def is_kvsim_output(path: Path) -> bool:
             return read_plan(path) is not None
         if path.name == "plan.csv":
             return is_plan_csv(path)
+        if path.suffix == ".html" and head.startswith(b"<!doctype html>"):  # a comparison, any name
+            return b"<title>kvsim compare: " in head
         if path.name == "summary.json":
             if path.stat().st_size > _MAX_SUMMARY_BYTES:
                 return False

@@ -1,0 +1,412 @@
+"""Several runs side by side in one self-contained HTML page: ``kvsim report A B ... --out FILE.html``.
+
+Reads each run directory as the run report does (``summary.json`` through
+`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional). Shows a
+headline table with every run's delta against the first (absolute and relative), the TTFT and TPOT
+CDFs of all runs overlaid, KV blocks in use and queue length over time, each run's warnings, and
+where each run came from: scenario name, trace and profile, SHA-256 of ``summary.json`` (and of the
+trace/profile files when they are still at the recorded paths), and the kvsim version writing the
+page, so that a comparison can be reproduced.
+
+Leaves out: per-replica detail (each run's own report has it) and any recomputation of the
+summary's percentiles. Everything user-supplied (names, paths, warnings) is escaped; the page holds
+no generation time, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import importlib.metadata
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from kvsim.errors import KvsimError
+from kvsim.report.charts import MAX_SERIES_POINTS, _cdf, _figure_html, _series_on_grid, _stride
+from kvsim.report.data import _Csv, _load_csv
+from kvsim.report.outputs import check_output_dir
+from kvsim.report.tables import _dur, _float, _get, _gib, _int, _is_num, _note, _pct, _table, _usd
+from kvsim.results.record import read_summary
+
+_READS = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+# (label, path into summary.json, formatter); a delta is shown with the same formatter.
+METRICS: tuple[tuple[str, tuple[str, ...], Callable[[Any], str]], ...] = (
+    ("requests", ("requests", "total"), _int),
+    ("completed", ("requests", "completed"), _int),
+    ("TTFT p50", ("ttft_s", "p50"), _dur),
+    ("TTFT p99", ("ttft_s", "p99"), _dur),
+    ("TPOT p50", ("tpot_s", "p50"), _dur),
+    ("TPOT p99", ("tpot_s", "p99"), _dur),
+    ("E2E p50", ("e2e_s", "p50"), _dur),
+    ("E2E p99", ("e2e_s", "p99"), _dur),
+    ("throughput (tok/s)", ("throughput_tok_s",), lambda v: _float(v, ",.0f")),
+    ("goodput (req/s)", ("goodput_req_s",), lambda v: _float(v, ",.2f")),
+    ("cost per M tokens", ("cost_per_mtok_usd",), _usd),
+    ("HBM peak", ("hbm_peak_bytes",), _gib),
+    ("prefix hit rate", ("prefix_hit_rate",), _pct),
+    ("preemptions", ("preemptions",), _int),
+)
+
+
+def kvsim_version() -> str:
+    """The installed kvsim's version, else the package's ``__version__``, else "unknown"."""
+    try:
+        return importlib.metadata.version("kvsim")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        from kvsim import __version__
+
+        return str(__version__)
+    except ImportError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class _Run:
+    path: Path
+    label: str
+    summary: dict[str, Any]
+    requests: _Csv | None
+    timeseries: _Csv | None
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_inputs(run_dirs: Sequence[str], out: str, *, force: bool) -> Path:
+    """Refuse bad run directories, one given twice, or an --out that is not ours to write. Returns
+    the output path (its folder created)."""
+    seen: list[Path] = []
+    for d in run_dirs:
+        if not d.strip():
+            raise KvsimError(
+                "empty path (an unset shell variable?); give a run directory", source="kvsim report"
+            )
+        p = Path(d)
+        if not p.is_dir():
+            raise KvsimError(
+                "run directory " + ("is not a directory" if p.exists() else "not found"), source=d
+            )
+        if not (p / "summary.json").is_file():
+            raise KvsimError("summary.json not found; is this a kvsim run directory?", source=d)
+        for q in seen:
+            if _same(p, q):
+                raise KvsimError(f"the same run directory is given twice (also as {q})", source=d)
+        seen.append(p)
+    if not out.strip():
+        raise KvsimError("empty path (an unset shell variable?); give a file ending in .html", source="--out")
+    target = Path(out)
+    if target.suffix.lower() != ".html":
+        raise KvsimError(f"{out}: a comparison report is an .html file", source="--out")
+    reads = [(name, p / name) for p in seen for name in _READS]
+    for what, p in reads:
+        if _same(target, p):
+            raise KvsimError(
+                f"{out} is the {what} of a run this command reads; choose another --out", source="--out"
+            )
+        if target.exists() and p.parent.exists() and _same(target, p.parent):
+            raise KvsimError(f"{out} is a run directory this command reads", source="--out")
+    check_output_dir(str(target.parent), reads=reads, force=force, files=(target.name,), flag="--out")
+    return target
+
+
+def _load(run_dirs: Sequence[str]) -> list[_Run]:
+    runs: list[_Run] = []
+    for d in run_dirs:
+        p = Path(d)
+        s = read_summary(p / "summary.json").to_dict()
+        runs.append(
+            _Run(
+                p,
+                str(s.get("scenario") or p.name),
+                s,
+                _load_csv(p / "requests.csv"),
+                _load_csv(p / "timeseries.csv"),
+            )
+        )
+    names = [r.label for r in runs]
+    # Two runs of one scenario would read alike: name them by their directories as well.
+    return [replace(r, label=f"{r.label} ({r.path.name})") if names.count(r.label) > 1 else r for r in runs]
+
+
+def deltas(
+    first: dict[str, Any], other: dict[str, Any]
+) -> list[tuple[str, Any, Any, float | None, float | None]]:
+    """(metric, first value, other value, other - first, (other - first) / first) per headline metric;
+    None where either value is missing or the first is zero (for the relative one)."""
+    out = []
+    for label, keys, _ in METRICS:
+        a, b = _get(first, *keys), _get(other, *keys)
+        d = rel = None
+        if _is_num(a) and _is_num(b):
+            d = float(b) - float(a)
+            rel = d / float(a) if a != 0 else None
+        out.append((label, a, b, d, rel))
+    return out
+
+
+def _signed(fmt: Callable[[Any], str], d: float) -> str:
+    return ("+" if d > 0 else "−" if d < 0 else "±") + fmt(abs(d))
+
+
+def _headline(runs: list[_Run]) -> str:
+    header = ["metric", f"A: {html.escape(runs[0].label)}"]
+    for i, r in enumerate(runs[1:], start=1):
+        tag = chr(ord("A") + i) if i < 26 else str(i)
+        header += [f"{tag}: {html.escape(r.label)}", f"Δ {tag} − A", f"Δ {tag} / A"]
+    rows = []
+    per = [deltas(runs[0].summary, r.summary) for r in runs[1:]]
+    for m, (label, keys, fmt) in enumerate(METRICS):
+        row = [html.escape(label), fmt(_get(runs[0].summary, *keys))]
+        for d in per:
+            _, _, b, diff, rel = d[m]
+            row.append(fmt(b))
+            row.append(
+                f'<span data-delta="{diff!r}">{_signed(fmt, diff)}</span>' if diff is not None else "–"
+            )
+            row.append(f'<span data-rel="{rel!r}">{rel:+.1%}</span>' if rel is not None else "–")
+        rows.append(row)
+    return "<h2>Headline, each run against the first (A)</h2>\n" + _table(rows, header, cls="num")
+
+
+def _ttft_tpot(r: _Csv) -> tuple[np.ndarray, np.ndarray] | None:
+    if not r.has("arrival_s", "first_token_s", "finish_s", "output_tokens", "status") or r.rows == 0:
+        return None
+    arrival, first, finish = r.num("arrival_s"), r.num("first_token_s"), r.num("finish_s")
+    out_tok, done = r.num("output_tokens"), r.text("status") == "completed"
+    ttft = (first - arrival)[done & np.isfinite(first)]
+    ok = done & np.isfinite(first) & (out_tok > 1)  # TPOT excludes the first token, as the summary does
+    return ttft, (finish - first)[ok] / (out_tok[ok] - 1)
+
+
+def _totals(ts: _Csv) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """KV used blocks, running and waiting summed over replicas, on the run's own time grid."""
+    cols = ("kv_used_blocks", "running", "waiting")
+    if not ts.has("t_s", "replica", *cols) or ts.rows == 0:
+        return None
+    t, rep = ts.num("t_s"), ts.num("replica")
+    ok = np.isfinite(t) & np.isfinite(rep)
+    if not ok.any():
+        return None
+    grid = np.unique(t[ok])
+    grid = grid[_stride(grid.size, MAX_SERIES_POINTS)]
+    total = {c: np.zeros(grid.size) for c in cols}
+    for r in np.unique(rep[ok]):
+        m = ok & (rep == r)
+        order = np.argsort(t[m], kind="stable")
+        for c in cols:
+            total[c] += _series_on_grid(t[m][order], np.nan_to_num(ts.num(c)[m][order]), grid)
+    return grid, total
+
+
+def _charts(runs: list[_Run]) -> tuple[str, int]:
+    """The charts' HTML and how many plotly figures it holds."""
+    out, n = ["<h2>Charts</h2>"], 0
+    cdf = make_subplots(rows=1, cols=2, subplot_titles=("TTFT", "TPOT"), horizontal_spacing=0.08)
+    kv, queue = go.Figure(), go.Figure()
+    any_cdf = any_ts = False
+    for i, r in enumerate(runs):
+        color = _COLORS[i % len(_COLORS)]
+        lat = _ttft_tpot(r.requests) if r.requests is not None else None
+        if lat is None:
+            out.append(_note(f"{r.label}: no usable requests.csv; left out of the CDFs."))
+        else:
+            for col, vals in ((1, lat[0]), (2, lat[1])):
+                x, y = _cdf(vals)
+                cdf.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=y,
+                        mode="lines",
+                        line_shape="hv",
+                        name=r.label,
+                        legendgroup=str(i),
+                        line={"color": color},
+                        showlegend=col == 1,
+                    ),
+                    row=1,
+                    col=col,
+                )
+            any_cdf = True
+        tot = _totals(r.timeseries) if r.timeseries is not None else None
+        if tot is None:
+            out.append(_note(f"{r.label}: no usable timeseries.csv; left out of the charts over time."))
+            continue
+        grid, total = tot
+        kv.add_trace(
+            go.Scatter(
+                x=grid,
+                y=total["kv_used_blocks"],
+                name=r.label,
+                mode="lines",
+                line_shape="hv",
+                line={"color": color},
+            )
+        )
+        for col, dash in (("waiting", "solid"), ("running", "dot")):
+            queue.add_trace(
+                go.Scatter(
+                    x=grid,
+                    y=total[col],
+                    name=f"{r.label}: {col}",
+                    mode="lines",
+                    line_shape="hv",
+                    line={"color": color, "dash": dash},
+                )
+            )
+        any_ts = True
+    if any_cdf:
+        for col in (1, 2):
+            cdf.update_xaxes(type="log", title_text="seconds (log)", row=1, col=col)
+        cdf.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
+        cdf.update_layout(title="Latency CDFs of completed requests (from each requests.csv)", height=400)
+        out.append(_figure_html("cmp-cdf", cdf))
+        n += 1
+    if any_ts:
+        kv.update_layout(
+            title="KV blocks in use (sum over replicas)",
+            height=360,
+            xaxis_title="simulated time (s)",
+            yaxis_title="blocks",
+        )
+        queue.update_layout(
+            title="Waiting (solid) and running (dotted) requests, sum over replicas",
+            height=360,
+            xaxis_title="simulated time (s)",
+            yaxis_title="requests",
+        )
+        out += [_figure_html("cmp-kv", kv), _figure_html("cmp-queue", queue)]
+        n += 2
+    return "\n".join(out), n
+
+
+def _file_hash(recorded: Any) -> str:
+    if not isinstance(recorded, str) or not recorded or recorded == "synthetic":
+        return "–"
+    digest = _sha256(Path(recorded))
+    return f"<code>{digest}</code>" if digest else "not found"
+
+
+def _profile(s: dict[str, Any]) -> str | None:
+    p = _get(s, "config", "profile")
+    if isinstance(p, str) and p:
+        return p
+    cm = _get(s, "config", "cost_model")
+    if isinstance(cm, str) and cm.startswith("profile:"):
+        return cm[len("profile:") :]
+    return None
+
+
+def _provenance(runs: list[_Run], version: str) -> str:
+    rows = []
+    for i, r in enumerate(runs):
+        s = r.summary
+        trace, profile = _get(s, "config", "trace"), _profile(s)
+        scenario_path = _get(s, "config", "scenario_path")
+        digest = _sha256(r.path / "summary.json") or "not found"
+        rows.append(
+            [
+                chr(ord("A") + i) if i < 26 else str(i),
+                html.escape(str(s.get("scenario") or "–")),
+                html.escape(str(scenario_path)) if scenario_path else "–",
+                html.escape(str(r.path)),
+                f"<code>{digest}</code>",
+                html.escape(str(trace)) if trace is not None else "–",
+                _file_hash(trace),
+                html.escape(profile) if profile else "none (analytic cost model)",
+                _file_hash(profile) if profile else "–",
+                html.escape(str(_get(s, "config", "kv_format") or "–")),
+                html.escape(str(_get(s, "config", "seed") if _get(s, "config", "seed") is not None else "–")),
+            ]
+        )
+    header = [
+        "run",
+        "scenario",
+        "scenario file",
+        "run directory",
+        "summary.json SHA-256",
+        "trace",
+        "trace SHA-256",
+        "profile",
+        "profile SHA-256",
+        "KV format",
+        "seed",
+    ]
+    return (
+        "<h2>Where each run came from</h2>\n"
+        + _table(rows, header)
+        + f"\n<p>Compared by kvsim {html.escape(version)}; each summary.json was written by schema "
+        + ", ".join(html.escape(f"{s.summary.get('schema')} v{s.summary.get('version')}") for s in runs)
+        + ".</p>"
+    )
+
+
+def _warnings(runs: list[_Run]) -> str:
+    parts = ["<h2>Warnings</h2>"]
+    for r in runs:
+        w = r.summary.get("warnings") or []
+        if w:
+            items = "".join(f"<li>{html.escape(str(x))}</li>" for x in w)
+            parts.append(f"<p>{html.escape(r.label)}:</p><ul>{items}</ul>")
+    return "\n".join(parts) if len(parts) > 1 else ""
+
+
+def compare_page(run_dirs: Sequence[str]) -> tuple[str, int]:
+    """The comparison page's HTML for `run_dirs` (the first is the baseline) and its number of figures."""
+    from kvsim.report import _CSS  # the run report's look
+
+    runs = _load(run_dirs)
+    charts, n_figs = _charts(runs)
+    title = " vs ".join(r.label for r in runs)
+    body = [
+        f"<h1>kvsim comparison: {html.escape(title)}</h1>",
+        _headline(runs),
+        charts,
+        _warnings(runs),
+        _provenance(runs, kvsim_version()),
+    ]
+    head_js = f"<script>{get_plotlyjs()}</script>" if n_figs else ""
+    page = (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>kvsim compare: {html.escape(title)}</title>\n<style>{_CSS}</style>\n{head_js}\n</head>\n"
+        "<body><main>\n" + "\n".join(b for b in body if b) + "\n</main></body>\n</html>\n"
+    )
+    return page, n_figs
+
+
+def compare_command(run_dirs: Sequence[str], out: str, *, force: bool = False) -> int:
+    """``kvsim report A B ... --out FILE.html``: write the comparison page; exit code 0."""
+    target = check_inputs(run_dirs, out, force=force)
+    page, _ = compare_page(run_dirs)
+    try:
+        target.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise KvsimError(f"cannot write the report: {exc.strerror or exc}", source=out) from None
+    print(f"wrote {target}")
+    return 0
