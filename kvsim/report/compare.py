@@ -269,12 +269,12 @@ def _charts(runs: list[_Run]) -> tuple[str, int]:
                 line={"color": color},
             )
         )
-        for col, dash in (("waiting", "solid"), ("running", "dot")):
+        for series, dash in (("waiting", "solid"), ("running", "dot")):
             queue.add_trace(
                 go.Scatter(
                     x=grid,
-                    y=total[col],
-                    name=f"{r.label}: {col}",
+                    y=total[series],
+                    name=f"{r.label}: {series}",
                     mode="lines",
                     line_shape="hv",
                     line={"color": color, "dash": dash},
