@@ -320,6 +320,8 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         overrides=tuple(sc.overrides),
         sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources),
         clip_to_context=sc.workload.clip_to_context,
+        scenario_path=sc.source,
+        profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),
     )
 
 

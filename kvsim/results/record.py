@@ -158,6 +158,8 @@ class RunConfig:
     overrides: tuple[str, ...]
     sources: dict[str, str]
     clip_to_context: bool = False
+    scenario_path: str = ""  # the scenario file the run was loaded from ("" before it was recorded)
+    profile: str = ""  # the measured profile priced with ("" for the analytic model)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -37,7 +37,7 @@ def golden_names() -> list[str]:
 def normalise(summary: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in summary.items() if k not in VOLATILE}
     cfg = dict(out.get("config", {}))
-    for key in ("trace", "profile"):
+    for key in ("trace", "profile", "scenario_path"):
         if isinstance(cfg.get(key), str):
             cfg[key] = Path(cfg[key]).name
     out["config"] = cfg
