@@ -133,6 +133,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_output_dir(args.out, reads=(), force=args.force, files=SWEEP_FILES)
     if args.ray_address is not None and args.executor != "ray":
         raise KvsimError("only with --executor ray", source="--ray-address")
+    if args.executor == "ray":
+        from kvsim.sweep.ray_executor import preflight
+
+        preflight(args.ray_address)
     factors: list[Factor | None] = list(load_sweep_file(args.file)) if args.file else []
     zipped: list[tuple[str, list[str]]] = []
     for flag, text in args.axes or []:

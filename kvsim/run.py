@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,12 @@ def _refuse_unsimulated(sc: Scenario) -> None:
         )
 
 
+def cost_model_key(sc: Scenario) -> Hashable:
+    """Scenarios with equal keys get equal cost models (`make_cost_model` reads nothing else)."""
+    c = sc.cluster
+    return (sc.cost_model, sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+
+
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.cost_model.kind == "analytic":
         c = sc.cluster
@@ -107,6 +113,7 @@ def run_scenario(
     progress: bool = False,
     workload: Workload | None = None,
     make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
+    cost: CostModel | None = None,
 ) -> RunResult:
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
     invariants after every operation)."""
@@ -116,7 +123,8 @@ def run_scenario(
     if sc.workload.clip_to_context:
         wl = clip_to_context(wl, sc.model.max_context)
     plan = plan_memory(sc)
-    cost = make_cost_model(sc)
+    if cost is None:  # a caller running many points may pass one it built (pricing is pure)
+        cost = make_cost_model(sc)
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
     use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys

@@ -14,7 +14,7 @@ from kvsim.spec.scenario import load_scenario
 from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis, zip_factor
 from kvsim.sweep.local import PointRunner, PointTask
 from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
-from kvsim.sweep.table import pareto_front
+from kvsim.sweep.table import metrics_of, pareto_front
 
 SCENARIO = """\
 model: llama-3.1-8b
@@ -155,9 +155,28 @@ def test_a_worker_reads_a_shared_workload_once(scenario: Path, tmp_path: Path):
         r = runner(PointTask(i, str(scenario), (f"scheduler.max_num_seqs={v}",), tmp_path / f"p{i}"))
         assert r.status == "ok"
     assert runner.workload_reads == 1
+    assert runner.cost_models_built == 1  # the same model, GPU and format: one cost model shared
     r = runner(PointTask(2, str(scenario), ("sim.seed=9",), tmp_path / "p2"))
     assert r.status == "ok" and runner.workload_reads == 2
     assert load_scenario(scenario, ("sim.seed=9",)).sim.seed == 9
+    r = runner(PointTask(3, str(scenario), ("kv.format=fp8",), tmp_path / "p3"))
+    assert r.status == "ok" and runner.cost_models_built == 2  # another format prices otherwise
+
+
+def test_a_shared_measured_profile_gives_the_results_of_a_fresh_one(tmp_path: Path):
+    # Pricing is pure, so a profile cost model shared between points prices each as a fresh one.
+    from kvsim.run import run_scenario
+    from tests.helpers import ROOT
+
+    prof = ROOT / "tests/goldens/scenarios/profile_h200.yaml"
+    runner = PointRunner()
+    shared = [
+        runner(PointTask(i, str(prof), (f"workload.max_requests={n}",), tmp_path / f"p{i}"))
+        for i, n in enumerate((60, 90))
+    ]
+    assert runner.cost_models_built == 1
+    fresh = metrics_of(run_scenario(load_scenario(prof, ("workload.max_requests=90",))).record)
+    assert shared[1].metrics == fresh
 
 
 def test_pareto_front_on_a_hand_made_table():
@@ -272,4 +291,29 @@ def test_ray_address_without_the_ray_executor_is_refused(scenario: Path, tmp_pat
         ]
     )
     assert rc == 2 and "--ray-address: only with --executor ray" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_path: Path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] == 'ray':
+                    raise ImportError('blocked: ' + name)
+        sys.meta_path.insert(0, Block())
+        from kvsim.cli import main
+        sys.exit(main(["sweep", {str(scenario)!r}, "--grid", "kv.format=bf16", "--out",
+                       {str(tmp_path / "o")!r}, "--executor", "ray", "--no-progress"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--executor ray: needs Ray, which is not installed" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()

@@ -2,8 +2,8 @@
 
 `run_points` runs tasks with ``concurrent.futures.ProcessPoolExecutor`` (``jobs`` workers), or in
 this process when ``jobs`` is 1. Each worker holds one `PointRunner`, which keeps the workloads it
-has read (a few, by workload configuration and seed), so that the points of one worker sharing a
-trace parse it once; tasks are handed out grouped by workload so that neighbours share it.
+has read (a few, by workload configuration and seed) and the cost models it has built (a measured
+profile is parsed once), so that the points of one worker sharing a trace or a profile read it once; tasks are handed out grouped by workload so that neighbours share it.
 
 A point runs into ``points/.<id>.partial`` and is renamed to ``points/<id>`` only when its
 summary, tables and report are all written: a point directory is complete or absent, which is what
@@ -20,14 +20,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvsim.costs.base import CostModel
 from kvsim.errors import KvsimError
-from kvsim.run import run_scenario, scenario_workload, write_run
+from kvsim.run import cost_model_key, make_cost_model, run_scenario, scenario_workload, write_run
 from kvsim.spec.scenario import Scenario, load_scenario
 from kvsim.spec.workload import Workload
 from kvsim.sweep.table import PointResult, metrics_of
 
 WORKLOADS_KEPT = 2  # parsed workloads a worker keeps; a large trace is hundreds of MB in memory
 MAX_ERROR = 400  # characters of an error kept in results.csv
+COST_MODELS_KEPT = 8  # cost models a worker keeps (a measured profile is a few MB parsed)
 
 # What to do with a written run directory (the CLI passes kvsim.report.write_report), and a
 # callable run before each point (tests inject failures with it). Both must pickle by name.
@@ -61,6 +63,26 @@ class PointRunner:
         self._before = before_point
         self._workloads: OrderedDict[Hashable, Workload] = OrderedDict()
         self.workload_reads = 0
+        # Cost models (a measured profile is parsed once per worker); pricing has no side effects,
+        # so points can share one. Warnings come from what each run recorded, not from the model.
+        self._costs: OrderedDict[Hashable, CostModel] = OrderedDict()
+        self.cost_models_built = 0
+
+    def _cost(self, sc: Scenario) -> CostModel:
+        key = cost_model_key(sc)
+        try:
+            cm = self._costs.get(key)
+        except TypeError:  # a spec that does not hash (never seen): build it for this point alone
+            return make_cost_model(sc)
+        if cm is None:
+            cm = make_cost_model(sc)
+            self.cost_models_built += 1
+            self._costs[key] = cm
+            while len(self._costs) > COST_MODELS_KEPT:
+                self._costs.popitem(last=False)
+        else:
+            self._costs.move_to_end(key)
+        return cm
 
     def _workload(self, sc: Scenario) -> Workload:
         key = workload_key(sc)
@@ -81,7 +103,7 @@ class PointRunner:
             if self._before is not None:
                 self._before(task.index, task.overrides)
             sc = load_scenario(task.scenario, task.overrides)
-            result = run_scenario(sc, workload=self._workload(sc))
+            result = run_scenario(sc, workload=self._workload(sc), cost=self._cost(sc))
             if partial.exists():
                 shutil.rmtree(partial)
             write_run(result, partial)

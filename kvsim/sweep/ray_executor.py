@@ -13,12 +13,39 @@ system): each point writes its own run directory, as a local worker does.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from kvsim.errors import KvsimError
 from kvsim.sweep.local import BeforePoint, Finish, PointRunner, PointTask, _one_line
 from kvsim.sweep.table import PointResult
+
+
+def _check_address(address: str) -> None:
+    """A quick TCP check of `address` (``host:port`` or ``ray://host:port``): a cluster that does
+    not answer is one line here, not minutes of Ray's own retries. ``auto`` is left to Ray."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise KvsimError(
+            f"expected HOST:PORT (or ray://HOST:PORT, or auto), got {address!r}", source="--ray-address"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3.0).close()
+    except OSError as exc:
+        raise KvsimError(
+            f"no Ray cluster answers at {address}: {exc.strerror or exc}", source="--ray-address"
+        ) from None
+
+
+def preflight(address: str | None) -> None:
+    """Before a sweep writes anything: Ray is installed and, given an address, something answers."""
+    if address:
+        _check_address(address)
+    _ray()
 
 
 def _ray() -> Any:
@@ -53,6 +80,8 @@ def run_points_ray(
     on_result: Callable[[PointResult], None] | None = None,
 ) -> list[PointResult]:
     """Run `tasks` on `jobs` Ray actors; see the module docstring."""
+    if address:
+        _check_address(address)
     ray = _ray()
     first: dict[Hashable, int] = {}
     for k in keys:
