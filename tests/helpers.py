@@ -69,3 +69,22 @@ def records(res) -> list[tuple]:  # type: ignore[no-untyped-def]
         )
         for s in res.seqs
     ]
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; .ci/run installs it, tests skip without it
+
+
+def chromium_args(profile: Path, *extra: str) -> list[str]:
+    """Headless Chromium as the workplace runs it: offline, no sandbox (root), a fresh profile."""
+    return [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *extra,
+    ]

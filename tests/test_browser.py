@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.cli import main
+from tests.helpers import CHROMIUM, chromium_args
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="chromium is not installed (.ci/run installs it)"
 )
@@ -29,19 +29,9 @@ _REMOTE = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)\s*=\s*[\"']?\s*
 def _chromium(page: Path, profile: Path) -> tuple[str, str]:
     """(dumped DOM, stderr log) of `page` after 5 s of virtual time."""
     cmd = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=5000",
-        "--dump-dom",
+        *chromium_args(
+            profile, "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom"
+        ),
         page.resolve().as_uri(),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)

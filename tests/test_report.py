@@ -12,9 +12,9 @@ from plotly.offline import get_plotlyjs
 
 from kvsim.errors import KvsimError
 from kvsim.report import report_command, write_report
+from tests.helpers import CHROMIUM, chromium_args
 
 FIXTURE = Path(__file__).parent / "data" / "run_fixture"
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture
@@ -138,15 +138,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
     html = write_report(FIXTURE, tmp_path / "report.html")
     png = tmp_path / "report.png"
     cmd = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
+        *chromium_args(tmp_path / "profile"),
         f"--screenshot={png}",
         "--window-size=1200,2400",
         "--virtual-time-budget=3000",  # let plotly draw before the screenshot

@@ -15,6 +15,7 @@ from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis,
 from kvsim.sweep.local import PointRunner, PointTask
 from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
 from kvsim.sweep.table import metrics_of, pareto_front
+from tests.helpers import CHROMIUM, chromium_args
 
 SCENARIO = """\
 model: llama-3.1-8b
@@ -200,9 +201,6 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
     assert (out / "sweep.html").read_text() == before  # rebuilt from the files: same bytes
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (.ci/run installs it)")
 def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_path: Path):
     # In a real browser, offline: plotly (inlined) must draw the two heatmaps and the Pareto chart,
@@ -212,17 +210,7 @@ def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_pa
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
     cmd = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--virtual-time-budget=5000",
-        "--dump-dom",
+        *chromium_args(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom"),
         (out / "sweep.html").resolve().as_uri(),
     ]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
