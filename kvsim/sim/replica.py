@@ -211,7 +211,7 @@ class Replica:
                     (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
                     (1,) * m + tuple(plan.prefill_new),
                     tuple(plan.decode_ctx + plan.prefill_ctx),
-                    m + sum(plan.prefill_sampling),
+                    plan.num_sampling,
                 )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid

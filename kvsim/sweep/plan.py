@@ -26,7 +26,6 @@ import io
 import itertools
 import json
 import math
-import os
 import re
 import shutil
 from collections.abc import Callable, Hashable, Sequence
@@ -40,7 +39,7 @@ from kvsim.spec.scenario import load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.sweep.define import Factor, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
-from kvsim.sweep.runner import prepare_sweep
+from kvsim.sweep.runner import prepare_sweep, refuse_foreign_points, write_atomic
 from kvsim.sweep.table import METRIC_COLUMNS, PointResult, file_sha256, metrics_of
 from kvsim.units import parse_duration
 
@@ -488,7 +487,7 @@ def run_plan(
 ) -> dict[str, Any]:
     """Search, then write ``plan.json`` and ``plan.csv`` into `out`; returns the plan.json data."""
     (out / POINTS).mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / "plan.json", json.dumps(_header(planner) | {"state": "running"}, indent=2) + "\n")
+    write_atomic(out / "plan.json", json.dumps(_header(planner) | {"state": "running"}, indent=2) + "\n")
     run = PlanRun(planner, out, jobs, finish, reuse, on_batch=on_batch)
     mins = search(run)
     p = planner
@@ -560,8 +559,8 @@ def run_plan(
         "notes": notes,
         "configurations": list(configs.values()),
     }
-    _write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
-    _write_atomic(out / "plan.csv", plan_csv(data))
+    write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
+    write_atomic(out / "plan.csv", plan_csv(data))
     return data | {"points_run": run.ran, "points_reused": run.reused}  # not in plan.json: one seed, one file
 
 
@@ -660,11 +659,7 @@ def plan_resumable(planner: Planner, out: Path, *, force: bool) -> bool:
     removed); so is a points folder with no plan.json."""
     old = read_plan(out / "plan.json") if (out / "plan.json").is_file() else None
     if old is None:
-        if (out / POINTS).exists() and not force:
-            raise KvsimError(
-                f"{out / POINTS} exists but {out / 'plan.json'} does not: not a kvsim plan; use --force",
-                source="--out",
-            )
+        refuse_foreign_points(out, "plan.json", "plan", force=force)
         return False
     new = _header(planner)
     if old.get("scenario") == new["scenario"] and old.get("scenario_sha256") == new["scenario_sha256"]:
@@ -676,9 +671,3 @@ def plan_resumable(planner: Planner, out: Path, *, force: bool) -> bool:
         )
     shutil.rmtree(out / POINTS, ignore_errors=True)  # kvsim wrote them: a plan's points folder
     return False
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

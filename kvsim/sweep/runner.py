@@ -110,17 +110,22 @@ def prepare_sweep(scenario: str, factors: list[Factor]) -> SweepPlan:
     return SweepPlan(path, tuple(factors), tuple(points), tuple(keys), (("scenario", path), *reads.values()))
 
 
+def refuse_foreign_points(out: Path, manifest_name: str, what: str, *, force: bool) -> None:
+    """A ``points`` folder with no manifest beside it is not kvsim's: refused unless `force`."""
+    if (out / POINTS).exists() and not force:
+        raise KvsimError(
+            f"{out / POINTS} exists but {out / manifest_name} does not: not a kvsim {what}; use --force",
+            source="--out",
+        )
+
+
 def resumable(plan: SweepPlan, out: Path, *, force: bool) -> bool:
     """Whether the run directories under `out` may be reused: there is a manifest for the same
     scenario file (path and content). A manifest of a different sweep is refused unless `force`;
     so is a ``points`` folder with no manifest beside it."""
     old = read_manifest(out / MANIFEST) if (out / MANIFEST).is_file() else None
     if old is None:
-        if (out / POINTS).exists() and not force:
-            raise KvsimError(
-                f"{out / POINTS} exists but {out / MANIFEST} does not: not a kvsim sweep; use --force",
-                source="--out",
-            )
+        refuse_foreign_points(out, MANIFEST, "sweep", force=force)
         return False
     new = manifest(plan.scenario, plan.factors, plan.points)
     if old.get("scenario") != new["scenario"] or old.get("scenario_sha256") != new["scenario_sha256"]:
@@ -187,7 +192,8 @@ class _Display:
             self._bar.stop()
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file, so a reader never sees half of it."""
     tmp = path.with_name(f".{path.name}.partial")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -217,7 +223,7 @@ def run_sweep(
             name = entry.get("id") if isinstance(entry, dict) else None
             if isinstance(name, str) and name not in ours and "/" not in name and name not in ("", ".", ".."):
                 shutil.rmtree(points_dir / name, ignore_errors=True)
-    _write_atomic(
+    write_atomic(
         out / MANIFEST, json.dumps(manifest(plan.scenario, plan.factors, plan.points), indent=2) + "\n"
     )
     done: list[PointResult] = []
@@ -252,6 +258,6 @@ def run_sweep(
             display.stop()
     results = sorted([*done, *ran], key=lambda r: r.index)
     text = results_csv(swept_paths(plan.factors), plan.points, results)
-    _write_atomic(out / RESULTS, text)
+    write_atomic(out / RESULTS, text)
     parquet = results_parquet(out / RESULTS_PARQUET, text)
     return SweepOutcome(plan, tuple(results), len(done), parquet)

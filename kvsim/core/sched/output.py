@@ -5,8 +5,7 @@ in bulk: decode rows (a request one token past its first sample computes exactly
 ``decode_ctx[i]`` cached ones, and samples) and prefill rows (``prefill_new[i]`` tokens of a prompt,
 or of a recompute, on top of ``prefill_ctx[i]``; ``prefill_sampling[i]``: it samples when the step
 ends, its computed tokens reaching its token count). The engine prices the step and applies it from
-this record; it re-derives nothing. ``reqs``, ``num_new``, ``ctx_before``, ``kinds`` and
-``sampling`` list all rows, decodes first.
+this record; it re-derives nothing.
 """
 
 from __future__ import annotations
@@ -49,27 +48,3 @@ class SchedulerOutput:
     @property
     def num_sampling(self) -> int:
         return len(self.decode_reqs) + sum(self.prefill_sampling)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decode_reqs) + sum(self.prefill_new)
-
-    @property
-    def reqs(self) -> list[Request]:
-        return self.decode_reqs + self.prefill_reqs
-
-    @property
-    def num_new(self) -> list[int]:
-        return [1] * len(self.decode_reqs) + self.prefill_new
-
-    @property
-    def ctx_before(self) -> list[int]:
-        return self.decode_ctx + self.prefill_ctx
-
-    @property
-    def kinds(self) -> list[SeqKind]:
-        return [SeqKind.DECODE] * len(self.decode_reqs) + [SeqKind.PREFILL] * len(self.prefill_reqs)
-
-    @property
-    def sampling(self) -> list[bool]:
-        return [True] * len(self.decode_reqs) + self.prefill_sampling
