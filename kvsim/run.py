@@ -23,6 +23,7 @@ from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
+from kvsim.core.tiers import HostTier
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.errors import KvsimError
@@ -30,6 +31,8 @@ from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
+    LinkRecord,
+    OffloadRecord,
     ReplicaRecord,
     RequestCounts,
     RunConfig,
@@ -38,8 +41,10 @@ from kvsim.results.record import (
     part_from_dict,
     write_summary,
 )
-from kvsim.results.summary import summarize
+from kvsim.results.summary import dist, summarize
 from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
+from kvsim.sim.links import LinkQueue
+from kvsim.sim.offload import OffloadPort
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.scenario import Scenario
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
@@ -66,12 +71,6 @@ def _refuse_unsimulated(sc: Scenario) -> None:
             f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
             source=sc.source,
             path="kv.eviction.policy",
-        )
-    if kv.offload.enabled:
-        raise KvsimError(
-            "CPU offload is not simulated yet; set enabled: false",
-            source=sc.source,
-            path="kv.offload.enabled",
         )
     if kv.prefix_cache == "global":
         raise KvsimError(
@@ -144,6 +143,7 @@ def run_scenario(
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
+    offload = _Offload(sc, plan, env) if sc.kv.offload.enabled else None
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -162,6 +162,7 @@ def run_scenario(
                 fast_forward=sc.sim.fast_forward,
                 next_outside_event=lambda: end_s,
                 sample_every_s=sample_every,
+                offload=None if offload is None else offload.port(i, sched),
             )
         )
     router = Router(sc.cluster.router, replicas)
@@ -274,8 +275,137 @@ def run_scenario(
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
         replicas=_replica_records(replicas, seqs, simulated),
+        offload=None if offload is None else offload.record(seqs, simulated),
     )
     return RunResult(sc, seqs, stats, plan, summary)
+
+
+class _Offload:
+    """The host tiers (one per node) and host links (per PCIe group, each direction) of a run."""
+
+    def __init__(self, sc: Scenario, plan: MemoryPlan, env: simpy.Environment) -> None:
+        c, off = sc.cluster, sc.kv.offload
+        self.sc, self.env = sc, env
+        self.per_node = c.gpus_per_node // c.tensor_parallel  # replicas on a node
+        block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # one block of a replica, all its GPUs
+        dram = c.host_dram_bytes
+        path = "kv.offload.host_bytes"
+        if off.host_bytes:
+            cap_bytes = float(off.host_bytes)
+        elif off.host_share:
+            cap_bytes, path = off.host_share * dram, "kv.offload.host_share"
+        elif off.hbm_ratio:
+            cap_bytes, path = (
+                off.hbm_ratio * plan.num_blocks * self.per_node * block_bytes,
+                "kv.offload.hbm_ratio",
+            )
+        elif off.per_replica_bytes:
+            cap_bytes, path = float(off.per_replica_bytes * self.per_node), "kv.offload.preset"
+        else:
+            cap_bytes = float(dram)
+        if cap_bytes > dram:
+            raise KvsimError(
+                f"a host tier of {cap_bytes:,.0f} bytes exceeds the node's host DRAM (cluster.host_dram: {dram:,})",
+                source=sc.source,
+                path=path,
+            )
+        blocks = int(cap_bytes // block_bytes)
+        if blocks < 1:
+            raise KvsimError(
+                f"a host tier of {cap_bytes:,.0f} bytes holds no KV block of {block_bytes:,.0f} bytes",
+                source=sc.source,
+                path=path,
+            )
+        self.capacity_bytes = int(blocks * block_bytes)
+        self.block_bytes_per_gpu = plan.block_bytes_per_gpu
+        self.tiers = [HostTier(blocks) for _ in range(c.nodes)]
+        self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
+        self.links: dict[tuple[int, str, int], LinkQueue] = {}
+        self.ports: list[OffloadPort] = []
+
+    def _link(self, node: int, name: str, group: int) -> LinkQueue:
+        key = (node, name, group)
+        q = self.links.get(key)
+        if q is None:
+            q = self.links[key] = LinkQueue(
+                self.sc.cluster.topology.link(name), label=f"node{node}/{name}/{group}"
+            )
+        return q
+
+    def port(self, i: int, sched: Scheduler) -> OffloadPort:
+        c, off = self.sc.cluster, self.sc.kv.offload
+        tp = c.tensor_parallel
+        node, local = divmod(i * tp, c.gpus_per_node)
+        queues = []
+        for name in ("host_h2d", "host_d2h"):
+            share = c.topology.link(name).shared_by
+            group = local // share
+            on_link = sum(1 for g in range(local, local + tp) if g // share == group)
+            queues.append((self._link(node, name, group), on_link))
+        (h2d, n_h2d), (d2h, n_d2h) = queues
+        sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write path
+        p = OffloadPort(
+            self.env,
+            sched,
+            self.tiers[node],
+            h2d,
+            d2h,
+            h2d_block_bytes=self.block_bytes_per_gpu * n_h2d,
+            d2h_block_bytes=self.block_bytes_per_gpu * n_d2h,
+            write=off.write,
+            copy=off.copy,
+            ready=self.ready[node],
+        )
+        for q in self.ports:
+            if q.host is p.host:
+                q.peers.append(p)
+                p.peers.append(q)
+        self.ports.append(p)
+        return p
+
+    def record(self, seqs: list[Request], simulated: float) -> OffloadRecord:
+        off = self.sc.kv.offload
+        bpg = self.block_bytes_per_gpu
+        admitted = [s for s in seqs if s.num_cached_tokens >= 0]
+        prompt = sum(s.prompt_len for s in admitted)
+        hit = sum(s.num_cached_tokens for s in admitted)
+        first: dict[int, int] = {}
+        waits: dict[int, float] = {}
+        for p in self.ports:
+            first.update(p.stats.first_admission_tokens)
+            waits.update(p.stats.waits)
+        dram_hit = sum(first.get(s.id, 0) for s in admitted)
+        tp = self.sc.cluster.tensor_parallel
+        span = simulated if simulated > 0 else math.inf
+        return OffloadRecord(
+            preset=off.preset,
+            write=off.write.value,
+            copy=off.copy.value,
+            host_capacity_bytes=self.capacity_bytes,
+            host_peak_bytes=int(max(t.stats.peak_blocks for t in self.tiers) * bpg * tp),
+            host_end_bytes=int(sum(t.used_blocks for t in self.tiers) * bpg * tp),
+            hit_rate_hbm=(hit - dram_hit) / prompt if prompt else 0.0,
+            hit_rate_dram=dram_hit / prompt if prompt else 0.0,
+            loads=sum(p.stats.loads for p in self.ports),
+            loaded_tokens=sum(p.stats.loaded_tokens for p in self.ports),
+            loaded_bytes=sum(p.stats.loaded_blocks for p in self.ports) * bpg,
+            written_bytes=sum(p.stats.written_blocks for p in self.ports) * bpg,
+            dropped_bytes=sum(t.stats.dropped_blocks for t in self.tiers) * bpg,
+            requests_waited=len(waits),
+            kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
+            links=tuple(
+                LinkRecord(
+                    name=q.label,
+                    transfers=q.stats.transfers,
+                    bytes=q.stats.bytes,
+                    busy_s=q.stats.busy_s,
+                    utilization=q.stats.busy_s / span,
+                    queued_s=q.stats.queued_s,
+                )
+                for _, q in sorted(self.links.items())
+                if q.stats.transfers
+            ),
+        )
 
 
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:

@@ -144,7 +144,7 @@ def test_allocate_returns_evicted_entries_and_events_describe_them():
     assert (pool.last_access(1), pool.last_access(2)) == (9, 9)  # unreferenced: when released
     assert pool.allocate(1) == []  # an empty block is left: nothing evicted
     assert pool.allocate(2) == [2]  # entry 2 (two blocks) goes first
-    assert pool.take_events() == [BlockStored((1, 2), (1, 2)), BlockRemoved((2,))]
+    assert pool.take_events() == [BlockStored((1, 2), (1, 2)), BlockRemoved((2,), (2,))]
     assert pool.take_events() == []
     pool.check()
 

@@ -27,7 +27,13 @@ class CheckedScheduler(Scheduler):
         pool.check()
         private = 0
         refs: dict[int, int] = {}
-        for seq in self.running:
+        loading = [r for r, _ in self.loading]
+        for seq in loading:
+            assert seq.status is RequestStatus.WAITING_FOR_KV_TRANSFER and seq.num_computed == 0
+        if self.host is not None:
+            self.host.check()  # within capacity, every entry counted once
+        assert len(self.running) + len(loading) <= self.max_num_seqs
+        for seq in [*self.running, *loading]:
             n_held = len(seq.held_keys)
             assert seq.held_keys == seq.keys[:n_held]
             assert seq.num_blocks == seq.key_cum[n_held] + seq.num_private
@@ -43,7 +49,7 @@ class CheckedScheduler(Scheduler):
         assert private == pool.private
         assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         remaining = sum(
-            s.prompt_len + s.output_len - 1 - s.num_computed for s in [*self.running, *self.waiting]
+            s.prompt_len + s.output_len - 1 - s.num_computed for s in [*self.running, *self.waiting, *loading]
         )
         assert remaining == self.outstanding_tokens
 
@@ -79,7 +85,7 @@ def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_p
 
 
 @st.composite
-def cases(draw):  # type: ignore[no-untyped-def]
+def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -116,7 +122,15 @@ def cases(draw):  # type: ignore[no-untyped-def]
         "gpus_per_node": draw(st.sampled_from([1, 1, 2])),
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity"])),
     }
-    kv = {"prefix_cache": draw(st.sampled_from([True, True, False]))}
+    kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
+    if offload:  # a host tier of a few entries to a few pools: write-backs, loads, drops
+        kv["offload"] = {
+            "enabled": True,
+            "write": draw(st.sampled_from(["back", "through"])),
+            "copy": draw(st.sampled_from(["batched", "per_block"])),
+            "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
+        }
+        cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 
@@ -124,6 +138,19 @@ def cases(draw):  # type: ignore[no-untyped-def]
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_invariants_completion_and_fast_forward_equality(case):
+    _check_invariants_and_fast_forward(case)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True))
+def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
+    """As above with `kv.offload` on: loading requests hold their blocks, the host tier stays within
+    its capacity, and fast-forward equals stepping (loads end windows; tier changes cut them)."""
+    a, b = _check_invariants_and_fast_forward(case)
+    assert a.summary["offload"] == b.summary["offload"]
+
+
+def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]
     sc, wl = case
     runs = []
     made.clear()
@@ -146,3 +173,4 @@ def test_invariants_completion_and_fast_forward_equality(case):
     assert records(a) == records(b)
     assert a.summary["kv_peak_used_blocks"] == b.summary["kv_peak_used_blocks"]
     assert a.summary["hbm_peak_bytes"] == b.summary["hbm_peak_bytes"]
+    return a, b

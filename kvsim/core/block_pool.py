@@ -50,6 +50,7 @@ class BlockRemoved:
     """Cache entries evicted (their blocks were reallocated)."""
 
     keys: tuple[int, ...]
+    sizes: tuple[int, ...] = ()  # blocks each covered (a write-back to a lower tier moves them)
 
 
 PoolEvent = BlockStored | BlockRemoved
@@ -130,6 +131,7 @@ class BlockPool:
         evicted: list[int] = []
         if n > self.free:
             lru, refs, sizes = self.lru, self.refs, self.sizes
+            evicted_sizes: list[int] = []
             while n > self.free:
                 k, _ = lru.popitem(last=False)
                 del refs[k]
@@ -138,8 +140,9 @@ class BlockPool:
                 self.free += s
                 self.evictions += s
                 evicted.append(k)
+                evicted_sizes.append(s)
             if self._events is not None:
-                self._events.append(BlockRemoved(tuple(evicted)))
+                self._events.append(BlockRemoved(tuple(evicted), tuple(evicted_sizes)))
         self.free -= n
         self.private += n
         return evicted
@@ -198,6 +201,11 @@ class BlockPool:
             if r == 0:
                 lru[k] = stamp
                 self.lru_blocks += sizes.get(k, 1)
+
+    def record_events(self) -> None:
+        """Start recording `BlockStored` / `BlockRemoved` events (a lower tier's write path)."""
+        if self._events is None:
+            self._events = []
 
     def take_events(self) -> list[PoolEvent]:
         """The events recorded since the last call (empty unless the pool records events)."""

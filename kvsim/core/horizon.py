@@ -13,8 +13,8 @@ can end a window contributes a bound, and the window is their minimum:
   recently-used entries that one-block-per-step allocations would (nothing is released inside a
   window, so the LRU order is fixed), and the replica applies the steps that ended before any
   instant at which the router reads its prefix cache (`Replica.num_prefix_hits`);
-- ``outside_event``: the next event from outside the replica (end of the simulation now; transfer
-  completions and closed-loop turns later): only steps that end strictly before it run, and at least
+- ``outside_event``: the next event from outside the replica (the end of the simulation, the end of
+  a load from a lower tier, `kvsim.sim.offload`; closed-loop turns later): only steps that end strictly before it run, and at least
   one. It needs the steps' end times, so the replica applies it after pricing (`steps_before`). Arrivals are not outside events: one routed to this replica cuts its window where it lands
   (`steps_before`), and the others do not concern it.
 
@@ -101,9 +101,12 @@ class MixedWindow:
     bound: str
 
 
-def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> MixedWindow | None:
+def mixed_window(
+    out: SchedulerOutput, kv: KVCacheManager, max_steps: int, *, may_evict: bool = True
+) -> MixedWindow | None:
     """The longest run of decodes-plus-one-full-chunk steps starting with the scheduled one, or None
-    where the step is not of that shape or no second step would follow unchanged."""
+    where the step is not of that shape or no second step would follow unchanged. `may_evict`
+    False: its steps take empty blocks only (an eviction must happen at a schedule: offload)."""
     if out.admitted or out.preempted or len(out.prefill_reqs) != 1 or not out.last_is_prefill:
         return None
     p = out.prefill_reqs[0]
@@ -136,7 +139,7 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
                 break
     if k < 2:
         return None
-    avail = kv.num_free_blocks
+    avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
     if kv.blocks_needed_through(reqs, k - 1, chunk) > avail:
         lo, hi = 0, k - 1
         while lo < hi:
@@ -145,7 +148,7 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
                 lo = mid
             else:
                 hi = mid - 1
-        k, bound = lo + 1, "free_blocks"
+        k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
         if k < 2:
             return None
     steps = np.arange(k, dtype=np.int64)

@@ -16,8 +16,9 @@ between ``sched/scheduler.py`` and ``block_pool.py``; nano-vllm: ``BlockManager.
 
 A request's block table is a run of cache entries (a prefix of its prompt's entry keys, each
 covering ``entry size`` blocks) followed by one run of private blocks; `block_table(req)` returns it
-as `BlockRun`s with their tier. All blocks live in HBM here; the memory-tier work adds tiers to the
-runs. Resident tokens equal computed tokens while no token is evicted.
+as `BlockRun`s with their tier. A request's blocks all live in HBM: entries a lower tier holds
+(`kvsim.core.tiers`) are loaded into blocks reserved for them (`admit_loading`) before it runs
+(`finish_loading`). Resident tokens equal computed tokens while no token is evicted.
 
 The manager also keeps the memory peaks (noted after every allocation, before any release) and
 hands the scheduler's step count to the pool as its last-access stamp (`set_step`).
@@ -162,6 +163,38 @@ class KVCacheManager:
         req.num_blocks = held_blocks + need
         req.num_computed = computed
         return True
+
+    # ---- loads from a lower tier (kvsim.core.tiers) -----------------------------------------------
+    def admit_loading(self, req: Request, num_hits: int, num_load: int) -> bool:
+        """Take a waiting request's first `num_hits` cache entries and reserve private blocks for
+        the next `num_load` entries, which a transfer from a lower tier will fill; False (nothing
+        changed) when they do not fit. The blocks for its new tokens come when it runs."""
+        pool = self.pool
+        cum = req.key_cum
+        load = cum[num_hits + num_load] - cum[num_hits]
+        hit_keys = req.keys[:num_hits]
+        if load + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks:
+            return False
+        pool.acquire_cached(hit_keys)
+        pool.allocate(load)
+        req.held_keys = hit_keys
+        req.num_private = load
+        req.num_blocks = cum[num_hits + num_load]
+        return True
+
+    def finish_loading(self, req: Request, num_load: int) -> int:
+        """The `num_load` entries after the request's held ones have arrived: cache them (or share
+        equal content cached meanwhile). Returns the tokens it now has computed (at least one
+        token is left to compute, as `get_computed_blocks`)."""
+        start = len(req.held_keys)
+        cum = req.key_cum
+        keys = req.keys[start : start + num_load]
+        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, start + num_load)])
+        req.num_private -= cum[start + num_load] - cum[start]
+        req.held_keys = req.held_keys + keys
+        computed = min(cum[start + num_load], (req.num_tokens - 1) // self.block_size) * self.block_size
+        req.num_computed = computed
+        return computed
 
     def cache_blocks(self, req: Request, num_computed_tokens: int) -> None:
         """Cache the request's entries that are full once `num_computed_tokens` tokens are computed

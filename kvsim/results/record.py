@@ -112,6 +112,42 @@ class ReplicaRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LinkRecord:
+    """One direction of one link over the run (`kvsim.sim.links`)."""
+
+    name: str  # node/link/index, e.g. "node0/host_h2d/0" (index: the PCIe group of shared_by GPUs)
+    transfers: int
+    bytes: float
+    busy_s: float  # simulated seconds the link was occupied
+    utilization: float  # busy_s / simulated seconds
+    queued_s: float  # seconds transfers waited for the link, all together
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadRecord:
+    """Host-DRAM offload (`kv.offload`); absent from the summary when it is off."""
+
+    preset: str
+    write: str  # back | through
+    copy: str  # batched | per_block
+    host_capacity_bytes: int  # per node
+    host_peak_bytes: int  # the fullest node at its fullest
+    host_end_bytes: int  # all nodes together at the end
+    hit_rate_hbm: float  # prompt tokens skipped at first admission thanks to HBM / prompt tokens admitted
+    hit_rate_dram: float  # the same, loaded from DRAM (hit_rate_hbm + hit_rate_dram = prefix_hit_rate)
+    loads: int  # DRAM -> HBM transfers (one per admission that loads)
+    loaded_tokens: int  # tokens those loads let requests skip, every admission
+    loaded_bytes: float  # DRAM -> HBM, per GPU (each GPU of a replica moves its share)
+    written_bytes: float  # HBM -> DRAM, per GPU
+    dropped_bytes: float  # dropped from DRAM to make room (LRU), per GPU
+    requests_waited: int  # requests that waited for a load at least once
+    kv_wait_s: Distribution  # per request that waited: seconds waiting for KV, all its loads
+    links: tuple[LinkRecord, ...] = ()  # every host link that moved bytes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Citation:
     claim: str
     source: str
@@ -229,6 +265,7 @@ class RunSummary:
     workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
     sim_speed_x: float
     replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
+    offload: OffloadRecord | None = None  # kv.offload on
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

@@ -30,6 +30,8 @@ from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.sim.offload import OffloadPort
+from kvsim.spec.offload import OffloadWrite
 
 MAX_FF_STEPS = 2048
 
@@ -58,6 +60,7 @@ class Replica:
         fast_forward: bool,
         next_outside_event: Callable[[], float],
         sample_every_s: float,
+        offload: OffloadPort | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -72,6 +75,9 @@ class Replica:
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
+        self.offload = offload  # host-DRAM tier and its links (None: off)
+        if offload is not None:
+            offload.on_arrival = self.poke
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -126,6 +132,19 @@ class Replica:
                 win.k = k
                 self.process.interrupt()
 
+    def poke(self) -> None:
+        """Something outside the replica changed what its next schedule does (a load arrived; its
+        node's host tier changed while requests wait here): stepping sees it after the step in
+        flight, so an idle replica wakes and a window is cut there, as for an arrival (`submit`)."""
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+        elif self._win is not None:
+            win = self._win
+            k = steps_before(win.ends, self.env.now, win.k) + 1
+            if k < win.k:
+                win.k = k
+                self.process.interrupt()
+
     def _apply_part(self, win: _Window, n: int) -> tuple[list[Request], list[Request]]:
         """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
         stepping's order. Returns (sampled their first token, finished)."""
@@ -168,8 +187,11 @@ class Replica:
     def run(self):  # type: ignore[no-untyped-def]
         env = self.env
         sched = self.sched
+        offload = self.offload
         while True:
             plan = sched.schedule()
+            if offload is not None:
+                offload.after_schedule()  # write-backs of what it evicted, loads of whom it admitted
             if plan.empty:
                 self._sample()
                 idle_used = sched.kv.pool.num_used
@@ -240,10 +262,13 @@ class Replica:
         with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
         sched = self.sched
         kv = sched.kv
+        if self.offload is not None and self.offload.tier_changed and sched.waiting:
+            return None  # the host tier changed at this schedule: the next may admit differently
         if plan.decode_only:
             m = len(plan.decode_reqs)
             reqs = plan.decode_reqs
-            window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=sched.may_evict_in_window)
+            may_evict = sched.may_evict_in_window and self.offload is None
+            window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=may_evict)
             if window.num_steps == 1:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
@@ -256,9 +281,13 @@ class Replica:
 
             chunk, tokens, changes = 0, m, evicts
         else:
-            mw = mixed_window(plan, kv, MAX_FF_STEPS)
+            off = self.offload
+            mw = mixed_window(plan, kv, MAX_FF_STEPS, may_evict=off is None)
             if mw is None:
                 return None
+            p = plan.prefill_reqs[0]
+            if off is not None and off.write is OffloadWrite.THROUGH and len(p.held_keys) < len(p.keys):
+                return None  # its registrations are written through at the schedule that makes them
             args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
             d = self.cost.mixed_step_times(*args)
             cost = self.cost
@@ -268,14 +297,16 @@ class Replica:
                     mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
                 )
 
-            p = plan.prefill_reqs[0]
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
             evicts = kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.
-        k = max(1, steps_before(ends, self.next_outside_event()))
+        outside = self.next_outside_event()
+        if self.offload is not None:
+            outside = min(outside, self.offload.next_event())
+        k = max(1, steps_before(ends, outside))
         return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
 
 

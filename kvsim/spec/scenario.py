@@ -17,6 +17,8 @@ from kvsim.errors import KvsimError
 from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
+from kvsim.spec.offload import CopyMode, OffloadConfig, OffloadWrite
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -101,12 +103,6 @@ class EvictionConfig:
     budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
     sink_tokens: int = 4
     recent_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class OffloadConfig:
-    enabled: bool = False
-    host_bytes: int = 0  # host DRAM per node given to KV (0 = all of cluster.host_dram)
 
 
 @dataclass(frozen=True)
@@ -241,7 +237,7 @@ def _read_cluster(root: Section) -> ClusterConfig:
     tp = s.int("tensor_parallel", 1, lo=1, hi=64)
     if gpn % tp:
         raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
-    dram = s.parsed("host_dram", parse_size, DEFAULT_HOST_DRAM)
+    dram = s.parsed("host_dram", lambda v: parse_size(v, allow_zero=True), DEFAULT_HOST_DRAM)
     topology = read_topology(
         s, TOPOLOGIES[preset], gpus_per_node=gpn, host_dram_bytes=dram, legacy=legacy_links
     )
@@ -285,14 +281,39 @@ def _read_kv(root: Section) -> KVConfig:
     if policy != "none" and budget <= sinks:
         raise ev.err("budget_tokens", f"must exceed sink_tokens ({sinks}) when policy is {policy}")
     ev.done()
-    off = s.section("offload")
-    offload = OffloadConfig(
-        enabled=off.bool("enabled", False),
-        host_bytes=off.parsed("host_bytes", lambda v: parse_size(v, allow_zero=True), 0),
-    )
-    off.done()
+    offload = _read_offload(s.section("offload"))
     s.done()
     return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload)
+
+
+def _read_offload(off: Section) -> OffloadConfig:
+    """``kv.offload`` (`kvsim.spec.offload`): a preset's values for the fields not given."""
+    preset = off.choice("preset", ("none", *OFFLOAD_PRESETS), "none")
+    base: dict[str, Any] = OFFLOAD_PRESETS[preset]() if preset != "none" else {}
+    given = [k for k in ("host_bytes", "host_share", "hbm_ratio") if off.raw(k, None) is not None]
+    if len(given) > 1:
+        raise off.err(given[1], f"give one of host_bytes, host_share, hbm_ratio (also given: {given[0]})")
+    cap: dict[str, Any] = {}
+    if given:
+        base.pop("hbm_ratio", None)
+        base.pop("per_replica_bytes", None)
+    if "host_bytes" in given:
+        cap["host_bytes"] = off.parsed("host_bytes", parse_size)
+    if "host_share" in given:
+        cap["host_share"] = off.float("host_share", lo=0.0, hi=1.0, lo_open=True)
+    if "hbm_ratio" in given:
+        cap["hbm_ratio"] = off.float("hbm_ratio", lo=0.0, hi=1e4, lo_open=True)
+    for k in ("host_bytes", "host_share", "hbm_ratio"):
+        off.raw(k, None)
+    write = OffloadWrite(
+        off.choice("write", [m.value for m in OffloadWrite], base.pop("write", OffloadWrite.BACK).value)
+    )
+    copy = CopyMode(off.choice("copy", [m.value for m in CopyMode], base.pop("copy", CopyMode.BATCHED).value))
+    cfg = OffloadConfig(
+        enabled=off.bool("enabled", False), write=write, copy=copy, preset=preset, **base, **cap
+    )
+    off.done()
+    return cfg
 
 
 def _read_scheduler(root: Section) -> SchedulerConfig:
@@ -491,6 +512,23 @@ def scenario_from_dict(
             f"{model.num_heads} query heads nor its {model.num_kv_heads} KV heads",
             source=source,
             path="cluster.tensor_parallel",
+        )
+    off = kv.offload
+    if off.enabled and kv.prefix_cache == "none":
+        raise KvsimError(
+            "the host tier holds prefix-cache entries: offload needs kv.prefix_cache local or global",
+            source=source,
+            path="kv.offload.enabled",
+        )
+    if off.enabled and cluster.host_dram_bytes == 0:
+        raise KvsimError(
+            "offload needs host DRAM, but cluster.host_dram is 0", source=source, path="kv.offload.enabled"
+        )
+    if off.host_bytes > cluster.host_dram_bytes:
+        raise KvsimError(
+            f"{off.host_bytes:,} bytes exceed the node's host DRAM (cluster.host_dram: {cluster.host_dram_bytes:,})",
+            source=source,
+            path="kv.offload.host_bytes",
         )
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the

@@ -18,10 +18,19 @@ how many blocks a request needs and whether they fit, never the pool itself.
 
 Token accounting: a request with P prompt and O output tokens computes P + O - 1 tokens (the last
 sampled token is never fed back), which is what ``outstanding_tokens`` counts down.
+
+A lower tier (`host`, a node's DRAM: `kvsim.core.tiers`), when set: a waiting request whose prefix
+continues past its HBM hits into entries the tier holds is admitted to load them instead of
+prefilling (`RequestStatus.WAITING_FOR_KV_TRANSFER`): its HBM hits are taken and blocks for the
+entries to load reserved (`KVCacheManager.admit_loading`), it is listed in `new_loads` for the
+engine to start the transfer, and it counts against the request cap while it waits; other requests
+keep running and being admitted behind it. When the engine says the load arrived (`finish_load`),
+it joins the running requests, its loaded entries cached in HBM, and prefills the remainder.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 
 import numpy as np
@@ -29,6 +38,7 @@ import numpy as np
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.tiers import HostTier
 
 
 class Scheduler:
@@ -52,6 +62,10 @@ class Scheduler:
         # Of the last window part applied (`advance_decode`, `advance_mixed`): the blocks taken at
         # each of its steps, for the engine's blocks-in-use integral.
         self.last_new_blocks: list[int] | np.ndarray = []
+        self.host: HostTier | None = None  # a lower tier to load prefix entries from (None: off)
+        self.loading: list[tuple[Request, int]] = []  # (request, entries it loads), waiting for KV
+        self.new_loads: list[tuple[Request, int, int]] = []  # admitted to load since the engine looked:
+        # (request, HBM entries it holds, entries to load after them)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -60,8 +74,8 @@ class Scheduler:
 
     @property
     def num_requests(self) -> int:
-        """Requests in this engine (running or waiting)."""
-        return len(self.running) + len(self.waiting)
+        """Requests in this engine (running, waiting, or waiting for KV)."""
+        return len(self.running) + len(self.waiting) + len(self.loading)
 
     @property
     def may_evict_in_window(self) -> bool:
@@ -139,9 +153,22 @@ class Scheduler:
         if out.preempted:
             kv.note_peak()
             return out
-        while self.waiting and len(running) < self.max_num_seqs and budget > 0:
+        host = self.host
+        loading = self.loading
+        while self.waiting and len(running) + len(loading) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             hits, computed = kv.get_computed_blocks(req)
+            if host is not None and req.keys:
+                n = self._host_hits(host, req, hits)
+                if n:
+                    if not kv.admit_loading(req, hits, n):
+                        break
+                    self.waiting.popleft()
+                    req.status = RequestStatus.WAITING_FOR_KV_TRANSFER
+                    host.touch(req.keys[hits : hits + n])
+                    loading.append((req, n))
+                    self.new_loads.append((req, hits, n))
+                    continue
             num_new = req.num_tokens - computed
             if not self.chunked_prefill and num_new > budget:
                 break
@@ -165,6 +192,31 @@ class Scheduler:
             budget -= num_new
         kv.note_peak()
         return out
+
+    def _host_hits(self, host: HostTier, req: Request, hits: int) -> int:
+        """Entries after the `hits` HBM ones that `host` holds and that let the request skip
+        tokens (at least one token is computed: entries wholly past that are not loaded)."""
+        cum = req.key_cum
+        cap = (req.num_tokens - 1) // self.block_size  # blocks a hit may cover
+        if cum[hits] >= cap:
+            return 0
+        stop = min(len(req.keys), bisect_left(cum, cap, hits))
+        return host.num_prefix_hits(req.keys, hits, stop)
+
+    def finish_load(self, req: Request) -> int:
+        """The load of a request waiting for KV arrived: it runs from the next step, prefilling what
+        its hits do not cover. Returns the tokens its hits (HBM and loaded) cover."""
+        i = next((i for i, (r, _) in enumerate(self.loading) if r is req), -1)
+        if i < 0:
+            raise ValueError(f"request {req.id} is not loading")
+        _, n = self.loading.pop(i)
+        computed = self.kv.finish_loading(req, n)
+        self.outstanding_tokens -= computed
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = computed
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return computed
 
     # ---- after the step ---------------------------------------------------------------------------
     def complete(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:

@@ -1,0 +1,85 @@
+"""Host-DRAM offload settings (``kv.offload``) and the presets that reproduce real systems' defaults.
+
+``kv.offload`` turns on a second-level prefix cache in each node's host DRAM (`kvsim.core.tiers`):
+
+- ``write``: ``back`` copies a cached entry to DRAM when HBM evicts it (SGLang HiCache's
+  ``write_back``); ``through`` copies every new cache entry as it is registered (vLLM's
+  offloading connector, LMCache, SGLang HiCache's default ``write_through``);
+- ``copy``: ``batched`` moves a transfer's blocks in one gather/scatter call (a copy kernel:
+  SGLang's ``--hicache-io-backend kernel``, LMCache's GPU connector); ``per_block`` makes one
+  ``cudaMemcpyAsync`` per engine block (vLLM's ``swap_blocks``), paying the link's per-call
+  overhead each time (../shared/REFERENCE.md: about 2.3 us; 6-15 GB/s for 32 KB blocks);
+- capacity per node: ``host_bytes``, or ``host_share`` of ``cluster.host_dram``, or
+  ``hbm_ratio`` times the KV pools of the node's replicas (SGLang's ``--hicache-ratio``); none
+  given: all of ``cluster.host_dram``.
+
+A preset (``preset: vllm | sglang_hicache | lmcache``) supplies defaults for the fields the scenario
+does not give; each preset's function says where its numbers come from. What the presets cannot
+reproduce: LMCache's 256-token chunks (kvsim's entries are the trace's hash blocks), vLLM's
+"prompt blocks only" (kvsim also writes through a finished request's answer blocks, as the HBM
+prefix cache keeps them), and the asynchronous store that lets vLLM skip a write the link is too
+busy for (kvsim queues every write).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class OffloadWrite(str, Enum):
+    BACK = "back"  # copy on eviction from HBM
+    THROUGH = "through"  # copy every new entry when it is registered
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class CopyMode(str, Enum):
+    BATCHED = "batched"  # one gather/scatter call per transfer
+    PER_BLOCK = "per_block"  # one copy call per engine block
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    enabled: bool = False
+    host_bytes: int = 0  # host DRAM per node given to KV (0: see host_share, hbm_ratio)
+    host_share: float = 0.0  # share of cluster.host_dram per node (0: not given)
+    hbm_ratio: float = 0.0  # capacity = ratio x the KV pools of the node's replicas (0: not given)
+    per_replica_bytes: int = 0  # capacity = this x the node's replicas (presets only; 0: not given)
+    write: OffloadWrite = OffloadWrite.BACK
+    copy: CopyMode = CopyMode.BATCHED
+    preset: str = "none"
+
+
+def vllm() -> dict[str, Any]:
+    """vLLM v1's ``OffloadingConnector`` with its CPU backend (``vllm/v1/kv_offload/``): every
+    computed block is stored to CPU asynchronously, skipping blocks already there (write-through,
+    missing only); loads are asynchronous; the CPU side evicts LRU; the CPU<->GPU copies go
+    through ``swap_blocks``, one ``cudaMemcpyAsync`` per block (../shared/REFERENCE.md, FlexKV PR
+    #193/#203). The CPU capacity is the user's (``num_cpu_blocks``): no default, so the scenario's
+    capacity (all of ``cluster.host_dram`` unless given) applies."""
+    return {"write": OffloadWrite.THROUGH, "copy": CopyMode.PER_BLOCK}
+
+
+def sglang_hicache() -> dict[str, Any]:
+    """SGLang HiCache (``mem_cache/hiradix_cache.py``, ``managers/cache_controller.py``) as its best-
+    practice guide configures it (docs/advanced_features/hicache_best_practices.md):
+    ``--hicache-ratio 2`` (host pool twice the device pool), ``--hicache-io-backend kernel``
+    (batched gather/scatter kernels), ``--hicache-write-policy write_through``."""
+    return {"write": OffloadWrite.THROUGH, "copy": CopyMode.BATCHED, "hbm_ratio": 2.0}
+
+
+def lmcache() -> dict[str, Any]:
+    """LMCache's local CPU backend: every prefill's KV is stored (write-through), with its GPU
+    connector's gather kernel (batched), LRU, and ``max_local_cpu_size`` 5 GB per serving instance
+    (LMCache's configuration default; the disk tier behind it is not simulated). Its 256-token
+    chunks are not reproduced: kvsim moves the trace's hash blocks."""
+    return {"write": OffloadWrite.THROUGH, "copy": CopyMode.BATCHED, "per_replica_bytes": 5 * 10**9}
+
+
+PRESETS = {"vllm": vllm, "sglang_hicache": sglang_hicache, "lmcache": lmcache}

@@ -1,0 +1,195 @@
+"""Links with queueing, the host-DRAM tier and loads back to HBM: story tests with exact numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import kvsim.run as krun
+from kvsim.core.tiers import HostTier
+from kvsim.costs.base import ForwardBatch, transfer_time
+from kvsim.errors import KvsimError
+from kvsim.sim.links import LinkQueue
+from kvsim.spec.topology import Link
+from tests.helpers import make_workload, records, small_scenario
+
+BLOCK = 16 * 131072  # Llama-3.1-8B bf16, 16-token block, per GPU (tests.helpers)
+
+
+# ---- links ------------------------------------------------------------------------------------------
+def test_idle_link_takes_exactly_latency_plus_bytes_over_bandwidth():
+    link = Link("network", 50e9, 5e-6, 0.0)
+    q = LinkQueue(link, label="l")
+    nbytes = 2 * BLOCK
+    start, end = q.reserve(3.0, nbytes)
+    assert start == 3.0
+    assert end - 3.0 == pytest.approx(5e-6 + nbytes / 50e9, rel=1e-12)
+    assert q.reserve(10.0, nbytes)[1] == 10.0 + nbytes / 50e9 + 5e-6  # idle again: the same
+    assert transfer_time(nbytes, link) == 5e-6 + nbytes / 50e9
+
+
+def test_second_of_two_simultaneous_transfers_ends_at_twice_the_bytes_time_plus_one_latency():
+    """Latency is a pipeline delay that does not hold the link; the bytes queue FIFO."""
+    q = LinkQueue(Link("network", 50e9, 5e-6, 0.0), label="l")
+    nbytes = 1e6
+    (s1, e1), (s2, e2) = q.reserve(0.0, nbytes), q.reserve(0.0, nbytes)
+    assert (s1, s2) == (0.0, nbytes / 50e9)
+    assert e1 == nbytes / 50e9 + 5e-6
+    assert e2 == 2 * nbytes / 50e9 + 5e-6
+    assert q.stats.transfers == 2 and q.stats.bytes == 2e6
+    assert q.stats.busy_s == 2 * nbytes / 50e9
+    assert q.stats.queued_s == nbytes / 50e9
+
+
+def test_per_block_copies_pay_the_per_call_overhead_per_block():
+    link = Link("host_h2d", 35.2e9, 0.0, 2.3e-6)
+    per_block, batched = LinkQueue(link, label="a"), LinkQueue(link, label="b")
+    _, e_pb = per_block.reserve(0.0, 32 * BLOCK, 32)
+    _, e_b = batched.reserve(0.0, 32 * BLOCK, 1)
+    assert e_pb - e_b == pytest.approx(31 * 2.3e-6, rel=1e-9)
+    assert e_b == transfer_time(32 * BLOCK, link, 1)
+
+
+# ---- the host tier ------------------------------------------------------------------------------------
+def test_host_tier_is_lru_within_capacity():
+    t = HostTier(5)
+    assert t.insert([1, 2], [2, 2]) == [(1, 2), (2, 2)]
+    assert t.insert([1], [2]) == []  # present: only touched (now 2 is the oldest)
+    assert t.insert([3], [2]) == [(3, 2)]  # 2 dropped to make room
+    assert list(t.entries) == [1, 3] and t.used_blocks == 4
+    assert t.stats.dropped_blocks == 2
+    assert t.insert([4], [6]) == []  # larger than the tier: skipped
+    assert t.num_prefix_hits([1, 3, 9, 1], 0, 4) == 2
+    t.check()
+
+
+# ---- DRAM as a second-level prefix cache --------------------------------------------------------------
+IDS_A = list(range(20))
+STORY = make_workload(
+    [0.0, 1.0, 10.0],
+    [320, 624, 320],
+    [1, 1, 1],
+    hash_ids=[IDS_A, list(range(1000, 1039)), IDS_A],
+    block_tokens=16,
+)
+
+
+def _story(ff: bool = True, **offload):  # type: ignore[no-untyped-def]
+    sc = small_scenario(
+        num_blocks=40, kv={"offload": {"enabled": True, **offload}}, sim={"seed": 1, "fast_forward": ff}
+    )
+    return sc, krun.run_scenario(sc, workload=STORY)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_blocks_written_back_to_dram_and_evicted_from_hbm_are_loaded_before_the_prefill(ff):
+    """A (20 blocks) finishes and is cached; B (39 blocks) evicts A's entries 19..1 from HBM (tail
+    first), which are written back to DRAM; C, A's prompt again, hits entry 0 in HBM and 1..18 in
+    DRAM (at least one token is computed: 19 of its 20 blocks count), waits for the 18 blocks over
+    the idle H2D link, then prefills its last 16 tokens on 304 cached ones."""
+    sc, res = _story(ff)
+    c = res.seqs[2]
+    h2d = sc.cluster.topology.host_h2d
+    load = transfer_time(18 * BLOCK, h2d)
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert c.num_cached_tokens == 304
+    assert c.first_scheduled_s == 10.0
+    assert c.first_token_s == pytest.approx(10.0 + load + prefill, rel=1e-12)
+    off = res.summary["offload"]
+    assert off["loads"] == 1 and off["loaded_tokens"] == 18 * 16
+    assert off["loaded_bytes"] == 18 * BLOCK
+    prompts = 320 + 624 + 320
+    assert off["hit_rate_dram"] == 18 * 16 / prompts
+    assert off["hit_rate_hbm"] == pytest.approx(16 / prompts, rel=1e-12)
+    assert off["hit_rate_hbm"] + off["hit_rate_dram"] == pytest.approx(res.summary["prefix_hit_rate"])
+    assert off["requests_waited"] == 1
+    assert off["kv_wait_s"]["p50"] == pytest.approx(load, rel=1e-9)
+    # Write-back: B's admission evicted A's 19 entries; C's admission 18 of B's, its prefill one more.
+    assert off["written_bytes"] == (19 + 18 + 1) * BLOCK
+    links = {r["name"]: r for r in off["links"]}
+    assert links["node0/host_h2d/0"]["bytes"] == 18 * BLOCK
+    assert links["node0/host_d2h/0"]["transfers"] == 3
+
+
+def test_without_offload_the_same_request_recomputes_and_the_summary_has_no_offload_part():
+    sc = small_scenario(num_blocks=40)
+    res = krun.run_scenario(sc, workload=STORY)
+    assert res.seqs[2].num_cached_tokens == 16  # only entry 0 is left in HBM
+    assert res.summary["offload"] is None
+
+
+def test_write_through_copies_every_new_entry_and_per_block_copies_cost_more():
+    _, back = _story()
+    _, through = _story(write="through")
+    _, per_block = _story(write="through", copy="per_block")
+    # Through: A's 20 entries at registration and B's 39; C's are all in DRAM already.
+    assert through.summary["offload"]["written_bytes"] == (20 + 39) * BLOCK
+    t = [r.seqs[2].first_token_s for r in (back, through, per_block)]
+    assert t[0] == t[1]  # the same load: A's entries were in DRAM either way
+    assert t[2] - t[1] == pytest.approx(17 * 2.3e-6, rel=1e-6)  # 18 copy calls instead of 1
+
+
+def test_a_load_waits_for_its_write_back_to_arrive():
+    """C arrives right after B's admission wrote A's entries back over a slow D2H link; admitted
+    when B finishes, before the write has landed, its load starts when it lands."""
+    wl = dataclasses.replace(STORY, arrival_s=STORY.arrival_s.copy())
+    sc = small_scenario(
+        num_blocks=40, kv={"offload": {"enabled": True}}, cluster={"topology": {"pcie": {"d2h": "1GB/s"}}}
+    )
+    wl.arrival_s[2] = 1.0 + 1e-9  # B is admitted at 1.0 and its write-back takes 19 x 2 MiB at 1 GB/s
+    res = krun.run_scenario(sc, workload=wl)
+    c = res.seqs[2]
+    write_end = 1.0 + transfer_time(19 * BLOCK, sc.cluster.topology.host_d2h)
+    assert c.first_scheduled_s == res.seqs[1].finish_s < write_end  # admitted once B's blocks are free
+    load_end = write_end + transfer_time(18 * BLOCK, sc.cluster.topology.host_h2d)
+    assert res.summary["offload"]["kv_wait_s"]["p50"] == pytest.approx(
+        load_end - c.first_scheduled_s, rel=1e-9
+    )
+
+
+def _mooncake(n: int):  # type: ignore[no-untyped-def]
+    from kvsim.spec.scenario import scenario_from_dict
+    from kvsim.spec.workload import load_workload
+    from tests.helpers import ROOT
+
+    trace = {
+        "trace": "scenarios/traces/mooncake/conversation_trace.jsonl",
+        "format": "mooncake",
+        "max_requests": n,
+    }
+    wsc = scenario_from_dict(
+        {"model": "llama-3.1-8b", "cluster": {"gpu": "h100"}, "workload": trace},
+        source="t.yaml",
+        base_dir=ROOT,
+    )
+    return load_workload(wsc.workload, seed=1)
+
+
+@pytest.mark.parametrize("write", ["back", "through"])
+def test_fast_forward_equals_stepping_with_offload_on_under_memory_pressure(write):
+    """400 Mooncake requests on 4,000 blocks: evictions, write-backs, loads, preemptions."""
+    wl = _mooncake(400)
+    runs = []
+    for ff in (True, False):
+        sc = small_scenario(
+            num_blocks=4000,
+            scheduler={"max_batched_tokens": 2048},
+            kv={"offload": {"enabled": True, "write": write, "host_bytes": "20GiB"}},
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        runs.append(krun.run_scenario(sc, workload=wl))
+    a, b = runs
+    assert records(a) == records(b)
+    assert a.summary["offload"] == b.summary["offload"]
+    assert a.summary["offload"]["loads"] > 10 and a.summary["preemptions"] > 0
+    assert a.summary["offload"]["dropped_bytes"] > 0  # the tier filled: LRU dropped entries
+    assert a.summary["engine_events"] < b.summary["engine_events"]
+
+
+def test_host_tier_larger_than_the_node_dram_is_refused():
+    sc = small_scenario(
+        num_blocks=40, kv={"offload": {"enabled": True, "hbm_ratio": 1e4}}, cluster={"host_dram": "1GiB"}
+    )
+    with pytest.raises(KvsimError, match="exceeds the node's host DRAM"):
+        krun.run_scenario(sc, workload=STORY)
