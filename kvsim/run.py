@@ -25,7 +25,7 @@ from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import HostTier
 from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import CostModel
+from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import (
@@ -37,6 +37,7 @@ from kvsim.results.record import (
     RequestCounts,
     RunConfig,
     RunSummary,
+    SwapRecord,
     WorkloadRecord,
     part_from_dict,
     write_summary,
@@ -44,9 +45,11 @@ from kvsim.results.record import (
 from kvsim.results.summary import dist, summarize
 from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import LinkQueue
-from kvsim.sim.offload import OffloadPort
+from kvsim.sim.offload import OffloadPort, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
+from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import Scenario
+from kvsim.spec.topology import Link
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
 
 
@@ -143,7 +146,8 @@ def run_scenario(
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
-    offload = _Offload(sc, plan, env) if sc.kv.offload.enabled else None
+    uses_host = sc.kv.offload.enabled or sc.scheduler.preemption != "recompute"
+    offload = _Offload(sc, plan, env, cost) if uses_host else None
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -275,7 +279,9 @@ def run_scenario(
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
         replicas=_replica_records(replicas, seqs, simulated),
-        offload=None if offload is None else offload.record(seqs, simulated),
+        offload=None if offload is None or offload.tiers is None else offload.record(seqs, simulated),
+        swap=None if offload is None or offload.swap is None else offload.swap_record(),
+        links=() if offload is None else offload.link_records(simulated),
     )
     return RunResult(sc, seqs, stats, plan, summary)
 
@@ -283,11 +289,36 @@ def run_scenario(
 class _Offload:
     """The host tiers (one per node) and host links (per PCIe group, each direction) of a run."""
 
-    def __init__(self, sc: Scenario, plan: MemoryPlan, env: simpy.Environment) -> None:
-        c, off = sc.cluster, sc.kv.offload
-        self.sc, self.env = sc, env
+    def __init__(self, sc: Scenario, plan: MemoryPlan, env: simpy.Environment, cost: CostModel) -> None:
+        c = sc.cluster
+        self.sc, self.env, self.cost = sc, env, cost
         self.per_node = c.gpus_per_node // c.tensor_parallel  # replicas on a node
-        block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # one block of a replica, all its GPUs
+        self.block_bytes_per_gpu = plan.block_bytes_per_gpu
+        self.block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # a replica's block, all its GPUs
+        self.capacity_bytes = 0
+        self.tiers: list[HostTier] | None = None
+        if sc.kv.offload.enabled:
+            self.tiers = [HostTier(self._tier_blocks(plan)) for _ in range(c.nodes)]
+        self.swap: list[SwapSpace] | None = None
+        if sc.scheduler.preemption != "recompute":
+            room = c.host_dram_bytes - self.capacity_bytes
+            need = sc.scheduler.swap_space_bytes * c.gpus_per_node
+            if need > room:
+                raise KvsimError(
+                    f"{sc.scheduler.swap_space_bytes:,} bytes per GPU x {c.gpus_per_node} GPUs exceed the node's "
+                    f"host DRAM left for it ({room:,} of cluster.host_dram)",
+                    source=sc.source,
+                    path="scheduler.swap_space",
+                )
+            self.swap = [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+        self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
+        self.links: dict[tuple[int, str, int], LinkQueue] = {}
+        self.ports: list[OffloadPort] = []
+
+    def _tier_blocks(self, plan: MemoryPlan) -> int:
+        sc = self.sc
+        c, off = sc.cluster, sc.kv.offload
+        block_bytes = self.block_bytes
         dram = c.host_dram_bytes
         path = "kv.offload.host_bytes"
         if off.host_bytes:
@@ -317,11 +348,7 @@ class _Offload:
                 path=path,
             )
         self.capacity_bytes = int(blocks * block_bytes)
-        self.block_bytes_per_gpu = plan.block_bytes_per_gpu
-        self.tiers = [HostTier(blocks) for _ in range(c.nodes)]
-        self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
-        self.links: dict[tuple[int, str, int], LinkQueue] = {}
-        self.ports: list[OffloadPort] = []
+        return blocks
 
     def _link(self, node: int, name: str, group: int) -> LinkQueue:
         key = (node, name, group)
@@ -343,11 +370,15 @@ class _Offload:
             on_link = sum(1 for g in range(local, local + tp) if g // share == group)
             queues.append((self._link(node, name, group), on_link))
         (h2d, n_h2d), (d2h, n_d2h) = queues
-        sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write path
+        if self.tiers is not None:
+            sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write path
+        swap = None
+        if self.swap is not None:
+            swap = (self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h))
         p = OffloadPort(
             self.env,
             sched,
-            self.tiers[node],
+            None if self.tiers is None else self.tiers[node],
             h2d,
             d2h,
             h2d_block_bytes=self.block_bytes_per_gpu * n_h2d,
@@ -355,15 +386,63 @@ class _Offload:
             write=off.write,
             copy=off.copy,
             ready=self.ready[node],
+            swap=swap,
         )
         for q in self.ports:
-            if q.host is p.host:
+            if q.host is not None and q.host is p.host:
                 q.peers.append(p)
                 p.peers.append(q)
         self.ports.append(p)
         return p
 
+    def _swap_policy(self, h2d: Link, d2h: Link, n_h2d: int, n_d2h: int) -> Callable[[Request], bool]:
+        """``swap``: always (where swap space allows); ``auto``: when the copies out and back over
+        idle links take less than one prefill of the victim's computed tokens."""
+        if self.sc.scheduler.preemption == "swap":
+            return lambda req: True
+        cost, bpg, bs = self.cost, self.block_bytes_per_gpu, self.sc.kv.block_size
+        per_block = self.sc.kv.offload.copy is CopyMode.PER_BLOCK
+
+        def cheaper(req: Request) -> bool:
+            blocks = -(-req.num_computed // bs)
+            calls = blocks if per_block else 1
+            swap_s = cost.transfer_time(blocks * bpg * n_d2h, d2h, calls) + cost.transfer_time(
+                blocks * bpg * n_h2d, h2d, calls
+            )
+            recompute_s = cost.price(ForwardBatch.prefill(req.num_computed, 0, sampling=False)).seconds
+            return swap_s < recompute_s
+
+        return cheaper
+
+    def swap_record(self) -> SwapRecord:
+        assert self.swap is not None
+        bpg = self.block_bytes_per_gpu
+        return SwapRecord(
+            mode=self.sc.scheduler.preemption.value,
+            swap_space_bytes=int(self.swap[0].capacity_blocks * self.block_bytes),
+            swaps=sum(p.stats.swaps_out for p in self.ports),
+            recomputes=sum(p.stats.recomputed for p in self.ports),
+            swapped_bytes=sum(p.stats.swapped_blocks for p in self.ports) * bpg,
+            peak_bytes=int(max(s.peak_blocks for s in self.swap) * self.block_bytes),
+        )
+
+    def link_records(self, simulated: float) -> tuple[LinkRecord, ...]:
+        span = simulated if simulated > 0 else math.inf
+        return tuple(
+            LinkRecord(
+                name=q.label,
+                transfers=q.stats.transfers,
+                bytes=q.stats.bytes,
+                busy_s=q.stats.busy_s,
+                utilization=q.stats.busy_s / span,
+                queued_s=q.stats.queued_s,
+            )
+            for _, q in sorted(self.links.items())
+            if q.stats.transfers
+        )
+
     def record(self, seqs: list[Request], simulated: float) -> OffloadRecord:
+        assert self.tiers is not None
         off = self.sc.kv.offload
         bpg = self.block_bytes_per_gpu
         admitted = [s for s in seqs if s.num_cached_tokens >= 0]
@@ -376,7 +455,6 @@ class _Offload:
             waits.update(p.stats.waits)
         dram_hit = sum(first.get(s.id, 0) for s in admitted)
         tp = self.sc.cluster.tensor_parallel
-        span = simulated if simulated > 0 else math.inf
         return OffloadRecord(
             preset=off.preset,
             write=off.write.value,
@@ -393,18 +471,6 @@ class _Offload:
             dropped_bytes=sum(t.stats.dropped_blocks for t in self.tiers) * bpg,
             requests_waited=len(waits),
             kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
-            links=tuple(
-                LinkRecord(
-                    name=q.label,
-                    transfers=q.stats.transfers,
-                    bytes=q.stats.bytes,
-                    busy_s=q.stats.busy_s,
-                    utilization=q.stats.busy_s / span,
-                    queued_s=q.stats.queued_s,
-                )
-                for _, q in sorted(self.links.items())
-                if q.stats.transfers
-            ),
         )
 
 

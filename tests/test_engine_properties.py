@@ -28,8 +28,11 @@ class CheckedScheduler(Scheduler):
         private = 0
         refs: dict[int, int] = {}
         loading = [r for r, _ in self.loading]
-        for seq in loading:
-            assert seq.status is RequestStatus.WAITING_FOR_KV_TRANSFER and seq.num_computed == 0
+        for seq, n in self.loading:
+            assert seq.status is RequestStatus.WAITING_FOR_KV_TRANSFER
+            assert seq.num_computed == 0 or n < 0  # a swap-in keeps its computed tokens
+        for seq in self.swapped:  # swapped out: KV in host memory, no blocks here
+            assert seq.num_blocks == 0 and seq.num_computed > 0 and not seq.held_keys
         if self.host is not None:
             self.host.check()  # within capacity, every entry counted once
         assert len(self.running) + len(loading) <= self.max_num_seqs
@@ -49,7 +52,8 @@ class CheckedScheduler(Scheduler):
         assert private == pool.private
         assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         remaining = sum(
-            s.prompt_len + s.output_len - 1 - s.num_computed for s in [*self.running, *self.waiting, *loading]
+            s.prompt_len + s.output_len - 1 - s.num_computed
+            for s in [*self.running, *self.waiting, *loading, *self.swapped]
         )
         assert remaining == self.outstanding_tokens
 
@@ -123,13 +127,17 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity"])),
     }
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
-    if offload:  # a host tier of a few entries to a few pools: write-backs, loads, drops
+    if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
+        scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
+        scheduler["swap_space"] = draw(st.sampled_from(["8MiB", "4GiB"]))
+    if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
             "write": draw(st.sampled_from(["back", "through"])),
             "copy": draw(st.sampled_from(["batched", "per_block"])),
             "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
         }
+    if offload:
         cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
@@ -148,6 +156,8 @@ def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
     its capacity, and fast-forward equals stepping (loads end windows; tier changes cut them)."""
     a, b = _check_invariants_and_fast_forward(case)
     assert a.summary["offload"] == b.summary["offload"]
+    assert a.summary["swap"] == b.summary["swap"]
+    assert a.summary["links"] == b.summary["links"]
 
 
 def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]

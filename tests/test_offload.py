@@ -107,7 +107,7 @@ def test_blocks_written_back_to_dram_and_evicted_from_hbm_are_loaded_before_the_
     assert off["kv_wait_s"]["p50"] == pytest.approx(load, rel=1e-9)
     # Write-back: B's admission evicted A's 19 entries; C's admission 18 of B's, its prefill one more.
     assert off["written_bytes"] == (19 + 18 + 1) * BLOCK
-    links = {r["name"]: r for r in off["links"]}
+    links = {r["name"]: r for r in res.summary["links"]}
     assert links["node0/host_h2d/0"]["bytes"] == 18 * BLOCK
     assert links["node0/host_d2h/0"]["transfers"] == 3
 
@@ -193,3 +193,63 @@ def test_host_tier_larger_than_the_node_dram_is_refused():
     )
     with pytest.raises(KvsimError, match="exceeds the node's host DRAM"):
         krun.run_scenario(sc, workload=STORY)
+
+
+# ---- swap preemption ----------------------------------------------------------------------------------
+SWAP = make_workload([0.0, 0.05], [160, 160], [300, 300])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_swapped_out_request_resumes_with_its_kv_intact(ff, monkeypatch):
+    """Two decoders outgrow 30 blocks: B (the newest) is swapped out, its computed blocks copied to
+    host memory; when A finishes, B is swapped back in over the idle H2D link and decodes on from
+    where it stopped: no prefill again, its finish exactly load + its remaining decode steps."""
+    import numpy as np
+
+    from kvsim.core.sched.scheduler import Scheduler
+
+    seen: list[tuple[int, int, int]] = []
+    orig = Scheduler._preempt
+
+    def spy(self, req):  # type: ignore[no-untyped-def]
+        seen.append((req.id, req.num_computed, req.num_generated))
+        orig(self, req)
+
+    monkeypatch.setattr(Scheduler, "_preempt", spy)
+    sc = small_scenario(num_blocks=30, scheduler={"preemption": "swap"}, sim={"seed": 1, "fast_forward": ff})
+    res = krun.run_scenario(sc, workload=SWAP)
+    a, b = res.seqs
+    ((vid, c, g),) = seen
+    assert vid == 1 and b.preemptions == 1 and b.status.value == "completed"
+    blocks = -(-c // 16)
+    load_end = a.finish_s + transfer_time(blocks * BLOCK, sc.cluster.topology.host_h2d)
+    steps = krun.make_cost_model(sc).decode_step_times(1, np.arange(c, c + 300 - g, dtype=np.int64))
+    assert b.finish_s == pytest.approx(load_end + float(steps.sum()), rel=1e-12)
+    sw = res.summary["swap"]
+    assert (sw["swaps"], sw["recomputes"], sw["swapped_bytes"]) == (1, 0, blocks * BLOCK)
+    assert res.summary["offload"] is None
+
+
+def test_swap_and_recompute_agree_on_everything_but_the_resumed_request():
+    rec = krun.run_scenario(small_scenario(num_blocks=30), workload=SWAP)
+    swp = krun.run_scenario(small_scenario(num_blocks=30, scheduler={"preemption": "swap"}), workload=SWAP)
+    assert rec.seqs[0].finish_s == swp.seqs[0].finish_s
+    assert rec.summary["swap"] is None and rec.summary["links"] == []
+    assert swp.seqs[1].finish_s != rec.seqs[1].finish_s
+
+
+def test_auto_recomputes_when_the_host_link_is_slower_than_the_prefill():
+    slow = {"topology": {"pcie": {"bw": "10MB/s"}}}
+    res = krun.run_scenario(
+        small_scenario(num_blocks=30, scheduler={"preemption": "auto"}, cluster=slow), workload=SWAP
+    )
+    assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (0, 1)
+    fast = krun.run_scenario(small_scenario(num_blocks=30, scheduler={"preemption": "auto"}), workload=SWAP)
+    assert fast.summary["swap"]["swaps"] == 1
+
+
+def test_a_victim_that_does_not_fit_the_swap_space_is_recomputed():
+    res = krun.run_scenario(
+        small_scenario(num_blocks=30, scheduler={"preemption": "swap", "swap_space": "4MiB"}), workload=SWAP
+    )
+    assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (0, 1)

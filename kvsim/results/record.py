@@ -142,8 +142,20 @@ class OffloadRecord:
     written_bytes: float  # HBM -> DRAM, per GPU
     dropped_bytes: float  # dropped from DRAM to make room (LRU), per GPU
     requests_waited: int  # requests that waited for a load at least once
-    kv_wait_s: Distribution  # per request that waited: seconds waiting for KV, all its loads
-    links: tuple[LinkRecord, ...] = ()  # every host link that moved bytes
+    kv_wait_s: Distribution  # per request that waited: seconds waiting for KV (loads and swap-ins)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapRecord:
+    """Swap preemption (``scheduler.preemption: swap | auto``); absent with ``recompute``."""
+
+    mode: str  # swap | auto
+    swap_space_bytes: int  # per node
+    swaps: int  # preemptions that swapped the victim out (and back in)
+    recomputes: int  # preemptions sent to recompute (auto found it cheaper, or no swap space)
+    swapped_bytes: float  # copied out (and as many back in), per GPU
+    peak_bytes: int  # the fullest node's swap space at its fullest
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -266,6 +278,8 @@ class RunSummary:
     sim_speed_x: float
     replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
     offload: OffloadRecord | None = None  # kv.offload on
+    swap: SwapRecord | None = None  # scheduler.preemption swap or auto
+    links: tuple[LinkRecord, ...] = ()  # every link that moved bytes (offload, swap)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

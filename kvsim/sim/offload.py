@@ -17,6 +17,14 @@ direction. After every schedule (and after every completed step or window) the r
   is seen by the next schedule whether the replica steps or fast-forwards), which hands the
   request to the scheduler (`Scheduler.finish_load`) and wakes the replica if it idles.
 
+Swap preemption (``scheduler.preemption: swap | auto``) goes over the same links: a swap-out is a
+device-to-host copy of the victim's computed blocks at the schedule that preempts it, within the
+node's swap space (`SwapSpace`; a victim that does not fit is recomputed), and a swap-in a load
+like the others, starting no earlier than its swap-out has arrived; the swap space is returned
+when the swap-in ends. ``auto`` swaps a victim when copying its KV out and back over idle links
+takes less than recomputing its computed tokens in one prefill (the cost model's price; queueing
+and prefix hits that would shorten the recompute are not weighed).
+
 A load's end is an outside event for the replica's fast-forward windows (`next_event`,
 `kvsim.core.horizon`): a window runs only the steps that end strictly before it. While offload is
 on, windows evict no cached entry (their allocations take empty blocks only), so every eviction,
@@ -53,12 +61,24 @@ class _UrgentTimeout(simpy.events.Event):
 
 
 @dataclass
+class SwapSpace:
+    """A node's host memory for swapped-out KV, in KV blocks of its replicas (all their GPUs)."""
+
+    capacity_blocks: int
+    used_blocks: int = 0
+    peak_blocks: int = 0
+
+
+@dataclass
 class OffloadStats:
     loads: int = 0
     loaded_blocks: int = 0
     loaded_tokens: int = 0  # tokens the loads let requests skip (at admission)
     first_admission_tokens: dict[int, int] = field(default_factory=dict)  # request id -> DRAM tokens
     written_blocks: int = 0  # blocks copied HBM -> DRAM
+    swaps_out: int = 0
+    swapped_blocks: int = 0  # copied out by swaps (and as many back in)
+    recomputed: int = 0  # preemptions the swap policy sent to recompute
     waits: dict[int, float] = field(default_factory=dict)  # request id -> seconds waited for KV
 
 
@@ -67,7 +87,7 @@ class OffloadPort:
         self,
         env: simpy.Environment,
         sched: Scheduler,
-        host: HostTier,
+        host: HostTier | None,
         h2d: LinkQueue,
         d2h: LinkQueue,
         *,
@@ -76,6 +96,7 @@ class OffloadPort:
         write: OffloadWrite,
         copy: CopyMode,
         ready: dict[int, float],
+        swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
     ) -> None:
         self.env = env
         self.sched = sched
@@ -94,7 +115,12 @@ class OffloadPort:
         self.peers: list[OffloadPort] = []  # the other replicas' ports on this node
         self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
         self.tier_changed = False  # the last after_schedule changed the tier's contents
+        self.swap_ready: dict[int, float] = {}  # request id -> instant its swap-out has arrived
         sched.host = host
+        self.swap_space: SwapSpace | None = None
+        if swap is not None:
+            self.swap_space, self._cheaper_to_swap = swap
+            sched.swap_decider = self._decide_swap
 
     def next_event(self) -> float:
         """The end of the earliest load in flight (inf when none)."""
@@ -106,12 +132,43 @@ class OffloadPort:
         now = self.env.now
         events = self.sched.kv.pool.take_events()
         self.tier_changed = False
-        if events:
+        if events and self.host is not None:
             self._write(now, events)
-        if self.sched.new_loads:
-            loads, self.sched.new_loads = self.sched.new_loads, []
+        sched = self.sched
+        if sched.new_swaps:
+            swaps, sched.new_swaps = sched.new_swaps, []
+            for req, blocks, out in swaps:
+                self._swap(now, req, blocks, out)
+        if sched.new_loads:
+            loads, sched.new_loads = sched.new_loads, []
             for req, hits, n in loads:
                 self._load(now, req, hits, n)
+
+    def _decide_swap(self, req: Request) -> bool:
+        """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
+        swap space, and (``auto``) swapping is the cheaper."""
+        space = self.swap_space
+        assert space is not None
+        blocks = -(-req.num_computed // self.sched.block_size)
+        ok = blocks > 0 and space.used_blocks + blocks <= space.capacity_blocks and self._cheaper_to_swap(req)
+        if ok:
+            space.used_blocks += blocks  # held from now until its swap-in ends
+            space.peak_blocks = max(space.peak_blocks, space.used_blocks)
+        else:
+            self.stats.recomputed += 1
+        return ok
+
+    def _swap(self, now: float, req: Request, blocks: int, out: bool) -> None:
+        calls = blocks if self.per_block else 1
+        if out:
+            _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, calls)
+            self.swap_ready[req.id] = end
+            self.stats.swaps_out += 1
+            self.stats.swapped_blocks += blocks
+            return
+        start = max(now, self.swap_ready.pop(req.id))
+        _, end = self.h2d.reserve(start, blocks * self.h2d_block_bytes, calls)
+        self._await(now, end, req, blocks)
 
     def _write(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
         kind = BlockRemoved if self.write is OffloadWrite.BACK else BlockStored
@@ -123,6 +180,7 @@ class OffloadPort:
                 sizes.extend(ev.sizes)
         if not keys:
             return
+        assert self.host is not None
         new = self.host.insert(keys, sizes)
         if not new:
             return
@@ -162,12 +220,20 @@ class OffloadPort:
             s.first_admission_tokens[req.id] = skipped
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
+        self._await(now, end, req, 0)
+
+    def _await(self, now: float, end: float, req: Request, swap_blocks: int) -> None:
+        """`req` waits for KV until `end`: one URGENT event then."""
+        s = self.stats
         s.waits[req.id] = s.waits.get(req.id, 0.0) + (end - now)
         self.pending[req.id] = (end, req)
         ev = _UrgentTimeout(self.env, end - now)
-        ev.callbacks.append(lambda _e, r=req: self._arrived(r))
+        ev.callbacks.append(lambda _e: self._arrived(req, swap_blocks))
 
-    def _arrived(self, req: Request) -> None:
+    def _arrived(self, req: Request, swap_blocks: int) -> None:
         del self.pending[req.id]
+        if swap_blocks:
+            assert self.swap_space is not None
+            self.swap_space.used_blocks -= swap_blocks
         self.sched.finish_load(req)
         self.on_arrival()

@@ -60,6 +60,12 @@ class EvictionPolicy(Choice):
     STREAMING = "streaming"
 
 
+class PreemptionMode(Choice):
+    RECOMPUTE = "recompute"  # release the victim's blocks; it recomputes (vLLM v1)
+    SWAP = "swap"  # copy its KV to host memory and back (vLLM v0's swap), where swap space allows
+    AUTO = "auto"  # per victim, the cheaper of the two by the cost model
+
+
 class CostModelKind(Choice):
     ANALYTIC = "analytic"
     PROFILE = "profile"
@@ -120,6 +126,9 @@ class SchedulerConfig:
     max_num_seqs: int
     max_batched_tokens: int
     chunked_prefill: bool
+    preemption: PreemptionMode = field(default_factory=lambda: PreemptionMode.RECOMPUTE)
+    # Host memory per GPU for swapped-out KV: vLLM v0's --swap-space default, 4 GiB per GPU.
+    swap_space_bytes: int = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -323,6 +332,8 @@ def _read_scheduler(root: Section) -> SchedulerConfig:
         max_num_seqs=s.int("max_num_seqs", 256, lo=1, hi=1 << 20),
         max_batched_tokens=s.int("max_batched_tokens", 8192, lo=1, hi=1 << 24),
         chunked_prefill=s.bool("chunked_prefill", True),
+        preemption=_choice(s, "preemption", PreemptionMode, PreemptionMode.RECOMPUTE),
+        swap_space_bytes=s.parsed("swap_space", parse_size, 4 * 2**30),
     )
     s.done()
     return cfg

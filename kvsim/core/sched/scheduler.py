@@ -26,12 +26,20 @@ entries to load reserved (`KVCacheManager.admit_loading`), it is listed in `new_
 engine to start the transfer, and it counts against the request cap while it waits; other requests
 keep running and being admitted behind it. When the engine says the load arrived (`finish_load`),
 it joins the running requests, its loaded entries cached in HBM, and prefills the remainder.
+
+Preemption by swap (`swap_decider`, set by the engine for ``scheduler.preemption: swap | auto``):
+a victim the decider accepts keeps its computed tokens; its blocks are released (their KV was
+copied to host memory: `new_swaps` tells the engine, which queues the copy) and it joins the
+`swapped` queue, which is served before the waiting one (vLLM v0's order): a swapped request is
+readmitted with blocks for all its computed tokens, waits for KV while they are copied back, and
+resumes where it stopped. A victim the decider refuses is recomputed as above.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -66,6 +74,10 @@ class Scheduler:
         self.loading: list[tuple[Request, int]] = []  # (request, entries it loads), waiting for KV
         self.new_loads: list[tuple[Request, int, int]] = []  # admitted to load since the engine looked:
         # (request, HBM entries it holds, entries to load after them)
+        self.swap_decider: Callable[[Request], bool] | None = None  # swap this victim? (None: never)
+        self.swapped: deque[Request] = deque()  # swapped out, KV in host memory, to swap back in
+        self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
+        # (request, blocks, out: True for a swap-out, False for a swap-in)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -74,8 +86,8 @@ class Scheduler:
 
     @property
     def num_requests(self) -> int:
-        """Requests in this engine (running, waiting, or waiting for KV)."""
-        return len(self.running) + len(self.waiting) + len(self.loading)
+        """Requests in this engine (running, waiting, swapped out, or waiting for KV)."""
+        return len(self.running) + len(self.waiting) + len(self.loading) + len(self.swapped)
 
     @property
     def may_evict_in_window(self) -> bool:
@@ -84,6 +96,13 @@ class Scheduler:
         return not self.waiting or len(self.running) >= self.max_num_seqs
 
     def _preempt(self, req: Request) -> None:
+        if self.swap_decider is not None and self.swap_decider(req):
+            self.new_swaps.append((req, -(-req.num_computed // self.block_size), True))
+            self.kv.free(req)  # its KV is copied out first (the engine queues the copy)
+            req.preemptions += 1
+            req.status = RequestStatus.PREEMPTED
+            self.swapped.appendleft(req)
+            return
         self.kv.free(req)
         self.outstanding_tokens += req.num_computed
         req.num_computed = 0
@@ -155,7 +174,17 @@ class Scheduler:
             return out
         host = self.host
         loading = self.loading
-        while self.waiting and len(running) + len(loading) < self.max_num_seqs and budget > 0:
+        swapped = self.swapped
+        while swapped and len(running) + len(loading) < self.max_num_seqs:
+            req = swapped[0]
+            blocks = -(-req.num_computed // self.block_size)
+            if not kv.allocate_slots(req, blocks):
+                break
+            swapped.popleft()
+            req.status = RequestStatus.WAITING_FOR_KV_TRANSFER
+            loading.append((req, -1))
+            self.new_swaps.append((req, blocks, False))
+        while not swapped and self.waiting and len(running) + len(loading) < self.max_num_seqs and budget > 0:
             req = self.waiting[0]
             hits, computed = kv.get_computed_blocks(req)
             if host is not None and req.keys:
@@ -210,12 +239,14 @@ class Scheduler:
         if i < 0:
             raise ValueError(f"request {req.id} is not loading")
         _, n = self.loading.pop(i)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        if n < 0:  # swapped back in: it resumes where it stopped
+            return req.num_computed
         computed = self.kv.finish_loading(req, n)
         self.outstanding_tokens -= computed
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = computed
-        req.status = RequestStatus.RUNNING
-        self.running.append(req)
         return computed
 
     # ---- after the step ---------------------------------------------------------------------------
