@@ -23,7 +23,7 @@ from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.core.tiers import HostTier
+from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
@@ -31,6 +31,7 @@ from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
+    GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
     ReplicaRecord,
@@ -45,7 +46,7 @@ from kvsim.results.record import (
 from kvsim.results.summary import dist, summarize
 from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import LinkQueue
-from kvsim.sim.offload import OffloadPort, SwapSpace
+from kvsim.sim.offload import GlobalSide, OffloadPort, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import Scenario
@@ -74,12 +75,6 @@ def _refuse_unsimulated(sc: Scenario) -> None:
             f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
             source=sc.source,
             path="kv.eviction.policy",
-        )
-    if kv.prefix_cache == "global":
-        raise KvsimError(
-            "a cluster-wide prefix pool is not simulated yet; use local or none",
-            source=sc.source,
-            path="kv.prefix_cache.scope",
         )
 
 
@@ -146,7 +141,9 @@ def run_scenario(
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
-    uses_host = sc.kv.offload.enabled or sc.scheduler.preemption != "recompute"
+    uses_host = (
+        sc.kv.offload.enabled or sc.scheduler.preemption != "recompute" or sc.kv.prefix_cache == "global"
+    )
     offload = _Offload(sc, plan, env, cost) if uses_host else None
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
@@ -281,6 +278,7 @@ def run_scenario(
         replicas=_replica_records(replicas, seqs, simulated),
         offload=None if offload is None or offload.tiers is None else offload.record(seqs, simulated),
         swap=None if offload is None or offload.swap is None else offload.swap_record(),
+        global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs),
         links=() if offload is None else offload.link_records(simulated),
     )
     return RunResult(sc, seqs, stats, plan, summary)
@@ -311,6 +309,30 @@ class _Offload:
                     path="scheduler.swap_space",
                 )
             self.swap = [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+        self.pool: GlobalPool | None = None
+        self.pool_ready: dict[int, float] = {}
+        self.watchers: list[OffloadPort] = []
+        self.pool_bytes_per_node = 0
+        if sc.kv.prefix_cache == "global":
+            gp = sc.kv.global_pool
+            room = c.host_dram_bytes - self.capacity_bytes - (0 if self.swap is None else need)
+            per_node = gp.pool_bytes or room
+            if per_node > room or per_node <= 0:
+                raise KvsimError(
+                    f"a global pool of {per_node:,} bytes per node exceeds the host DRAM left for it "
+                    f"({room:,} of cluster.host_dram, beside the offload tier and swap space)",
+                    source=sc.source,
+                    path="kv.prefix_cache.pool_bytes" if gp.pool_bytes else "cluster.host_dram",
+                )
+            blocks = int(per_node * c.nodes // self.block_bytes)
+            if blocks < 1:
+                raise KvsimError(
+                    f"a global pool of {per_node:,} bytes per node holds no KV block of {self.block_bytes:,.0f} bytes",
+                    source=sc.source,
+                    path="kv.prefix_cache.pool_bytes",
+                )
+            self.pool = GlobalPool(blocks)
+            self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
         self.ports: list[OffloadPort] = []
@@ -370,8 +392,23 @@ class _Offload:
             on_link = sum(1 for g in range(local, local + tp) if g // share == group)
             queues.append((self._link(node, name, group), on_link))
         (h2d, n_h2d), (d2h, n_d2h) = queues
-        if self.tiers is not None:
-            sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write path
+        if self.tiers is not None or self.pool is not None:
+            sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write paths
+        glob = None
+        if self.pool is not None:
+            net_link = c.topology.network
+            share = net_link.shared_by
+            group = local // share
+            on_net = sum(1 for g in range(local, local + tp) if g // share == group)
+            glob = GlobalSide(
+                self.pool,
+                self.pool_ready,
+                self._link(node, "network", group),
+                self.block_bytes_per_gpu * on_net,
+                node,
+                self._fetch_policy(net_link, on_net),
+                self.watchers,
+            )
         swap = None
         if self.swap is not None:
             swap = (self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h))
@@ -387,7 +424,9 @@ class _Offload:
             copy=off.copy,
             ready=self.ready[node],
             swap=swap,
+            glob=glob,
         )
+        self.watchers.append(p)
         for q in self.ports:
             if q.host is not None and q.host is p.host:
                 q.peers.append(p)
@@ -413,6 +452,49 @@ class _Offload:
             return swap_s < recompute_s
 
         return cheaper
+
+    def _fetch_policy(self, net: Link, on_net: int) -> Callable[[int], bool]:
+        """``fetch: always``, or (``auto``) whether fetching a remote entry of `blocks` blocks over an
+        idle network link takes less than recomputing its tokens (one prefill at no context: the
+        cheapest recompute, so a deep prefix is, if anything, fetched too rarely)."""
+        if self.sc.kv.global_pool.fetch == "always":
+            return lambda blocks: True
+        cost, bpg, bs = self.cost, self.block_bytes_per_gpu, self.sc.kv.block_size
+        per_block = self.sc.kv.offload.copy is CopyMode.PER_BLOCK
+        memo: dict[int, bool] = {}
+
+        def worth(blocks: int) -> bool:
+            ok = memo.get(blocks)
+            if ok is None:
+                fetch_s = cost.transfer_time(blocks * bpg * on_net, net, blocks if per_block else 1)
+                recompute_s = cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
+                ok = memo[blocks] = fetch_s < recompute_s
+            return ok
+
+        return worth
+
+    def pool_record(self, seqs: list[Request]) -> GlobalPoolRecord:
+        pool = self.pool
+        assert pool is not None
+        bpg = self.block_bytes_per_gpu
+        admitted = [s for s in seqs if s.num_cached_tokens >= 0]
+        prompt = sum(s.prompt_len for s in admitted)
+        first: dict[int, int] = {}
+        for p in self.ports:
+            first.update(p.stats.first_admission_global)
+        got = sum(first.get(s.id, 0) for s in admitted)
+        return GlobalPoolRecord(
+            fetch=self.sc.kv.global_pool.fetch,
+            capacity_bytes=int(pool.capacity_blocks * self.block_bytes),
+            peak_bytes=int(pool.stats.peak_blocks * self.block_bytes),
+            hit_rate_global=got / prompt if prompt else 0.0,
+            fetched_tokens=sum(p.stats.fetched_tokens for p in self.ports),
+            fetched_bytes=sum(p.stats.fetched_blocks for p in self.ports) * bpg,
+            remote_bytes=sum(p.stats.remote_blocks for p in self.ports) * bpg,
+            published_bytes=sum(p.stats.published_blocks for p in self.ports) * bpg,
+            dropped_bytes=pool.stats.dropped_blocks * bpg,
+            declined_lookups=sum(p.stats.declined for p in self.ports),
+        )
 
     def swap_record(self) -> SwapRecord:
         assert self.swap is not None
@@ -454,6 +536,10 @@ class _Offload:
             first.update(p.stats.first_admission_tokens)
             waits.update(p.stats.waits)
         dram_hit = sum(first.get(s.id, 0) for s in admitted)
+        pool_first: dict[int, int] = {}
+        for p in self.ports:
+            pool_first.update(p.stats.first_admission_global)
+        pool_hit = sum(pool_first.get(s.id, 0) for s in admitted)
         tp = self.sc.cluster.tensor_parallel
         return OffloadRecord(
             preset=off.preset,
@@ -462,7 +548,7 @@ class _Offload:
             host_capacity_bytes=self.capacity_bytes,
             host_peak_bytes=int(max(t.stats.peak_blocks for t in self.tiers) * bpg * tp),
             host_end_bytes=int(sum(t.used_blocks for t in self.tiers) * bpg * tp),
-            hit_rate_hbm=(hit - dram_hit) / prompt if prompt else 0.0,
+            hit_rate_hbm=(hit - dram_hit - pool_hit) / prompt if prompt else 0.0,
             hit_rate_dram=dram_hit / prompt if prompt else 0.0,
             loads=sum(p.stats.loads for p in self.ports),
             loaded_tokens=sum(p.stats.loaded_tokens for p in self.ports),

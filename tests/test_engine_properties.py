@@ -139,6 +139,14 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
         }
     if offload:
         cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
+        if draw(st.booleans()):  # a global pool of a few entries per node, over one or two nodes
+            cluster["nodes"] = draw(st.sampled_from([1, 2]))
+            kv["prefix_cache"] = {
+                "scope": "global",
+                "fetch": draw(st.sampled_from(["auto", "always"])),
+                "pool_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,
+            }
+            cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 
@@ -158,6 +166,7 @@ def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
     assert a.summary["offload"] == b.summary["offload"]
     assert a.summary["swap"] == b.summary["swap"]
     assert a.summary["links"] == b.summary["links"]
+    assert a.summary["global_pool"] == b.summary["global_pool"]
 
 
 def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]

@@ -253,3 +253,55 @@ def test_a_victim_that_does_not_fit_the_swap_space_is_recomputed():
         small_scenario(num_blocks=30, scheduler={"preemption": "swap", "swap_space": "4MiB"}), workload=SWAP
     )
     assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (0, 1)
+
+
+# ---- the global prefix pool ---------------------------------------------------------------------------
+POOLED = make_workload([0.0, 1.0], [320, 320], [1, 1], hash_ids=[IDS_A, IDS_A], block_tokens=16)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("fetch", ["auto", "always"])
+def test_a_prefix_only_in_the_global_pool_is_fetched_over_the_network_and_only_the_rest_prefilled(ff, fetch):
+    """Two nodes of one GPU, round robin: A computes its 20 blocks on node 0, which publishes them to
+    the pool (homed on node 0); B, the same prompt on node 1, finds nothing in its HBM, fetches 19
+    blocks from node 0 over its idle NIC (5 us + 2.3 us + bytes / 50 GB/s) and prefills 16 tokens."""
+    sc = small_scenario(
+        num_blocks=40,
+        cluster={"nodes": 2, "router": "round_robin"},
+        kv={"prefix_cache": {"scope": "global", "fetch": fetch}},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=POOLED)
+    a, b = res.seqs
+    assert (a.replica, b.replica) == (0, 1)
+    net = sc.cluster.topology.network
+    fetch_s = transfer_time(19 * BLOCK, net)
+    assert fetch_s == 5e-6 + 2.3e-6 + 19 * BLOCK / 50e9
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert b.num_cached_tokens == 304
+    assert b.first_token_s == pytest.approx(1.0 + fetch_s + prefill, rel=1e-12)
+    gp = res.summary["global_pool"]
+    assert gp["hit_rate_global"] == 304 / 640
+    assert gp["remote_bytes"] == gp["fetched_bytes"] == 19 * BLOCK
+    assert gp["published_bytes"] == 20 * BLOCK  # A's 20 entries; B's last one was in the pool
+    links = {r["name"]: r for r in res.summary["links"]}
+    assert links["node1/network/0"]["bytes"] == 19 * BLOCK
+    assert res.summary["offload"] is None
+
+
+def test_auto_recomputes_a_remote_prefix_over_a_slow_network():
+    slow = {"nodes": 2, "router": "round_robin", "topology": {"network": {"bw": "100MB/s"}}}
+    sc = small_scenario(num_blocks=40, cluster=slow, kv={"prefix_cache": {"scope": "global"}})
+    res = krun.run_scenario(sc, workload=POOLED)
+    assert res.seqs[1].num_cached_tokens == 0  # fetching 2 MiB at 100 MB/s loses to recomputing 16 tokens
+    assert res.summary["global_pool"]["declined_lookups"] > 0
+    always = small_scenario(
+        num_blocks=40, cluster=slow, kv={"prefix_cache": {"scope": "global", "fetch": "always"}}
+    )
+    assert krun.run_scenario(always, workload=POOLED).seqs[1].num_cached_tokens == 304
+
+
+def test_without_the_global_pool_the_other_node_recomputes():
+    sc = small_scenario(num_blocks=40, cluster={"nodes": 2, "router": "round_robin"})
+    res = krun.run_scenario(sc, workload=POOLED)
+    assert res.seqs[1].num_cached_tokens == 0 and res.summary["global_pool"] is None

@@ -91,10 +91,12 @@ def test_bad_traces_one_line_exit_2(tmp_path, trace, needle):
     assert needle in err and "\n" not in err and "Traceback" not in err, err
 
 
-def test_unsimulated_features_are_refused_not_ignored(scenario, tmp_path, capsys):
-    rc = main(["run", str(scenario), "--out", str(tmp_path / "o"), "--set", "kv.offload.enabled=true"])
+def test_a_check_that_needs_the_memory_plan_is_one_line_at_run_time(scenario, tmp_path, capsys):
+    """A host tier sized from the HBM pool is checked against the node's DRAM once the plan exists."""
+    overrides = ["--set", "kv.offload.enabled=true", "--set", "kv.offload.hbm_ratio=10000"]
+    rc = main(["run", str(scenario), "--out", str(tmp_path / "o"), *overrides])
     assert rc == 2
-    assert "kv.offload.enabled: CPU offload is not simulated yet" in capsys.readouterr().err
+    assert "kv.offload.hbm_ratio: a host tier of" in capsys.readouterr().err
 
 
 def test_skipped_lines_are_counted_in_the_summary(tmp_path):

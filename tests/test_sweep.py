@@ -86,9 +86,18 @@ def test_bad_axis_is_refused_before_anything_runs(scenario: Path, tmp_path: Path
 
 def test_failed_point_is_recorded_and_the_others_complete(scenario: Path, tmp_path: Path, capsys):
     out = tmp_path / "out"
-    # CPU offload passes validation and is refused when the run starts: a run-time failure.
+    # A host tier of 10,000 x the HBM pool passes validation and fails when the run has its memory
+    # plan (the DRAM does not hold it): a run-time failure.
     code = _sweep(
-        scenario, out, "--grid", "kv.offload.enabled=false,true", "--grid", "kv.format=bf16,fp8", jobs=2
+        scenario,
+        out,
+        "--grid",
+        "kv.offload.enabled=true",
+        "--grid",
+        "kv.offload.hbm_ratio=0.5,10000",
+        "--grid",
+        "kv.format=bf16,fp8",
+        jobs=2,
     )
     assert code == 1
     rows = _rows(out / "results.csv")

@@ -9,6 +9,13 @@ entries (LRU, as vLLM's offloading manager, SGLang HiCache's host radix tree and
 local CPU backend do by default). Entries have copy semantics: an entry loaded back into HBM
 stays here too, so writing it back again when HBM evicts it costs nothing.
 
+A `GlobalPool` is the same store cluster-wide (``kv.prefix_cache.scope: global``, as Mooncake
+Store keeps prefix KV in the DRAM of every node): each entry also knows its home node, whose DRAM
+holds it, so a fetch from another node crosses the network. One LRU over the whole pool.
+
+The scheduler asks a `TierLookup` (the shell's view of a replica's lower tiers, local DRAM then the
+global pool) how far a prefix continues below HBM.
+
 What time the copies take is the SimPy shell's business (`kvsim.sim.offload`, over the links of
 `kvsim.sim.links`): this module knows no clock.
 """
@@ -18,6 +25,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class TierLookup(Protocol):
+    """What the scheduler asks of the tiers below a replica's HBM."""
+
+    def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int) -> int:
+        """Entries ``keys[start:stop]`` the tiers hold (and that are worth loading), a leading run."""
+        ...
+
+    def touch(self, keys: Sequence[int]) -> int:
+        """Mark the entries used; returns the blocks they cover."""
+        ...
 
 
 @dataclass
@@ -37,6 +57,7 @@ class HostTier:
         self.used_blocks = 0
         self.entries: OrderedDict[int, int] = OrderedDict()  # key -> blocks, least recent first
         self.stats = TierStats()
+        self.last_dropped: list[int] = []  # keys the last insert dropped
 
     def __contains__(self, key: int) -> bool:
         return key in self.entries
@@ -66,6 +87,8 @@ class HostTier:
         entries = self.entries
         cap = self.capacity_blocks
         new: list[tuple[int, int]] = []
+        dropped: list[int] = []
+        self.last_dropped = dropped
         for k, s in zip(keys, sizes, strict=True):
             if k in entries:
                 entries.move_to_end(k)
@@ -73,9 +96,10 @@ class HostTier:
             if s > cap:
                 continue
             while self.used_blocks + s > cap:
-                _, dropped = entries.popitem(last=False)
-                self.used_blocks -= dropped
-                self.stats.dropped_blocks += dropped
+                old, size = entries.popitem(last=False)
+                dropped.append(old)
+                self.used_blocks -= size
+                self.stats.dropped_blocks += size
             entries[k] = s
             self.used_blocks += s
             new.append((k, s))
@@ -90,3 +114,21 @@ class HostTier:
         assert 0 <= self.used_blocks <= self.capacity_blocks
         assert self.used_blocks == sum(self.entries.values())
         assert all(s > 0 for s in self.entries.values())
+
+
+class GlobalPool(HostTier):
+    """A cluster-wide `HostTier` whose entries each live in one node's DRAM (``home``)."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        super().__init__(capacity_blocks, name="global")
+        self.home: dict[int, int] = {}
+
+    def publish(self, keys: Sequence[int], sizes: Sequence[int], node: int) -> list[tuple[int, int]]:
+        """Insert entries homed at `node` (present ones only touched); returns those inserted."""
+        new = self.insert(keys, sizes)
+        home = self.home
+        for k, _ in new:
+            home[k] = node
+        if len(home) > 2 * len(self.entries) + 1024:  # forget the homes of dropped entries
+            self.home = {k: home[k] for k in self.entries}
+        return new

@@ -135,7 +135,7 @@ class OffloadRecord:
     host_peak_bytes: int  # the fullest node at its fullest
     host_end_bytes: int  # all nodes together at the end
     hit_rate_hbm: float  # prompt tokens skipped at first admission thanks to HBM / prompt tokens admitted
-    hit_rate_dram: float  # the same, loaded from DRAM (hit_rate_hbm + hit_rate_dram = prefix_hit_rate)
+    hit_rate_dram: float  # the same, loaded from DRAM (+ hit_rate_hbm + the pool's = prefix_hit_rate)
     loads: int  # DRAM -> HBM transfers (one per admission that loads)
     loaded_tokens: int  # tokens those loads let requests skip, every admission
     loaded_bytes: float  # DRAM -> HBM, per GPU (each GPU of a replica moves its share)
@@ -143,6 +143,25 @@ class OffloadRecord:
     dropped_bytes: float  # dropped from DRAM to make room (LRU), per GPU
     requests_waited: int  # requests that waited for a load at least once
     kv_wait_s: Distribution  # per request that waited: seconds waiting for KV (loads and swap-ins)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlobalPoolRecord:
+    """The cluster-wide prefix pool (``kv.prefix_cache.scope: global``); absent otherwise."""
+
+    fetch: str  # auto | always
+    capacity_bytes: int  # all nodes together, per GPU of a replica x its GPUs
+    peak_bytes: int
+    hit_rate_global: (
+        float  # prompt tokens skipped at first admission thanks to the pool / prompt tokens admitted
+    )
+    fetched_tokens: int  # tokens fetched from the pool, every admission
+    fetched_bytes: float  # per GPU
+    remote_bytes: float  # of those, from another node over the network, per GPU
+    published_bytes: float  # HBM -> the pool, per GPU
+    dropped_bytes: float  # dropped to make room (LRU), per GPU
+    declined_lookups: int  # lookups that stopped at a remote entry cheaper to recompute (fetch: auto)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -279,6 +298,7 @@ class RunSummary:
     replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
     offload: OffloadRecord | None = None  # kv.offload on
     swap: SwapRecord | None = None  # scheduler.preemption swap or auto
+    global_pool: GlobalPoolRecord | None = None  # kv.prefix_cache.scope global
     links: tuple[LinkRecord, ...] = ()  # every link that moved bytes (offload, swap)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)

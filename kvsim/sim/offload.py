@@ -25,19 +25,31 @@ when the swap-in ends. ``auto`` swaps a victim when copying its KV out and back 
 takes less than recomputing its computed tokens in one prefill (the cost model's price; queueing
 and prefix hits that would shorten the recompute are not weighed).
 
+The global pool (``kv.prefix_cache.scope: global``, `GlobalSide`) is fed with every entry an HBM
+pool registers (`BlockStored`): published to the pool in the publisher's node DRAM over its D2H
+link, as Mooncake stores a prefill's KV. A lookup continues past HBM and local DRAM into the pool;
+an entry homed on another node is fetched over the requester's network link (GPUDirect RDMA into
+HBM; the sender's NIC is not modelled), one homed on this node over H2D, both transfers of a load
+in parallel; with ``fetch: auto`` a remote entry is fetched only when that beats recomputing its
+tokens (the cost model's prefill price at no context, against the idle link's transfer time), else
+the prefix stops there and the rest is recomputed.
+
 A load's end is an outside event for the replica's fast-forward windows (`next_event`,
 `kvsim.core.horizon`): a window runs only the steps that end strictly before it. While offload is
 on, windows evict no cached entry (their allocations take empty blocks only), so every eviction,
 and so every write-back, happens at a schedule, at the same instant whether the replica steps or
-fast-forwards; with ``write: through`` a mixed window also stops before a prefill that registers
-entries. Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on
+fast-forwards; with ``write: through`` or the global pool a mixed window also stops before a
+prefill that registers entries. A change of a tier's contents matters to a replica only through
+the head of its waiting queue (the admission loop stops at the first request that does not fit):
+a replica whose head's prefix holds a changed key is poked (its window cut, as for an arrival),
+or, for the replica that wrote, its next step takes no window. Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on
 that link (the replica's other GPUs move their shares in parallel over their own lanes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -45,7 +57,7 @@ import simpy
 from kvsim.core.block_pool import BlockRemoved, BlockStored
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.core.tiers import HostTier
+from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.sim.links import LinkQueue
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
@@ -70,11 +82,30 @@ class SwapSpace:
 
 
 @dataclass
+class GlobalSide:
+    """A replica's access to the cluster-wide pool."""
+
+    pool: GlobalPool
+    ready: dict[int, float]  # entry key -> instant its publication arrives (pruned lazily)
+    net: LinkQueue  # the replica's network link (its first GPU's NIC group)
+    net_block_bytes: float  # per block on that link
+    node: int
+    worth: Callable[[int], bool]  # fetch a remote entry of this many blocks rather than recompute it
+    watchers: list[OffloadPort]  # every replica's port (a pool change can matter to any)
+
+
+@dataclass
 class OffloadStats:
     loads: int = 0
     loaded_blocks: int = 0
     loaded_tokens: int = 0  # tokens the loads let requests skip (at admission)
     first_admission_tokens: dict[int, int] = field(default_factory=dict)  # request id -> DRAM tokens
+    first_admission_global: dict[int, int] = field(default_factory=dict)  # request id -> pool tokens
+    fetched_blocks: int = 0  # of the loaded blocks, from the global pool
+    remote_blocks: int = 0  # of those, from another node (over the network)
+    fetched_tokens: int = 0
+    declined: int = 0  # lookups that stopped at a remote entry not worth fetching
+    published_blocks: int = 0
     written_blocks: int = 0  # blocks copied HBM -> DRAM
     swaps_out: int = 0
     swapped_blocks: int = 0  # copied out by swaps (and as many back in)
@@ -97,6 +128,7 @@ class OffloadPort:
         copy: CopyMode,
         ready: dict[int, float],
         swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
+        glob: GlobalSide | None = None,
     ) -> None:
         self.env = env
         self.sched = sched
@@ -116,11 +148,72 @@ class OffloadPort:
         self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
         self.tier_changed = False  # the last after_schedule changed the tier's contents
         self.swap_ready: dict[int, float] = {}  # request id -> instant its swap-out has arrived
-        sched.host = host
+        self.glob = glob
+        self.node = -1 if glob is None else glob.node
+        if host is not None or glob is not None:
+            sched.host = self  # the scheduler's `TierLookup`
         self.swap_space: SwapSpace | None = None
         if swap is not None:
             self.swap_space, self._cheaper_to_swap = swap
             sched.swap_decider = self._decide_swap
+
+    # ---- the scheduler's view of the tiers below HBM (`kvsim.core.tiers.TierLookup`) ------------------
+    def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int) -> int:
+        host, glob = self.host, self.glob
+        local = host.entries if host is not None else None
+        n = 0
+        for i in range(start, stop):
+            k = keys[i]
+            if local is not None and k in local:
+                n += 1
+                continue
+            if glob is None:
+                break
+            size = glob.pool.entries.get(k)
+            if size is None:
+                break
+            if glob.pool.home[k] != self.node and not glob.worth(size):
+                self.stats.declined += 1
+                break
+            n += 1
+        return n
+
+    def touch(self, keys: Sequence[int]) -> int:
+        host, glob = self.host, self.glob
+        blocks = 0
+        for k in keys:
+            if host is not None and k in host.entries:
+                blocks += host.touch((k,))
+            else:
+                assert glob is not None
+                blocks += glob.pool.touch((k,))
+        return blocks
+
+    def check(self) -> None:
+        if self.host is not None:
+            self.host.check()
+        if self.glob is not None:
+            self.glob.pool.check()
+            assert self.glob.pool.entries.keys() <= self.glob.pool.home.keys()
+
+    def _changed(self, keys: set[int], watchers: list[OffloadPort]) -> None:
+        """Tier contents under `keys` changed: replicas whose waiting head's prefix holds one of them
+        would admit differently at their next schedule."""
+        for p in watchers:
+            sched = p.sched
+            if not sched.waiting or sched.swapped:
+                continue
+            head = sched.waiting[0]
+            if any(k in keys for k in head.keys):
+                if p is self:
+                    self.tier_changed = True
+                else:
+                    p.on_arrival()
+
+    @property
+    def publishes_on_register(self) -> bool:
+        """Whether registering an entry in HBM copies it below (write-through, the global pool)."""
+        return (self.host is not None and self.write is OffloadWrite.THROUGH) or self.glob is not None
 
     def next_event(self) -> float:
         """The end of the earliest load in flight (inf when none)."""
@@ -130,19 +223,44 @@ class OffloadPort:
 
     def after_schedule(self) -> None:
         now = self.env.now
-        events = self.sched.kv.pool.take_events()
-        self.tier_changed = False
-        if events and self.host is not None:
-            self._write(now, events)
         sched = self.sched
-        if sched.new_swaps:
-            swaps, sched.new_swaps = sched.new_swaps, []
-            for req, blocks, out in swaps:
-                self._swap(now, req, blocks, out)
+        self.tier_changed = False
+        # Loads first: they read the entries the scheduler found, before this schedule's writes
+        # make room (a load in flight keeps its source, as the real systems pin it).
         if sched.new_loads:
             loads, sched.new_loads = sched.new_loads, []
             for req, hits, n in loads:
                 self._load(now, req, hits, n)
+        if sched.new_swaps:
+            swaps, sched.new_swaps = sched.new_swaps, []
+            for req, blocks, out in swaps:
+                self._swap(now, req, blocks, out)
+        events = sched.kv.pool.take_events()
+        if events and self.host is not None:
+            self._write(now, events)
+        if events and self.glob is not None:
+            self._publish(now, events)
+
+    def _publish(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
+        glob = self.glob
+        assert glob is not None
+        keys: list[int] = []
+        sizes: list[int] = []
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                keys.extend(ev.keys)
+                sizes.extend(ev.sizes)
+        if not keys:
+            return
+        new = glob.pool.publish(keys, sizes, glob.node)
+        if not new:
+            return
+        blocks = sum(s for _, s in new)
+        _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
+        for k, _ in new:
+            glob.ready[k] = end
+        self.stats.published_blocks += blocks
+        self._changed({*keys, *glob.pool.last_dropped}, glob.watchers)
 
     def _decide_swap(self, req: Request) -> bool:
         """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
@@ -186,10 +304,7 @@ class OffloadPort:
             return
         # What the node's waiting requests find in DRAM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
-        self.tier_changed = True
-        for p in self.peers:
-            if p.has_waiting():
-                p.on_arrival()
+        self._changed({*keys, *self.host.last_dropped}, [self, *self.peers])
         blocks = sum(s for _, s in new)
         _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
         ready = self.ready
@@ -200,24 +315,57 @@ class OffloadPort:
     def _load(self, now: float, req: Request, hits: int, n: int) -> None:
         cum = req.key_cum
         blocks = cum[hits + n] - cum[hits]
-        start = now
-        ready = self.ready
-        for k in req.keys[hits : hits + n]:
+        # Each entry from where it is: local DRAM (H2D), the pool on this node (H2D), or the pool on
+        # another node (network); the two links' transfers run in parallel.
+        host_blocks = remote_blocks = pool_blocks = 0
+        host_start = net_start = now
+        local = self.host.entries if self.host is not None else None
+        glob = self.glob
+        for i in range(hits, hits + n):
+            k = req.keys[i]
+            size = cum[i + 1] - cum[i]
+            if local is not None and k in local:
+                ready = self.ready
+                host_blocks += size
+                remote = False
+            else:
+                assert glob is not None
+                ready = glob.ready
+                pool_blocks += size
+                remote = glob.pool.home[k] != self.node
+                if remote:
+                    remote_blocks += size
+                else:
+                    host_blocks += size
             t = ready.get(k)
             if t is not None:
                 if t <= now:
                     del ready[k]
-                elif t > start:
-                    start = t
-        _, end = self.h2d.reserve(start, blocks * self.h2d_block_bytes, blocks if self.per_block else 1)
+                elif remote and t > net_start:
+                    net_start = t
+                elif not remote and t > host_start:
+                    host_start = t
+        end = now
+        if host_blocks:
+            calls = host_blocks if self.per_block else 1
+            end = self.h2d.reserve(host_start, host_blocks * self.h2d_block_bytes, calls)[1]
+        if remote_blocks:
+            assert glob is not None
+            calls = remote_blocks if self.per_block else 1
+            end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])
         bs = self.sched.block_size
         skipped = min(cum[hits + n], (req.num_tokens - 1) // bs) * bs - cum[hits] * bs
+        from_pool = min(pool_blocks * bs, skipped)  # tokens the pool gave (the cap trims the local part)
         s = self.stats
         s.loads += 1
         s.loaded_blocks += blocks
-        s.loaded_tokens += skipped
+        s.loaded_tokens += skipped - from_pool
+        s.fetched_blocks += pool_blocks
+        s.remote_blocks += remote_blocks
+        s.fetched_tokens += from_pool
         if req.num_cached_tokens < 0:
-            s.first_admission_tokens[req.id] = skipped
+            s.first_admission_tokens[req.id] = skipped - from_pool
+            s.first_admission_global[req.id] = from_pool
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
         self._await(now, end, req, 0)

@@ -31,7 +31,6 @@ from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
 from kvsim.sim.offload import OffloadPort
-from kvsim.spec.offload import OffloadWrite
 
 MAX_FF_STEPS = 2048
 
@@ -286,7 +285,7 @@ class Replica:
             if mw is None:
                 return None
             p = plan.prefill_reqs[0]
-            if off is not None and off.write is OffloadWrite.THROUGH and len(p.held_keys) < len(p.keys):
+            if off is not None and off.publishes_on_register and len(p.held_keys) < len(p.keys):
                 return None  # its registrations are written through at the schedule that makes them
             args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
             d = self.cost.mixed_step_times(*args)

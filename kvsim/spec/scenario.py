@@ -51,7 +51,7 @@ class RouterPolicy(Choice):
 class PrefixCacheScope(Choice):
     NONE = "none"
     LOCAL = "local"  # each replica caches its own prefixes
-    GLOBAL = "global"  # one cluster-wide pool (not simulated yet)
+    GLOBAL = "global"  # local HBM caches plus one cluster-wide pool in the nodes' DRAM (Mooncake)
 
 
 class EvictionPolicy(Choice):
@@ -112,6 +112,15 @@ class EvictionConfig:
 
 
 @dataclass(frozen=True)
+class GlobalPoolConfig:
+    """``kv.prefix_cache`` with ``scope: global``: a cluster-wide store of prefix-cache entries in the
+    nodes' DRAM (Mooncake Store), fed with every entry an HBM pool registers."""
+
+    pool_bytes: int = 0  # per node (0: the host DRAM left beside the offload tier and swap space)
+    fetch: str = "auto"  # auto: fetch an entry only where it beats recomputing it; always
+
+
+@dataclass(frozen=True)
 class KVConfig:
     block_size: int
     format: KVFormat
@@ -119,6 +128,7 @@ class KVConfig:
     prefix_cache: PrefixCacheScope
     eviction: EvictionConfig
     offload: OffloadConfig
+    global_pool: GlobalPoolConfig = field(default_factory=GlobalPoolConfig)
 
 
 @dataclass(frozen=True)
@@ -276,11 +286,21 @@ def _read_kv(root: Section) -> KVConfig:
     except KvsimError as exc:
         raise s.err("format", shorten(exc.message, 200)) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
+    gpool = GlobalPoolConfig()
     if isinstance(pc_raw, bool):
         scope = PrefixCacheScope.LOCAL if pc_raw else PrefixCacheScope.NONE
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
         scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
+        for key in ("pool_bytes", "fetch"):
+            if pc.raw(key, None) is not None and scope != "global":
+                raise pc.err(key, "only with scope: global")
+        gpool = GlobalPoolConfig(
+            pool_bytes=pc.parsed("pool_bytes", parse_size, 0)
+            if pc.raw("pool_bytes", None) is not None
+            else 0,
+            fetch=pc.choice("fetch", ("auto", "always"), "auto"),
+        )
         pc.done()
     ev = s.section("eviction")
     policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
@@ -292,7 +312,7 @@ def _read_kv(root: Section) -> KVConfig:
     ev.done()
     offload = _read_offload(s.section("offload"))
     s.done()
-    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload)
+    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload, gpool)
 
 
 def _read_offload(off: Section) -> OffloadConfig:

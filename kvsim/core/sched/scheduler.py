@@ -46,7 +46,7 @@ import numpy as np
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
-from kvsim.core.tiers import HostTier
+from kvsim.core.tiers import TierLookup
 
 
 class Scheduler:
@@ -70,7 +70,7 @@ class Scheduler:
         # Of the last window part applied (`advance_decode`, `advance_mixed`): the blocks taken at
         # each of its steps, for the engine's blocks-in-use integral.
         self.last_new_blocks: list[int] | np.ndarray = []
-        self.host: HostTier | None = None  # a lower tier to load prefix entries from (None: off)
+        self.host: TierLookup | None = None  # lower tiers to load prefix entries from (None: off)
         self.loading: list[tuple[Request, int]] = []  # (request, entries it loads), waiting for KV
         self.new_loads: list[tuple[Request, int, int]] = []  # admitted to load since the engine looked:
         # (request, HBM entries it holds, entries to load after them)
@@ -222,7 +222,7 @@ class Scheduler:
         kv.note_peak()
         return out
 
-    def _host_hits(self, host: HostTier, req: Request, hits: int) -> int:
+    def _host_hits(self, host: TierLookup, req: Request, hits: int) -> int:
         """Entries after the `hits` HBM ones that `host` holds and that let the request skip
         tokens (at least one token is computed: entries wholly past that are not loaded)."""
         cum = req.key_cum
