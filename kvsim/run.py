@@ -425,6 +425,7 @@ class _Offload:
             ready=self.ready[node],
             swap=swap,
             glob=glob,
+            load_weight=self._load_weight(h2d.link, n_h2d),
         )
         self.watchers.append(p)
         for q in self.ports:
@@ -452,6 +453,14 @@ class _Offload:
             return swap_s < recompute_s
 
         return cheaper
+
+    def _load_weight(self, h2d: Link, n_h2d: int) -> float:
+        """Seconds to load one 32-block entry over an idle H2D link / seconds to prefill its tokens
+        (the cache-aware router's price of a token loaded from a lower tier, in computed tokens)."""
+        bs, blocks = self.sc.kv.block_size, 32
+        load_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * n_h2d, h2d, 1)
+        prefill_s = self.cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
+        return min(1.0, load_s / prefill_s)
 
     def _fetch_policy(self, net: Link, on_net: int) -> Callable[[int], bool]:
         """``fetch: always``, or (``auto``) whether fetching a remote entry of `blocks` blocks over an

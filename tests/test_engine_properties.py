@@ -124,7 +124,9 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
     }
     cluster = {
         "gpus_per_node": draw(st.sampled_from([1, 1, 2])),
-        "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity"])),
+        "router": draw(
+            st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity", "cache_aware"])
+        ),
     }
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops

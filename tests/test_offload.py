@@ -305,3 +305,37 @@ def test_without_the_global_pool_the_other_node_recomputes():
     sc = small_scenario(num_blocks=40, cluster={"nodes": 2, "router": "round_robin"})
     res = krun.run_scenario(sc, workload=POOLED)
     assert res.seqs[1].num_cached_tokens == 0 and res.summary["global_pool"] is None
+
+
+# ---- the cache-aware router ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("decode", "expected"),
+    [
+        (180, {"cache_aware": 0, "least_outstanding_tokens": 1, "prefix_affinity": 0}),
+        (4000, {"cache_aware": 1, "least_outstanding_tokens": 1, "prefix_affinity": 0}),
+    ],
+)
+def test_cache_aware_router_weighs_prefix_hits_against_load(decode, expected):
+    """Replica 0 caches A's 20 blocks, then decodes D (a short decode, or a long one). B, A's prompt,
+    costs 16 tokens on replica 0 against 320 on replica 1: the cache-aware router sends it to 0
+    while 0's outstanding tokens are below the 304 it saves (unlike least outstanding tokens), and
+    to 1 once they are not (unlike prefix affinity)."""
+    wl = make_workload(
+        [0.0, 0.5, 1.0], [320, 16, 320], [1, decode, 1], hash_ids=[IDS_A, [500], IDS_A], block_tokens=16
+    )
+    for router, replica in expected.items():
+        sc = small_scenario(num_blocks=400, cluster={"gpus_per_node": 2, "router": router})
+        b = krun.run_scenario(sc, workload=wl).seqs[2]
+        assert b.replica == replica, router
+        assert b.num_cached_tokens == (304 if replica == 0 else 0)
+
+
+def test_cache_aware_router_counts_a_global_pool_hit_at_its_load_price():
+    """Two nodes: A computed on node 0 and published. A request for A's prompt scores its lookups
+    on node 1 at the pool's fetch price, below a cold replica's full prefill."""
+    sc = small_scenario(
+        num_blocks=40, cluster={"nodes": 2, "router": "cache_aware"}, kv={"prefix_cache": {"scope": "global"}}
+    )
+    env_res = krun.run_scenario(sc, workload=POOLED)
+    b = env_res.seqs[1]
+    assert b.replica == 0 and b.num_cached_tokens == 304  # HBM hits beat the pool's fetch

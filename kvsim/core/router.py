@@ -4,7 +4,11 @@ Policies: ``round_robin``; ``least_outstanding_tokens`` (fewest tokens still to 
 prompts included: vLLM's router and Dynamo's KV router weigh load this way); ``least_outstanding_requests``
 (fewest requests running or waiting, as Vidur's and llm-d's simplest load balancers do);
 ``prefix_affinity`` (the replica whose prefix cache holds the longest leading run of the request's
-blocks; ties and no hit anywhere go to the least outstanding tokens). Ties go to the lowest index.
+blocks; ties and no hit anywhere go to the least outstanding tokens); ``cache_aware`` (Mooncake's
+conductor: the least outstanding tokens plus the tokens the request would still cost there, its
+prompt less its HBM hits, with the tokens it would load from a lower tier, local DRAM or the global
+pool, weighed at what loading costs against computing them, `ReplicaView.prefill_cost_tokens`).
+Ties go to the lowest index.
 
 The router reads each replica's state at the arrival instant through `ReplicaView`, which a replica
 in the middle of a fast-forward window answers in closed form.
@@ -29,6 +33,8 @@ class ReplicaView(Protocol):
     def num_requests(self) -> int: ...
 
     def num_prefix_hits(self, keys: list[int]) -> int: ...
+
+    def prefill_cost_tokens(self, req: Request) -> float: ...
 
 
 R = TypeVar("R", bound=ReplicaView)
@@ -56,6 +62,9 @@ class Router:
         if policy == "least_outstanding_requests":
             return min(reps, key=lambda r: (r.num_requests, r.index))
         load = [r.outstanding_tokens_at(now) for r in reps]
+        if policy == "cache_aware":
+            score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
+            return reps[min(range(len(reps)), key=lambda i: (score[i], i))]
         if policy == "prefix_affinity" and req.keys:
             hits = [r.num_prefix_hits(req.keys) for r in reps]
             best = max(range(len(reps)), key=lambda i: (hits[i], -load[i], -i))

@@ -129,6 +129,7 @@ class OffloadPort:
         ready: dict[int, float],
         swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
         glob: GlobalSide | None = None,
+        load_weight: float = 0.0,
     ) -> None:
         self.env = env
         self.sched = sched
@@ -149,6 +150,8 @@ class OffloadPort:
         self.tier_changed = False  # the last after_schedule changed the tier's contents
         self.swap_ready: dict[int, float] = {}  # request id -> instant its swap-out has arrived
         self.glob = glob
+        # What a token loaded from a lower tier costs against computing it (the cache-aware router).
+        self.load_weight = load_weight
         self.node = -1 if glob is None else glob.node
         if host is not None or glob is not None:
             sched.host = self  # the scheduler's `TierLookup`
@@ -158,7 +161,12 @@ class OffloadPort:
             sched.swap_decider = self._decide_swap
 
     # ---- the scheduler's view of the tiers below HBM (`kvsim.core.tiers.TierLookup`) ------------------
-    def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int) -> int:
+    @property
+    def looks_up(self) -> bool:
+        """Whether the replica has tiers below HBM to look prefixes up in."""
+        return self.host is not None or self.glob is not None
+
+    def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int, *, count: bool = True) -> int:
         host, glob = self.host, self.glob
         local = host.entries if host is not None else None
         n = 0
@@ -173,7 +181,8 @@ class OffloadPort:
             if size is None:
                 break
             if glob.pool.home[k] != self.node and not glob.worth(size):
-                self.stats.declined += 1
+                if count:
+                    self.stats.declined += 1
                 break
             n += 1
         return n

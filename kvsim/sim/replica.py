@@ -98,6 +98,22 @@ class Replica:
             self._apply_ended_steps(self.env.now)  # the window's cache changes so far, as stepping has
         return self.sched.kv.num_prefix_hits(keys)
 
+    def prefill_cost_tokens(self, req: Request) -> float:
+        """Tokens the request would cost here (`kvsim.core.router`, ``cache_aware``): its prompt less
+        its HBM hits, with what it would load from a lower tier weighed by `OffloadPort.load_weight`."""
+        bs = self.sched.block_size
+        if not req.keys:
+            return float(req.prompt_len)
+        hbm = self.num_prefix_hits(req.keys)
+        cum = req.key_cum
+        cost = float(req.prompt_len - cum[hbm] * bs)
+        off = self.offload
+        if off is not None and off.looks_up:
+            lower = off.num_prefix_hits(req.keys, hbm, len(req.keys), count=False)
+            loaded = (cum[hbm + lower] - cum[hbm]) * bs
+            cost -= loaded * (1.0 - off.load_weight)
+        return cost
+
     def _apply_ended_steps(self, t: float) -> None:
         """Bring the replica to where stepping is at `t`: the steps of the window that ended before
         `t` applied (never its last one), and the step in flight scheduled, its blocks taken (taking

@@ -46,6 +46,7 @@ class RouterPolicy(Choice):
     LEAST_OUTSTANDING_TOKENS = "least_outstanding_tokens"  # fewest tokens still to compute
     LEAST_OUTSTANDING_REQUESTS = "least_outstanding_requests"  # fewest requests in flight
     PREFIX_AFFINITY = "prefix_affinity"  # longest cached prefix, else least outstanding tokens
+    CACHE_AWARE = "cache_aware"  # least load + prefill left after hits in any tier (Mooncake's conductor)
 
 
 class PrefixCacheScope(Choice):
