@@ -339,3 +339,25 @@ def test_cache_aware_router_counts_a_global_pool_hit_at_its_load_price():
     env_res = krun.run_scenario(sc, workload=POOLED)
     b = env_res.seqs[1]
     assert b.replica == 0 and b.num_cached_tokens == 304  # HBM hits beat the pool's fetch
+
+
+# ---- scenarios and the report -------------------------------------------------------------------------
+def test_the_comparison_scenarios_validate():
+    from kvsim.spec.scenario import load_scenario
+    from tests.helpers import ROOT
+
+    paths = sorted((ROOT / "scenarios/tiers").glob("*.yaml"))
+    assert len(paths) >= 12
+    for p in paths:
+        load_scenario(p)
+
+
+def test_the_report_shows_the_memory_tiers_only_when_they_are_on(tmp_path):
+    from kvsim.report import write_report
+
+    _, res = _story()
+    krun.write_run(res, tmp_path / "on")
+    page = write_report(tmp_path / "on").read_text()
+    assert "Memory tiers and links" in page and "node0/host_h2d/0" in page and "host DRAM (this node)" in page
+    krun.write_run(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY), tmp_path / "off")
+    assert "Memory tiers and links" not in write_report(tmp_path / "off").read_text()

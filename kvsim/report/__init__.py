@@ -6,7 +6,9 @@ config; a headline table (request accounting, TTFT/TPOT/E2E/queueing percentiles
 goodput against the SLO, cost, HBM peak vs capacity, prefix hits, preemptions, simulated vs wall
 time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/waiting queues,
 output throughput over time); warnings; a per-replica table (requests, busy fraction, peak and
-mean KV blocks, preemptions); rejection reasons; and, when the summary carries one, the
+mean KV blocks, preemptions); the memory tiers when any is on (prefix hits per tier, loads,
+write-backs, the global pool, swaps, waits for KV, and each link's traffic and utilisation);
+rejection reasons; and, when the summary carries one, the
 accuracy estimate, labelled as cited rather than measured.
 
 Leaves out: per-request tables (the CSV is the place for those), any recomputation of the headline
@@ -36,6 +38,7 @@ from kvsim.report.tables import (
     _plural,
     _rejections_section,
     _replicas_section,
+    _tiers_section,
     _warnings_section,
 )
 from kvsim.results.record import RunSummary
@@ -79,6 +82,7 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         _headline_section(s, requests),
         _warnings_section(s),
         _replicas_section(record),
+        _tiers_section(record),
         charts,
         _rejections_section(s),
         _accuracy_section(s),

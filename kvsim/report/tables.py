@@ -111,7 +111,7 @@ _KNOWN_KEYS = frozenset(
     """scenario requests ttft_s tpot_s e2e_s queue_s throughput_tok_s output_throughput_tok_s goodput_req_s slo
     hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
     preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
-    accuracy tokens cost_usd sim_speed_x schema version replicas""".split()
+    accuracy tokens cost_usd sim_speed_x schema version replicas offload swap global_pool links""".split()
 )
 
 
@@ -243,6 +243,77 @@ def _replicas_section(rec: RunSummary) -> str:
         + _table(rows, header=header, cls="num")
         + _note("busy: share of simulated time running steps; KV mean: time-weighted blocks in use.")
     )
+
+
+def _tiers_section(rec: RunSummary) -> str:
+    """The memory hierarchy, when any of it is on: hit rate per tier, what moved, waits, links."""
+    off, swap, pool = rec.offload, rec.swap, rec.global_pool
+    if off is None and swap is None and pool is None and not rec.links:
+        return ""
+    parts = ["<h2>Memory tiers and links</h2>"]
+    total = rec.prefix_hit_rate
+    lower = (off.hit_rate_dram if off else 0.0) + (pool.hit_rate_global if pool else 0.0)
+    rows = [("local HBM", _pct(total - lower))]
+    if off is not None:
+        rows.append(("host DRAM (this node)", _pct(off.hit_rate_dram)))
+    if pool is not None:
+        rows.append(("global pool", _pct(pool.hit_rate_global)))
+    rows.append(("all tiers", _pct(total)))
+    parts.append(_table(rows, header=("prefix hits from", "share of prompt tokens"), cls="num"))
+    kv: list[tuple[str, str]] = []
+    if off is not None:
+        kv += [
+            ("offload", html.escape(f"preset {off.preset}, write {off.write}, copy {off.copy}")),
+            ("host tier per node", f"{_gib(off.host_capacity_bytes)} (peak {_gib(off.host_peak_bytes)})"),
+            ("loads from DRAM", f"{_int(off.loads)} ({_int(off.loaded_tokens)} tokens)"),
+            (
+                "written to / dropped from DRAM (per GPU)",
+                f"{_gib(off.written_bytes)} / {_gib(off.dropped_bytes)}",
+            ),
+            ("requests that waited for KV", _int(off.requests_waited)),
+            ("wait for KV p50 / p99", f"{_dur(off.kv_wait_s.p50)} / {_dur(off.kv_wait_s.p99)}"),
+        ]
+    if pool is not None:
+        kv += [
+            (
+                "global pool",
+                f"{_gib(pool.capacity_bytes)} (peak {_gib(pool.peak_bytes)}), fetch {html.escape(pool.fetch)}",
+            ),
+            (
+                "fetched from the pool",
+                f"{_int(pool.fetched_tokens)} tokens, {_gib(pool.fetched_bytes)} per GPU",
+            ),
+            ("of which over the network", _gib(pool.remote_bytes)),
+            ("published / dropped (per GPU)", f"{_gib(pool.published_bytes)} / {_gib(pool.dropped_bytes)}"),
+            ("lookups that recomputed instead", _int(pool.declined_lookups)),
+        ]
+    if swap is not None:
+        kv += [
+            ("preemption", html.escape(swap.mode)),
+            ("swapped / recomputed victims", f"{_int(swap.swaps)} / {_int(swap.recomputes)}"),
+            ("swapped out (per GPU)", _gib(swap.swapped_bytes)),
+            ("swap space per node", f"{_gib(swap.swap_space_bytes)} (peak {_gib(swap.peak_bytes)})"),
+        ]
+    if kv:
+        parts.append(_table(kv, cls="kv"))
+    if rec.links:
+        rows2 = [
+            (
+                html.escape(lk.name),
+                _int(lk.transfers),
+                _gib(lk.bytes),
+                _dur(lk.busy_s),
+                _pct(lk.utilization),
+                _dur(lk.queued_s),
+            )
+            for lk in rec.links
+        ]
+        header = ("link", "transfers", "bytes", "busy", "utilisation", "queued (all transfers)")
+        parts.append(_table(rows2, header=header, cls="num"))
+        parts.append(
+            _note("Links: one direction of one PCIe group or NIC; transfers queue first come, first served.")
+        )
+    return "\n".join(parts)
 
 
 def _rejections_section(s: dict[str, Any]) -> str:

@@ -35,9 +35,9 @@ tokens (the cost model's prefill price at no context, against the idle link's tr
 the prefix stops there and the rest is recomputed.
 
 A load's end is an outside event for the replica's fast-forward windows (`next_event`,
-`kvsim.core.horizon`): a window runs only the steps that end strictly before it. While offload is
-on, windows evict no cached entry (their allocations take empty blocks only), so every eviction,
-and so every write-back, happens at a schedule, at the same instant whether the replica steps or
+`kvsim.core.horizon`): a window runs only the steps that end strictly before it. With write-back
+offload, windows evict no cached entry (their allocations take empty blocks only), so every
+eviction, and so every write-back, happens at a schedule, at the same instant whether the replica steps or
 fast-forwards; with ``write: through`` or the global pool a mixed window also stops before a
 prefill that registers entries. A change of a tier's contents matters to a replica only through
 the head of its waiting queue (the admission loop stops at the first request that does not fit):
@@ -218,6 +218,11 @@ class OffloadPort:
                     self.tier_changed = True
                 else:
                     p.on_arrival()
+
+    @property
+    def writes_back(self) -> bool:
+        """Whether an eviction from HBM copies the entry below (then windows must not evict)."""
+        return self.host is not None and self.write is OffloadWrite.BACK
 
     @property
     def publishes_on_register(self) -> bool:

@@ -282,7 +282,7 @@ class Replica:
         if plan.decode_only:
             m = len(plan.decode_reqs)
             reqs = plan.decode_reqs
-            may_evict = sched.may_evict_in_window and self.offload is None
+            may_evict = sched.may_evict_in_window and not (self.offload and self.offload.writes_back)
             window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=may_evict)
             if window.num_steps == 1:
                 return None  # a window of one step costs more bookkeeping than the step
@@ -297,7 +297,7 @@ class Replica:
             chunk, tokens, changes = 0, m, evicts
         else:
             off = self.offload
-            mw = mixed_window(plan, kv, MAX_FF_STEPS, may_evict=off is None)
+            mw = mixed_window(plan, kv, MAX_FF_STEPS, may_evict=not (off and off.writes_back))
             if mw is None:
                 return None
             p = plan.prefill_reqs[0]

@@ -31,7 +31,8 @@ Preemption by swap (`swap_decider`, set by the engine for ``scheduler.preemption
 a victim the decider accepts keeps its computed tokens; its blocks are released (their KV was
 copied to host memory: `new_swaps` tells the engine, which queues the copy) and it joins the
 `swapped` queue, which is served before the waiting one (vLLM v0's order): a swapped request is
-readmitted with blocks for all its computed tokens, waits for KV while they are copied back, and
+readmitted with blocks for all its computed tokens, once its next step's blocks and 1% of the
+pool stay free beside them, waits for KV while they are copied back, and
 resumes where it stopped. A victim the decider refuses is recomputed as above.
 """
 
@@ -178,7 +179,14 @@ class Scheduler:
         while swapped and len(running) + len(loading) < self.max_num_seqs:
             req = swapped[0]
             blocks = -(-req.num_computed // self.block_size)
-            if not kv.allocate_slots(req, blocks):
+            # vLLM v0's swap-in watermark (BlockSpaceManager's watermark=0.01: 1% of the blocks stay
+            # free after it), plus, kvsim's addition, the blocks of the request's own next step (a
+            # prefill chunk or one token), so it is not that step's victim: else a request swapped
+            # out mid-prefill ping-pongs between HBM and host without progress.
+            c = req.num_computed
+            nxt = -(-(c + min(req.num_tokens - c, self.max_batched_tokens)) // self.block_size) - blocks
+            headroom = max(1, kv.num_blocks // 100) + max(0, nxt)
+            if blocks + headroom > kv.num_free_blocks or not kv.allocate_slots(req, blocks):
                 break
             swapped.popleft()
             req.status = RequestStatus.WAITING_FOR_KV_TRANSFER

@@ -1,0 +1,61 @@
+"""The memory hierarchy's cost in simulator speed: the Mooncake 64-GPU case with host-DRAM offload
+and the global prefix pool on against off, side by side in one session (issue 10: within 2x).
+
+Each run in a fresh process (`simrun.run_child`), the variants alternating, N rounds:
+
+    python bench/bench_tiers.py [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from simrun import run_child
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = "scenarios/mooncake_70b.yaml"
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "off": (),
+    "offload": ("kv.offload.enabled=true", "kv.offload.host_bytes=256GiB"),
+    "global": ("kv.prefix_cache.scope=global",),
+    "offload+global": (
+        "kv.offload.enabled=true",
+        "kv.offload.host_bytes=256GiB",
+        "kv.prefix_cache.scope=global",
+    ),
+    "swap": ("scheduler.preemption=swap",),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in VARIANTS}
+    for _ in range(args.repeats):
+        for name, overrides in VARIANTS.items():
+            runs[name].append(run_child(ROOT, SCENARIO, *overrides))
+    base = statistics.median(r["wall_s"] for r in runs["off"])
+    print(f"{'variant':<16} {'wall (median)':>14} {'x off':>7} {'events':>9} {'rss MiB':>8}")
+    out = {}
+    for name, rs in runs.items():
+        wall = statistics.median(r["wall_s"] for r in rs)
+        out[name] = {
+            "wall_s": wall,
+            "ratio": wall / base,
+            "events": rs[0]["events"],
+            "rss_mib": max(r["rss_mib"] for r in rs),
+        }
+        print(
+            f"{name:<16} {wall:>12.2f} s {wall / base:>6.2f}x {int(rs[0]['events']):>9,} {out[name]['rss_mib']:>8.0f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
