@@ -46,7 +46,7 @@ from kvsim.results.record import (
 from kvsim.results.summary import dist, summarize
 from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import LinkQueue
-from kvsim.sim.offload import GlobalSide, OffloadPort, SwapSpace
+from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import Scenario
@@ -297,6 +297,31 @@ class _Offload:
         self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled:
             self.tiers = [HostTier(self._tier_blocks(plan)) for _ in range(c.nodes)]
+        self.ssd: list[SSDSide] | None = None
+        ssd_cfg = sc.kv.offload.ssd
+        if sc.kv.offload.enabled and ssd_cfg is not None:
+            ssd_blocks = int(ssd_cfg.capacity_bytes // self.block_bytes)
+            if ssd_blocks < 1:
+                raise KvsimError(
+                    f"an SSD tier of {ssd_cfg.capacity_bytes:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
+                    source=sc.source,
+                    path="kv.offload.ssd.capacity",
+                )
+            self.ssd = [
+                SSDSide(
+                    HostTier(ssd_blocks, name="ssd"),
+                    LinkQueue(
+                        Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), label=f"node{n}/ssd_read/0"
+                    ),
+                    LinkQueue(
+                        Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0),
+                        label=f"node{n}/ssd_write/0",
+                    ),
+                    self.block_bytes,
+                    {},
+                )
+                for n in range(c.nodes)
+            ]
         self.swap: list[SwapSpace] | None = None
         if sc.scheduler.preemption != "recompute":
             room = c.host_dram_bytes - self.capacity_bytes
@@ -426,6 +451,8 @@ class _Offload:
             swap=swap,
             glob=glob,
             load_weight=self._load_weight(h2d.link, n_h2d),
+            ssd=None if self.ssd is None else self.ssd[node],
+            cold_after_steps=off.cold_after_steps if self.tiers is not None else 0,
         )
         self.watchers.append(p)
         for q in self.ports:
@@ -519,6 +546,9 @@ class _Offload:
 
     def link_records(self, simulated: float) -> tuple[LinkRecord, ...]:
         span = simulated if simulated > 0 else math.inf
+        queues = [q for _, q in sorted(self.links.items())]
+        for side in self.ssd or []:
+            queues += [side.read, side.write]
         return tuple(
             LinkRecord(
                 name=q.label,
@@ -528,7 +558,7 @@ class _Offload:
                 utilization=q.stats.busy_s / span,
                 queued_s=q.stats.queued_s,
             )
-            for _, q in sorted(self.links.items())
+            for q in queues
             if q.stats.transfers
         )
 
@@ -549,6 +579,10 @@ class _Offload:
         for p in self.ports:
             pool_first.update(p.stats.first_admission_global)
         pool_hit = sum(pool_first.get(s.id, 0) for s in admitted)
+        ssd_first: dict[int, int] = {}
+        for p in self.ports:
+            ssd_first.update(p.stats.first_admission_ssd)
+        ssd_hit = sum(ssd_first.get(s.id, 0) for s in admitted)
         tp = self.sc.cluster.tensor_parallel
         return OffloadRecord(
             preset=off.preset,
@@ -557,7 +591,14 @@ class _Offload:
             host_capacity_bytes=self.capacity_bytes,
             host_peak_bytes=int(max(t.stats.peak_blocks for t in self.tiers) * bpg * tp),
             host_end_bytes=int(sum(t.used_blocks for t in self.tiers) * bpg * tp),
-            hit_rate_hbm=(hit - dram_hit - pool_hit) / prompt if prompt else 0.0,
+            hit_rate_hbm=(hit - dram_hit - pool_hit - ssd_hit) / prompt if prompt else 0.0,
+            hit_rate_ssd=ssd_hit / prompt if prompt else 0.0,
+            ssd_capacity_bytes=0
+            if self.ssd is None
+            else int(self.ssd[0].tier.capacity_blocks * self.block_bytes),
+            ssd_written_bytes=sum(p.stats.ssd_written_blocks for p in self.ports) * self.block_bytes,
+            ssd_loaded_bytes=sum(p.stats.ssd_loaded_blocks for p in self.ports) * self.block_bytes,
+            cold_demoted_bytes=sum(p.sched.kv.pool.demoted for p in self.ports) * bpg,
             hit_rate_dram=dram_hit / prompt if prompt else 0.0,
             loads=sum(p.stats.loads for p in self.ports),
             loaded_tokens=sum(p.stats.loaded_tokens for p in self.ports),

@@ -139,6 +139,14 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
             "copy": draw(st.sampled_from(["batched", "per_block"])),
             "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
         }
+        if draw(st.booleans()):  # an SSD of a few blocks below DRAM: demotions, loads from it
+            kv["offload"]["ssd"] = {
+                "capacity": draw(st.sampled_from([2, 16])) * 16 * 131072,
+                "read_bw": "2GB/s",
+            }
+        cold = draw(st.sampled_from([0, 1, 5, 40]))
+        if cold:
+            kv["offload"]["cold_after_steps"] = cold
     if offload:
         cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
         if draw(st.booleans()):  # a global pool of a few entries per node, over one or two nodes

@@ -361,3 +361,58 @@ def test_the_report_shows_the_memory_tiers_only_when_they_are_on(tmp_path):
     assert "Memory tiers and links" in page and "node0/host_h2d/0" in page and "host DRAM (this node)" in page
     krun.write_run(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY), tmp_path / "off")
     assert "Memory tiers and links" not in write_report(tmp_path / "off").read_text()
+
+
+# ---- the SSD tier and the cold threshold ---------------------------------------------------------------
+@pytest.mark.parametrize("ff", [True, False])
+def test_entries_dram_drops_are_demoted_to_ssd_and_loaded_back_through_dram(ff):
+    """A DRAM tier of 5 blocks: of A's 19 entries written back at B's admission (19 first, 1 last),
+    DRAM keeps 5..1 and demotes 19..6 to the SSD. C loads 1..5 from DRAM over H2D and 6..18 from the
+    SSD (a read at 13 GB/s + 100 us, then H2D behind the first transfer), then prefills 16 tokens."""
+    sc = small_scenario(
+        num_blocks=40,
+        kv={"offload": {"enabled": True, "host_bytes": 5 * BLOCK, "ssd": {"capacity": "1GiB"}}},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=STORY)
+    c = res.seqs[2]
+    h2d = sc.cluster.topology.host_h2d
+    dram_end = 10.0 + (h2d.per_call_overhead_s + 5 * BLOCK / h2d.bw_bytes_per_s)
+    read_end = 10.0 + 13 * BLOCK / 13e9 + 100e-6
+    start = max(read_end, dram_end)
+    end = max(dram_end, start + h2d.per_call_overhead_s + 13 * BLOCK / h2d.bw_bytes_per_s)
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert c.num_cached_tokens == 304
+    assert c.first_token_s == pytest.approx(end + prefill, rel=1e-12)
+    off = res.summary["offload"]
+    prompts = 320 + 624 + 320
+    assert off["hit_rate_ssd"] == 13 * 16 / prompts and off["hit_rate_dram"] == 5 * 16 / prompts
+    assert off["ssd_loaded_bytes"] == 13 * BLOCK
+    links = {r["name"]: r for r in res.summary["links"]}
+    assert links["node0/ssd_read/0"]["bytes"] == 13 * BLOCK
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_cached_entry_untouched_for_cold_after_steps_moves_down_to_dram(ff):
+    """A's 20 entries are released at step 1; D decodes for 200 steps, so at the schedule of step
+    52 they have gone 50 steps untouched and move to DRAM (write-back). C, A's prompt again, finds
+    none in HBM and loads 19 from DRAM."""
+    wl = make_workload(
+        [0.0, 0.5, 10.0], [320, 16, 320], [1, 200, 1], hash_ids=[IDS_A, [500], IDS_A], block_tokens=16
+    )
+    sc = small_scenario(
+        num_blocks=400,
+        kv={"offload": {"enabled": True, "cold_after_steps": 50}},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=wl)
+    c = res.seqs[2]
+    load = transfer_time(19 * BLOCK, sc.cluster.topology.host_h2d)
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert c.num_cached_tokens == 304
+    assert c.first_token_s == pytest.approx(10.0 + load + prefill, rel=1e-12)
+    off = res.summary["offload"]
+    assert off["cold_demoted_bytes"] == 20 * BLOCK
+    assert off["hit_rate_hbm"] == 0.0
+    warm = krun.run_scenario(small_scenario(num_blocks=400, kv={"offload": {"enabled": True}}), workload=wl)
+    assert warm.summary["offload"]["loads"] == 0  # without the threshold A's entries stay in HBM

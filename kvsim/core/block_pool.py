@@ -68,6 +68,7 @@ class BlockPool:
         self.lru_blocks = 0  # blocks held by unreferenced cached entries
         self.private = 0  # referenced unhashed blocks, all owners together
         self.evictions = 0  # cached blocks reclaimed for new allocations
+        self.demoted = 0  # cached blocks reclaimed for going cold (`drop_cold`)
         self.stamp = 0  # the owner's clock (steps); set by the KV cache manager
         self._events: list[PoolEvent] | None = [] if events else None
 
@@ -201,6 +202,35 @@ class BlockPool:
             if r == 0:
                 lru[k] = stamp
                 self.lru_blocks += sizes.get(k, 1)
+
+    def drop_cold(self, before: int) -> list[int]:
+        """Reclaim the unreferenced entries last touched before stamp `before` (the LRU is in stamp
+        order, oldest first), their blocks becoming empty, as one `BlockRemoved` event (a lower
+        tier copies them down first). Returns their keys."""
+        lru, refs, sizes = self.lru, self.refs, self.sizes
+        keys: list[int] = []
+        dropped: list[int] = []
+        while lru:
+            k, stamp = next(iter(lru.items()))
+            if stamp >= before:
+                break
+            del lru[k]
+            del refs[k]
+            s = sizes.pop(k, 1)
+            self.lru_blocks -= s
+            self.free += s
+            keys.append(k)
+            dropped.append(s)
+        if keys and self._events is not None:
+            self._events.append(BlockRemoved(tuple(keys), tuple(dropped)))
+        self.demoted += sum(dropped)
+        return keys
+
+    def oldest_unreferenced_stamp(self) -> int | None:
+        """The stamp of the least recently released unreferenced entry (None: none)."""
+        for stamp in self.lru.values():
+            return stamp
+        return None
 
     def record_events(self) -> None:
         """Start recording `BlockStored` / `BlockRemoved` events (a lower tier's write path)."""

@@ -58,6 +58,7 @@ class HostTier:
         self.entries: OrderedDict[int, int] = OrderedDict()  # key -> blocks, least recent first
         self.stats = TierStats()
         self.last_dropped: list[int] = []  # keys the last insert dropped
+        self.last_dropped_sizes: list[int] = []  # and their blocks
 
     def __contains__(self, key: int) -> bool:
         return key in self.entries
@@ -88,7 +89,9 @@ class HostTier:
         cap = self.capacity_blocks
         new: list[tuple[int, int]] = []
         dropped: list[int] = []
+        dropped_sizes: list[int] = []
         self.last_dropped = dropped
+        self.last_dropped_sizes = dropped_sizes
         for k, s in zip(keys, sizes, strict=True):
             if k in entries:
                 entries.move_to_end(k)
@@ -98,6 +101,7 @@ class HostTier:
             while self.used_blocks + s > cap:
                 old, size = entries.popitem(last=False)
                 dropped.append(old)
+                dropped_sizes.append(size)
                 self.used_blocks -= size
                 self.stats.dropped_blocks += size
             entries[k] = s

@@ -253,11 +253,15 @@ def _tiers_section(rec: RunSummary) -> str:
     parts = ["<h2>Memory tiers and links</h2>"]
     total = rec.prefix_hit_rate
     lower = (off.hit_rate_dram if off else 0.0) + (pool.hit_rate_global if pool else 0.0)
-    rows = [("local HBM", _pct(total - lower))]
+    rows: list[tuple[str, str]] = []
     if off is not None:
         rows.append(("host DRAM (this node)", _pct(off.hit_rate_dram)))
+        lower += off.hit_rate_ssd
+        if off.ssd_capacity_bytes:
+            rows.append(("SSD (this node)", _pct(off.hit_rate_ssd)))
     if pool is not None:
         rows.append(("global pool", _pct(pool.hit_rate_global)))
+    rows.insert(0, ("local HBM", _pct(total - lower)))
     rows.append(("all tiers", _pct(total)))
     parts.append(_table(rows, header=("prefix hits from", "share of prompt tokens"), cls="num"))
     kv: list[tuple[str, str]] = []
@@ -271,6 +275,11 @@ def _tiers_section(rec: RunSummary) -> str:
                 f"{_gib(off.written_bytes)} / {_gib(off.dropped_bytes)}",
             ),
             ("requests that waited for KV", _int(off.requests_waited)),
+            (
+                "SSD per node, demoted to / loaded from",
+                f"{_gib(off.ssd_capacity_bytes)}, {_gib(off.ssd_written_bytes)} / {_gib(off.ssd_loaded_bytes)}",
+            ),
+            ("moved down for going cold (per GPU)", _gib(off.cold_demoted_bytes)),
             ("wait for KV p50 / p99", f"{_dur(off.kv_wait_s.p50)} / {_dur(off.kv_wait_s.p99)}"),
         ]
     if pool is not None:

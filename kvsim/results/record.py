@@ -143,6 +143,11 @@ class OffloadRecord:
     dropped_bytes: float  # dropped from DRAM to make room (LRU), per GPU
     requests_waited: int  # requests that waited for a load at least once
     kv_wait_s: Distribution  # per request that waited: seconds waiting for KV (loads and swap-ins)
+    hit_rate_ssd: float = 0.0  # the same, loaded from the node's SSD (kv.offload.ssd)
+    ssd_capacity_bytes: int = 0  # per node (0: no SSD tier)
+    ssd_written_bytes: float = 0.0  # demoted DRAM -> SSD, whole replica blocks
+    ssd_loaded_bytes: float = 0.0  # SSD -> HBM, whole replica blocks
+    cold_demoted_bytes: float = 0.0  # HBM entries moved down for going cold (cold_after_steps), per GPU
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -82,6 +82,17 @@ class SwapSpace:
 
 
 @dataclass
+class SSDSide:
+    """A node's NVMe tier below its DRAM tier, and the SSD's two links (one per direction)."""
+
+    tier: HostTier
+    read: LinkQueue
+    write: LinkQueue
+    block_bytes: float  # a replica's whole block (the SSD holds every GPU's share)
+    ready: dict[int, float]  # entry key -> instant its demotion has been written (pruned lazily)
+
+
+@dataclass
 class GlobalSide:
     """A replica's access to the cluster-wide pool."""
 
@@ -106,6 +117,9 @@ class OffloadStats:
     fetched_tokens: int = 0
     declined: int = 0  # lookups that stopped at a remote entry not worth fetching
     published_blocks: int = 0
+    first_admission_ssd: dict[int, int] = field(default_factory=dict)  # request id -> SSD tokens
+    ssd_written_blocks: int = 0
+    ssd_loaded_blocks: int = 0
     written_blocks: int = 0  # blocks copied HBM -> DRAM
     swaps_out: int = 0
     swapped_blocks: int = 0  # copied out by swaps (and as many back in)
@@ -130,6 +144,8 @@ class OffloadPort:
         swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
         glob: GlobalSide | None = None,
         load_weight: float = 0.0,
+        ssd: SSDSide | None = None,
+        cold_after_steps: int = 0,
     ) -> None:
         self.env = env
         self.sched = sched
@@ -150,6 +166,8 @@ class OffloadPort:
         self.tier_changed = False  # the last after_schedule changed the tier's contents
         self.swap_ready: dict[int, float] = {}  # request id -> instant its swap-out has arrived
         self.glob = glob
+        self.ssd = ssd
+        self.cold_after_steps = cold_after_steps
         # What a token loaded from a lower tier costs against computing it (the cache-aware router).
         self.load_weight = load_weight
         self.node = -1 if glob is None else glob.node
@@ -169,10 +187,14 @@ class OffloadPort:
     def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int, *, count: bool = True) -> int:
         host, glob = self.host, self.glob
         local = host.entries if host is not None else None
+        disk = self.ssd.tier.entries if self.ssd is not None else None
         n = 0
         for i in range(start, stop):
             k = keys[i]
             if local is not None and k in local:
+                n += 1
+                continue
+            if disk is not None and k in disk:
                 n += 1
                 continue
             if glob is None:
@@ -193,6 +215,8 @@ class OffloadPort:
         for k in keys:
             if host is not None and k in host.entries:
                 blocks += host.touch((k,))
+            elif self.ssd is not None and k in self.ssd.tier.entries:
+                blocks += self.ssd.tier.touch((k,))
             else:
                 assert glob is not None
                 blocks += glob.pool.touch((k,))
@@ -201,6 +225,8 @@ class OffloadPort:
     def check(self) -> None:
         if self.host is not None:
             self.host.check()
+        if self.ssd is not None:
+            self.ssd.tier.check()
         if self.glob is not None:
             self.glob.pool.check()
             assert self.glob.pool.entries.keys() <= self.glob.pool.home.keys()
@@ -239,6 +265,9 @@ class OffloadPort:
         now = self.env.now
         sched = self.sched
         self.tier_changed = False
+        cold: list[int] = []
+        if self.cold_after_steps:  # cached entries untouched for that many steps move down
+            cold = sched.kv.pool.drop_cold(sched.num_steps - self.cold_after_steps)
         # Loads first: they read the entries the scheduler found, before this schedule's writes
         # make room (a load in flight keeps its source, as the real systems pin it).
         if sched.new_loads:
@@ -252,6 +281,8 @@ class OffloadPort:
         events = sched.kv.pool.take_events()
         if events and self.host is not None:
             self._write(now, events)
+        if cold:  # after this schedule's admissions, a waiting head's HBM hits moved down a tier
+            self._changed(set(cold), [self])
         if events and self.glob is not None:
             self._publish(now, events)
 
@@ -318,22 +349,48 @@ class OffloadPort:
             return
         # What the node's waiting requests find in DRAM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
-        self._changed({*keys, *self.host.last_dropped}, [self, *self.peers])
+        dropped, dropped_sizes = self.host.last_dropped, self.host.last_dropped_sizes
+        changed = {*keys, *dropped}
         blocks = sum(s for _, s in new)
         _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
         ready = self.ready
         for k, _ in new:
             ready[k] = end
         self.stats.written_blocks += blocks
+        ssd = self.ssd
+        if ssd is not None and dropped:  # what DRAM drops is demoted to the node's SSD
+            down = ssd.tier.insert(dropped, dropped_sizes)
+            changed.update(ssd.tier.last_dropped)
+            if down:
+                nb = sum(s for _, s in down)
+                _, end2 = ssd.write.reserve(now, nb * ssd.block_bytes, 1)
+                for k, _ in down:
+                    ssd.ready[k] = end2
+                self.stats.ssd_written_blocks += nb
+        # What the node's waiting requests find below HBM changed: this replica's next schedule (no
+        # window now, `Replica._window`) and the node's other replicas' (poked) see it.
+        self._changed(changed, [self, *self.peers])
+
+    def cold_steps_left(self) -> int | None:
+        """Steps until the schedule at which the oldest cached-free HBM entry goes cold (a window
+        must end there, so that it moves down at the same step as stepping's); None: never."""
+        if not self.cold_after_steps:
+            return None
+        stamp = self.sched.kv.pool.oldest_unreferenced_stamp()
+        if stamp is None:
+            return None
+        return stamp + self.cold_after_steps + 1 - self.sched.num_steps
 
     def _load(self, now: float, req: Request, hits: int, n: int) -> None:
         cum = req.key_cum
         blocks = cum[hits + n] - cum[hits]
         # Each entry from where it is: local DRAM (H2D), the pool on this node (H2D), or the pool on
         # another node (network); the two links' transfers run in parallel.
-        host_blocks = remote_blocks = pool_blocks = 0
-        host_start = net_start = now
+        host_blocks = remote_blocks = pool_blocks = ssd_blocks = 0
+        host_start = net_start = ssd_start = now
         local = self.host.entries if self.host is not None else None
+        ssd = self.ssd
+        disk = ssd.tier.entries if ssd is not None else None
         glob = self.glob
         for i in range(hits, hits + n):
             k = req.keys[i]
@@ -342,6 +399,16 @@ class OffloadPort:
                 ready = self.ready
                 host_blocks += size
                 remote = False
+            elif disk is not None and k in disk:
+                assert ssd is not None
+                ssd_blocks += size
+                t = ssd.ready.get(k)
+                if t is not None:
+                    if t <= now:
+                        del ssd.ready[k]
+                    elif t > ssd_start:
+                        ssd_start = t
+                continue
             else:
                 assert glob is not None
                 ready = glob.ready
@@ -363,6 +430,11 @@ class OffloadPort:
         if host_blocks:
             calls = host_blocks if self.per_block else 1
             end = self.h2d.reserve(host_start, host_blocks * self.h2d_block_bytes, calls)[1]
+        if ssd_blocks:  # read from the SSD into DRAM, then over PCIe
+            assert ssd is not None
+            read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
+            calls = ssd_blocks if self.per_block else 1
+            end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
         if remote_blocks:
             assert glob is not None
             calls = remote_blocks if self.per_block else 1
@@ -370,16 +442,19 @@ class OffloadPort:
         bs = self.sched.block_size
         skipped = min(cum[hits + n], (req.num_tokens - 1) // bs) * bs - cum[hits] * bs
         from_pool = min(pool_blocks * bs, skipped)  # tokens the pool gave (the cap trims the local part)
+        from_ssd = min(ssd_blocks * bs, skipped - from_pool)
         s = self.stats
         s.loads += 1
         s.loaded_blocks += blocks
-        s.loaded_tokens += skipped - from_pool
+        s.ssd_loaded_blocks += ssd_blocks
+        s.loaded_tokens += skipped - from_pool - from_ssd
         s.fetched_blocks += pool_blocks
         s.remote_blocks += remote_blocks
         s.fetched_tokens += from_pool
         if req.num_cached_tokens < 0:
-            s.first_admission_tokens[req.id] = skipped - from_pool
+            s.first_admission_tokens[req.id] = skipped - from_pool - from_ssd
             s.first_admission_global[req.id] = from_pool
+            s.first_admission_ssd[req.id] = from_ssd
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
         self._await(now, end, req, 0)

@@ -322,6 +322,10 @@ class Replica:
         if self.offload is not None:
             outside = min(outside, self.offload.next_event())
         k = max(1, steps_before(ends, outside))
+        if self.offload is not None:
+            cold = self.offload.cold_steps_left()  # the schedule at which an entry goes cold
+            if cold is not None and cold < k:
+                k = max(1, cold)
         return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
 
 

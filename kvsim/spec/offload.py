@@ -11,7 +11,14 @@
   overhead each time (../shared/REFERENCE.md: about 2.3 us; 6-15 GB/s for 32 KB blocks);
 - capacity per node: ``host_bytes``, or ``host_share`` of ``cluster.host_dram``, or
   ``hbm_ratio`` times the KV pools of the node's replicas (SGLang's ``--hicache-ratio``); none
-  given: all of ``cluster.host_dram``.
+  given: all of ``cluster.host_dram``;
+- ``ssd``: a third tier per node, a local NVMe (``{capacity, read_bw, write_bw, latency}``): what
+  LRU drops from DRAM is demoted to it over the SSD's write link, and a lookup continues into it;
+  a load from it reads over the SSD's read link, then crosses PCIe (SGLang HiCache's and LMCache's
+  disk tiers);
+- ``cold_after_steps``: a cached HBM entry no request has touched for that many steps moves down to
+  DRAM (the design documents' cold threshold; running requests touch their blocks every step, so
+  only cached-but-free entries go cold). Off unless given; 0 is an error.
 
 A preset (``preset: vllm | sglang_hicache | lmcache``) supplies defaults for the fields the scenario
 does not give; each preset's function says where its numbers come from. What the presets cannot
@@ -54,6 +61,24 @@ class OffloadConfig:
     write: OffloadWrite = OffloadWrite.BACK
     copy: CopyMode = CopyMode.BATCHED
     preset: str = "none"
+    ssd: SSDConfig | None = None
+    cold_after_steps: int = 0  # 0: off
+
+
+# A PCIe Gen5 NVMe data-centre SSD: Samsung PM1743, sequential read 13,000 MB/s and write
+# 6,600 MB/s (Samsung datasheet). Latency: 100 us, an estimate of one NVMe read's service time
+# (published 4 KB random-read latencies are 70-100 us); no measurement on file.
+SSD_READ_BW = 13.0e9
+SSD_WRITE_BW = 6.6e9
+SSD_LATENCY_S = 100e-6
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    capacity_bytes: int  # per node
+    read_bw: float = SSD_READ_BW
+    write_bw: float = SSD_WRITE_BW
+    latency_s: float = SSD_LATENCY_S
 
 
 def vllm() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from kvsim.spec.formats import KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
-from kvsim.spec.offload import CopyMode, OffloadConfig, OffloadWrite
+from kvsim.spec.offload import CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -316,6 +316,9 @@ def _read_kv(root: Section) -> KVConfig:
     return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload, gpool)
 
 
+SSD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SSDConfig) if f.name != "capacity_bytes"}
+
+
 def _read_offload(off: Section) -> OffloadConfig:
     """``kv.offload`` (`kvsim.spec.offload`): a preset's values for the fields not given."""
     preset = off.choice("preset", ("none", *OFFLOAD_PRESETS), "none")
@@ -339,10 +342,36 @@ def _read_offload(off: Section) -> OffloadConfig:
         off.choice("write", [m.value for m in OffloadWrite], base.pop("write", OffloadWrite.BACK).value)
     )
     copy = CopyMode(off.choice("copy", [m.value for m in CopyMode], base.pop("copy", CopyMode.BATCHED).value))
+    ssd = None
+    if off.raw("ssd", None) is not None:
+        d = Section(off.raw("ssd"), source=off.source, path=off._p("ssd"))
+        if d.raw("capacity", None) is None:
+            raise d.err("capacity", "an SSD tier needs a capacity (bytes per node)")
+        ssd = SSDConfig(
+            capacity_bytes=d.parsed("capacity", parse_size),
+            read_bw=d.parsed("read_bw", parse_bandwidth, SSD_DEFAULTS["read_bw"]),
+            write_bw=d.parsed("write_bw", parse_bandwidth, SSD_DEFAULTS["write_bw"]),
+            latency_s=d.parsed(
+                "latency", lambda v: parse_duration(v, allow_zero=True), SSD_DEFAULTS["latency_s"]
+            ),
+        )
+        d.done()
+    cold = 0
+    if off.raw("cold_after_steps", None) is not None:
+        cold = off.int("cold_after_steps", lo=1, hi=1 << 40)
     cfg = OffloadConfig(
-        enabled=off.bool("enabled", False), write=write, copy=copy, preset=preset, **base, **cap
+        enabled=off.bool("enabled", False),
+        write=write,
+        copy=copy,
+        preset=preset,
+        **base,
+        **cap,
+        ssd=ssd,
+        cold_after_steps=cold,
     )
     off.done()
+    if (ssd is not None or cold) and not cfg.enabled:
+        raise off.err("ssd" if ssd is not None else "cold_after_steps", "needs kv.offload.enabled: true")
     return cfg
 
 
