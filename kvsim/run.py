@@ -453,6 +453,7 @@ class _Offload:
             load_weight=self._load_weight(h2d.link, n_h2d),
             ssd=None if self.ssd is None else self.ssd[node],
             cold_after_steps=off.cold_after_steps if self.tiers is not None else 0,
+            overlap=self._prefill_time if off.load == "overlap" else None,
         )
         self.watchers.append(p)
         for q in self.ports:
@@ -480,6 +481,10 @@ class _Offload:
             return swap_s < recompute_s
 
         return cheaper
+
+    def _prefill_time(self, tokens: int, cached: int) -> float:
+        """Seconds of one prefill chunk alone (``kv.offload.load: overlap``; pricing is pure)."""
+        return self.cost.price(ForwardBatch.prefill(tokens, cached, sampling=False)).seconds
 
     def _load_weight(self, h2d: Link, n_h2d: int) -> float:
         """Seconds to load one 32-block entry over an idle H2D link / seconds to prefill its tokens

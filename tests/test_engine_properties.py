@@ -137,6 +137,7 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
             "enabled": True,
             "write": draw(st.sampled_from(["back", "through"])),
             "copy": draw(st.sampled_from(["batched", "per_block"])),
+            "load": draw(st.sampled_from(["stall", "overlap"])),
             "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
         }
         if draw(st.booleans()):  # an SSD of a few blocks below DRAM: demotions, loads from it

@@ -416,3 +416,26 @@ def test_a_cached_entry_untouched_for_cold_after_steps_moves_down_to_dram(ff):
     assert off["hit_rate_hbm"] == 0.0
     warm = krun.run_scenario(small_scenario(num_blocks=400, kv={"offload": {"enabled": True}}), workload=wl)
     assert warm.summary["offload"]["loads"] == 0  # without the threshold A's entries stay in HBM
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_an_overlapped_load_costs_only_what_exceeds_the_prefill(ff):
+    """``load: overlap``: C's 18-block load hides behind its 16-token prefill, so its first token
+    comes at the later of the two, not after both; over a slow link the load's excess shows."""
+    for bw, pcie in ((35.2e9, {}), (1e9, {"topology": {"pcie": {"h2d": "1GB/s"}}})):
+        sc = small_scenario(
+            num_blocks=40,
+            cluster=pcie,
+            kv={"offload": {"enabled": True, "load": "overlap"}},
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        res = krun.run_scenario(sc, workload=STORY)
+        c = res.seqs[2]
+        assert sc.cluster.topology.host_h2d.bw_bytes_per_s == bw
+        load = transfer_time(18 * BLOCK, sc.cluster.topology.host_h2d)
+        cost = krun.make_cost_model(sc)
+        hidden = cost.price(ForwardBatch.prefill(16, 304, sampling=False)).seconds
+        prefill = cost.price(ForwardBatch.prefill(16, 304)).seconds
+        start = max(10.0, 10.0 + load - hidden)
+        assert c.first_token_s == pytest.approx(start + prefill, rel=1e-12)
+        assert c.num_cached_tokens == 304

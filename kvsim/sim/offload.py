@@ -146,6 +146,7 @@ class OffloadPort:
         load_weight: float = 0.0,
         ssd: SSDSide | None = None,
         cold_after_steps: int = 0,
+        overlap: Callable[[int, int], float] | None = None,
     ) -> None:
         self.env = env
         self.sched = sched
@@ -168,6 +169,8 @@ class OffloadPort:
         self.glob = glob
         self.ssd = ssd
         self.cold_after_steps = cold_after_steps
+        # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
+        self.overlap = overlap
         # What a token loaded from a lower tier costs against computing it (the cache-aware router).
         self.load_weight = load_weight
         self.node = -1 if glob is None else glob.node
@@ -457,6 +460,10 @@ class OffloadPort:
             s.first_admission_ssd[req.id] = from_ssd
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
+        if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
+            computed = cum[hits] * bs + skipped
+            chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)
+            end = max(now, end - self.overlap(chunk, computed))
         self._await(now, end, req, 0)
 
     def _await(self, now: float, end: float, req: Request, swap_blocks: int) -> None:

@@ -16,6 +16,11 @@
   LRU drops from DRAM is demoted to it over the SSD's write link, and a lookup continues into it;
   a load from it reads over the SSD's read link, then crosses PCIe (SGLang HiCache's and LMCache's
   disk tiers);
+- ``load``: ``stall`` (default: the request waits for its whole load, then prefills) or
+  ``overlap`` (the load is hidden layer by layer behind the prefill, as LMCache's and SGLang
+  HiCache's layer-wise loading do: the request starts its prefill so that it ends no earlier than
+  the load, waiting only for what the load takes beyond the prefill; the prefill's time is the cost
+  model's price of its first chunk alone, an estimate: in a batch with others it runs longer);
 - ``cold_after_steps``: a cached HBM entry no request has touched for that many steps moves down to
   DRAM (the design documents' cold threshold; running requests touch their blocks every step, so
   only cached-but-free entries go cold). Off unless given; 0 is an error.
@@ -63,6 +68,7 @@ class OffloadConfig:
     preset: str = "none"
     ssd: SSDConfig | None = None
     cold_after_steps: int = 0  # 0: off
+    load: str = "stall"  # stall | overlap
 
 
 # A PCIe Gen5 NVMe data-centre SSD: Samsung PM1743, sequential read 13,000 MB/s and write

@@ -368,6 +368,7 @@ def _read_offload(off: Section) -> OffloadConfig:
         **cap,
         ssd=ssd,
         cold_after_steps=cold,
+        load=off.choice("load", ("stall", "overlap"), "stall"),
     )
     off.done()
     if (ssd is not None or cold) and not cfg.enabled:
