@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
-from kvsim.results.io import write_requests_csv, write_timeseries_csv
+from kvsim.results.io import write_requests_csv, write_tiers_csv, write_timeseries_csv
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
@@ -61,6 +61,7 @@ class RunResult:
     stats: list[ReplicaStats]
     plan: MemoryPlan
     record: RunSummary
+    tier_samples: list[tuple[float, str, int]] = field(default_factory=list)  # (t, tier, bytes used)
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -281,7 +282,7 @@ def run_scenario(
         global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs),
         links=() if offload is None else offload.link_records(simulated),
     )
-    return RunResult(sc, seqs, stats, plan, summary)
+    return RunResult(sc, seqs, stats, plan, summary, [] if offload is None else offload.tier_samples())
 
 
 class _Offload:
@@ -456,6 +457,14 @@ class _Offload:
             overlap=self._prefill_time if off.load == "overlap" else None,
         )
         self.watchers.append(p)
+        first_on_node = all(q.node != node for q in self.ports) if self.ports else True
+        if first_on_node and p.host is not None:
+            p.sampled.append((f"node{node}/dram", p.host))
+        if first_on_node and self.ssd is not None:
+            p.sampled.append((f"node{node}/ssd", self.ssd[node].tier))
+        if not self.ports and self.pool is not None:
+            p.sampled.append(("global", self.pool))
+        p.node = node
         for q in self.ports:
             if q.host is not None and q.host is p.host:
                 q.peers.append(p)
@@ -536,6 +545,11 @@ class _Offload:
             dropped_bytes=pool.stats.dropped_blocks * bpg,
             declined_lookups=sum(p.stats.declined for p in self.ports),
         )
+
+    def tier_samples(self) -> list[tuple[float, str, int]]:
+        """Occupancy of every tier below HBM over time, bytes (a replica's blocks, all its GPUs)."""
+        bb = self.block_bytes
+        return sorted((t, name, int(blocks * bb)) for p in self.ports for t, name, blocks in p.samples)
 
     def swap_record(self) -> SwapRecord:
         assert self.swap is not None
@@ -700,3 +714,7 @@ def write_run(result: RunResult, out: Path) -> None:
     write_summary(out / "summary.json", result.record)
     write_requests_csv(out / "requests.csv", result.seqs)
     write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
+    if result.tier_samples:
+        write_tiers_csv(out / "tiers.csv", result.tier_samples)
+    elif (out / "tiers.csv").exists():  # an earlier run's (checked by the CLI as kvsim's own)
+        (out / "tiers.csv").unlink()

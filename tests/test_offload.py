@@ -359,8 +359,15 @@ def test_the_report_shows_the_memory_tiers_only_when_they_are_on(tmp_path):
     krun.write_run(res, tmp_path / "on")
     page = write_report(tmp_path / "on").read_text()
     assert "Memory tiers and links" in page and "node0/host_h2d/0" in page and "host DRAM (this node)" in page
-    krun.write_run(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY), tmp_path / "off")
-    assert "Memory tiers and links" not in write_report(tmp_path / "off").read_text()
+    assert 'id="kvsim-tiers"' in page  # the occupancy chart from tiers.csv
+    rows = (tmp_path / "on" / "tiers.csv").read_text().splitlines()
+    assert (
+        rows[0] == "t_s,tier,used_bytes" and rows[-1] == f"10.0,node0/dram,{(19 + 18) * BLOCK}"
+    )  # sampled after C was admitted to load
+    for out in (tmp_path / "off", tmp_path / "on"):  # a run without tiers leaves no tiers.csv behind
+        krun.write_run(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY), out)
+        assert not (out / "tiers.csv").exists()
+        assert "Memory tiers and links" not in write_report(out).read_text()
 
 
 # ---- the SSD tier and the cold threshold ---------------------------------------------------------------

@@ -7,7 +7,8 @@ goodput against the SLO, cost, HBM peak vs capacity, prefix hits, preemptions, s
 time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/waiting queues,
 output throughput over time); warnings; a per-replica table (requests, busy fraction, peak and
 mean KV blocks, preemptions); the memory tiers when any is on (prefix hits per tier, loads,
-write-backs, the global pool, swaps, waits for KV, and each link's traffic and utilisation);
+write-backs, the global pool, swaps, waits for KV, and each link's traffic and utilisation, and,
+from ``tiers.csv``, the occupancy of each tier over time);
 rejection reasons; and, when the summary carries one, the
 accuracy estimate, labelled as cited rather than measured.
 
@@ -61,7 +62,9 @@ def _page(record: RunSummary, run_dir: Path) -> str:
     scenario = str(s.get("scenario") or run_dir.name)
     requests = _load_csv(run_dir / "requests.csv")
     slo: dict[str, Any] = s["slo"]  # validated by the reader
-    charts, any_fig = _charts_section(requests, _load_csv(run_dir / "timeseries.csv"), slo)
+    charts, any_fig = _charts_section(
+        requests, _load_csv(run_dir / "timeseries.csv"), slo, _load_csv(run_dir / "tiers.csv")
+    )
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")
     sub = " · ".join(

@@ -184,6 +184,27 @@ def _timeseries_figures(ts: _Csv) -> _Figures:
     return [("kv", occ), ("queue", queue)], []
 
 
+def _tiers_figures(tc: _Csv) -> _Figures:
+    """Occupancy of the tiers below HBM over time (tiers.csv): one line per tier, GiB."""
+    if not tc.has("t_s", "tier", "used_bytes"):
+        return [], ["tiers.csv lacks its columns; the tier occupancy chart is left out."]
+    t, used, tier = tc.num("t_s"), tc.num("used_bytes"), tc.text("tier")
+    fig = go.Figure()
+    for name in sorted(set(tier.tolist())):
+        m = (tier == name) & np.isfinite(t)
+        idx = _stride(int(m.sum()), MAX_SERIES_POINTS)
+        fig.add_trace(
+            go.Scatter(x=t[m][idx], y=used[m][idx] / 2**30, name=str(name), mode="lines", line_shape="hv")
+        )
+    fig.update_layout(
+        title="Tiers below HBM: occupancy over time",
+        height=340,
+        xaxis_title="simulated time (s)",
+        yaxis_title="GiB (a replica's blocks, all its GPUs)",
+    )
+    return [("tiers", fig)], []
+
+
 def _figure_html(div_id: str, fig: go.Figure) -> str:
     fig.update_layout(template=_TEMPLATE, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return pio.to_html(
@@ -196,14 +217,19 @@ def _figure_html(div_id: str, fig: go.Figure) -> str:
     )
 
 
-def _charts_section(requests: _Csv | None, timeseries: _Csv | None, slo: dict[str, Any]) -> tuple[str, bool]:
-    """HTML for the charts and whether any figure needs plotly.js."""
+def _charts_section(
+    requests: _Csv | None, timeseries: _Csv | None, slo: dict[str, Any], tiers: _Csv | None = None
+) -> tuple[str, bool]:
+    """HTML for the charts and whether any figure needs plotly.js (``tiers.csv`` only where the run
+    wrote one: memory tiers on)."""
     out = ["<h2>Charts</h2>"]
     any_fig = False
     sources: tuple[tuple[str, _Csv | None, Callable[[_Csv], _Figures]], ...] = (
         ("requests.csv", requests, lambda r: _latency_figures(r, slo)),
         ("timeseries.csv", timeseries, _timeseries_figures),
     )
+    if tiers is not None:
+        sources += (("tiers.csv", tiers, _tiers_figures),)
     for name, data, build in sources:
         if data is None:
             out.append(_note(f"{name} not found in the run directory; its charts are left out."))

@@ -59,3 +59,16 @@ def write_timeseries_csv(path: Path, samples: list[tuple[float, int, int, int, i
         )
         for row in sorted(samples):
             w.writerow((repr(round(row[0], 6)), *row[1:]))
+
+
+TIER_COLUMNS = ("t_s", "tier", "used_bytes")
+
+
+def write_tiers_csv(path: Path, samples: list[tuple[float, str, int]]) -> None:
+    """Occupancy of the tiers below HBM over time (``kv.offload``, the global pool): one row per
+    sample and tier, ``tier`` as ``node0/dram``, ``node0/ssd`` or ``global``."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TIER_COLUMNS)
+        for t, tier, used in samples:
+            w.writerow((repr(round(t, 6)), tier, used))

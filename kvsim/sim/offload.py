@@ -171,6 +171,10 @@ class OffloadPort:
         self.cold_after_steps = cold_after_steps
         # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
         self.overlap = overlap
+        # Occupancy over time of the tiers this port samples (its node's, the pool for one port):
+        # (t, tier name, blocks used), set up by the run.
+        self.sampled: list[tuple[str, HostTier]] = []
+        self.samples: list[tuple[float, str, int]] = []
         # What a token loaded from a lower tier costs against computing it (the cache-aware router).
         self.load_weight = load_weight
         self.node = -1 if glob is None else glob.node
@@ -373,6 +377,10 @@ class OffloadPort:
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
         self._changed(changed, [self, *self.peers])
+
+    def sample(self, t: float) -> None:
+        for name, tier in self.sampled:
+            self.samples.append((t, name, tier.used_blocks))
 
     def cold_steps_left(self) -> int | None:
         """Steps until the schedule at which the oldest cached-free HBM entry goes cold (a window

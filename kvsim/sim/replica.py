@@ -197,6 +197,8 @@ class Replica:
                     len(self.sched.waiting),
                 )
             )
+            if self.offload is not None:
+                self.offload.sample(self.clock)  # the tiers below HBM it samples
             self._next_sample = self.clock + self.sample_every_s
 
     def run(self):  # type: ignore[no-untyped-def]
