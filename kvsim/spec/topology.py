@@ -5,13 +5,14 @@ links, their measured rates differ), a latency paid once per transfer, an overhe
 call, and the number of GPUs that share it. Moving ``nbytes`` in ``num_calls`` copies takes
 ``latency + num_calls x per_call_overhead + nbytes / bandwidth`` (`kvsim.costs.base.transfer_time`):
 a per-block ``cudaMemcpyAsync`` loop pays the per-call overhead per block, a batched gather kernel
-once. `NodeSpec` holds host DRAM per node (an SSD tier comes later).
+once. `NodeSpec` holds host DRAM per node (a node's SSD is configured with its tier,
+``kv.offload.ssd``: `kvsim.spec.offload`).
 
 Presets follow the GPU preset (a GPU's host link and NVLink come with its platform); each number
 names its source in `Topology.sources` (../shared/REFERENCE.md unless noted). A scenario overrides
-them under ``cluster.topology`` (`read_topology`). Left out: contention between the sharers (the
-link resources of the SimPy shell will model it; ``shared_by`` says how many contend), NUMA, PCIe
-switches below the root complex, multi-rail networks.
+them under ``cluster.topology`` (`read_topology`). Contention between the sharers is the SimPy
+shell's (`kvsim.sim.links`: one FIFO queue per direction per group of ``shared_by`` GPUs). Left
+out: NUMA, PCIe switches below the root complex, multi-rail networks.
 """
 
 from __future__ import annotations
