@@ -9,9 +9,12 @@ request's blocks, however close their arrivals; generated tokens are not cached 
 trace names none).
 
     python bench/lru_replay.py [--trace scenarios/traces/mooncake/conversation_trace.jsonl]
-        [--capacity-blocks N ...] [--block-bytes B] [--json out.json]
+        [--capacity-blocks N ...] [--capacity-tokens T ...] [--local-nodes K] [--json out.json]
 
-Prints the hit ratio (hit prompt tokens / prompt tokens) per capacity, infinite first.
+Prints the hit ratio (hit prompt tokens / prompt tokens) per capacity, infinite first. With
+``--local-nodes K`` it also replays K separate caches of each capacity (the Mooncake paper's
+local-cache setup, section 5.3.2: each request goes to the node with the longest prefix match
+beyond one trace block, ties and the rest to the next node in turn), beside one global cache of K times that capacity.
 """
 
 from __future__ import annotations
@@ -49,32 +52,61 @@ def entries(prompt: int, ids: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def replay(reqs: list[tuple[int, list[int]]], capacity: float) -> dict[str, float]:
-    lru: OrderedDict[int, int] = OrderedDict()
-    used = 0
-    hit_tokens = prompt_tokens = 0
-    for prompt, ids in reqs:
-        es = entries(prompt, ids)
-        covered = 0
+class Cache:
+    """One LRU of entries, capacity in engine blocks."""
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self.lru: OrderedDict[int, int] = OrderedDict()
+        self.used = 0
+
+    def covered(self, es: list[tuple[int, int]]) -> int:
+        n_blocks = 0
         for k, n in es:
-            if k not in lru:
+            if k not in self.lru:
                 break
-            covered += n
-        hit_tokens += min(covered, (prompt - 1) // BLOCK) * BLOCK
-        prompt_tokens += prompt
+            n_blocks += n
+        return n_blocks
+
+    def insert(self, es: list[tuple[int, int]]) -> None:
+        lru = self.lru
         for k, n in es:
             if k in lru:
                 lru.move_to_end(k)
                 continue
-            if n > capacity:
+            if n > self.capacity:
                 continue
-            while used + n > capacity:
+            while self.used + n > self.capacity:
                 _, dropped = lru.popitem(last=False)
-                used -= dropped
+                self.used -= dropped
             lru[k] = n
-            used += n
+            self.used += n
+
+
+def replay(reqs: list[tuple[int, list[int]]], capacity: float, nodes: int = 1) -> dict[str, float]:
+    caches = [Cache(capacity) for _ in range(nodes)]
+    turn = 0
+    hit_tokens = prompt_tokens = 0
+    for prompt, ids in reqs:
+        es = entries(prompt, ids)
+        cover = [c.covered(es) for c in caches]
+        best = max(cover)
+        # Longest match wins, but a match of one trace block or less (the conversation trace's
+        # first block is one system prompt shared by nearly all requests) counts as none: those go
+        # round robin, else every request would pile onto the first node (load is not modelled).
+        pick = (
+            [i for i, v in enumerate(cover) if v == best]
+            if best > TRACE_BLOCK // BLOCK
+            else list(range(nodes))
+        )
+        i = pick[turn % len(pick)]
+        turn += 1
+        hit_tokens += min(best, (prompt - 1) // BLOCK) * BLOCK
+        prompt_tokens += prompt
+        caches[i].insert(es)
     return {
         "capacity_blocks": capacity,
+        "nodes": nodes,
         "hit_ratio": hit_tokens / prompt_tokens,
         "prompt_tokens": prompt_tokens,
     }
@@ -84,15 +116,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=ROOT / "scenarios/traces/mooncake/conversation_trace.jsonl")
     ap.add_argument("--capacity-blocks", type=float, nargs="*", default=[])
+    ap.add_argument("--capacity-tokens", type=float, nargs="*", default=[], help="capacities in tokens")
+    ap.add_argument("--local-nodes", type=int, default=0)
     ap.add_argument("--block-bytes", type=float, default=0.0, help="print capacities in GB of this block")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     reqs = load(args.trace)
-    rows = [replay(reqs, c) for c in [math.inf, *args.capacity_blocks]]
+    caps = [math.inf, *args.capacity_blocks, *(t / BLOCK for t in args.capacity_tokens)]
+    rows = [replay(reqs, c) for c in caps]
+    if args.local_nodes:
+        k = args.local_nodes
+        for c in caps[1:]:
+            rows.append(replay(reqs, c, k))
+            rows.append(replay(reqs, c * k))
     for r in rows:
         cap = r["capacity_blocks"]
         size = f" ({cap * args.block_bytes / 1e9:,.1f} GB)" if args.block_bytes and math.isfinite(cap) else ""
-        print(f"capacity {cap:>14,.0f} blocks{size}: hit ratio {r['hit_ratio']:.4f}")
+        where = f"{r['nodes']} local caches of" if r["nodes"] > 1 else "one cache of"
+        print(
+            f"{where} {cap:>14,.0f} blocks ({cap * BLOCK / 1e6:,.1f}M tokens){size}: hit ratio {r['hit_ratio']:.4f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, default=str) + "\n")
 
