@@ -446,3 +446,39 @@ def test_an_overlapped_load_costs_only_what_exceeds_the_prefill(ff):
         start = max(10.0, 10.0 + load - hidden)
         assert c.first_token_s == pytest.approx(start + prefill, rel=1e-12)
         assert c.num_cached_tokens == 304
+
+
+def test_fast_forward_equals_stepping_with_every_tier_on_across_nodes():
+    """400 Mooncake requests on 2 nodes x 2 replicas of 2,000 blocks, cache-aware routing: write-back
+    DRAM with an SSD below, a cold threshold, overlapped loads, swap preemption and the global pool."""
+    wl = _mooncake(400)
+    runs = []
+    for ff in (True, False):
+        sc = small_scenario(
+            num_blocks=2000,
+            scheduler={"max_batched_tokens": 2048, "preemption": "auto"},
+            cluster={"nodes": 2, "gpus_per_node": 2, "router": "cache_aware"},
+            kv={
+                "prefix_cache": {"scope": "global", "pool_bytes": "8GiB"},
+                "offload": {
+                    "enabled": True,
+                    "host_bytes": "4GiB",
+                    "load": "overlap",
+                    "cold_after_steps": 200,
+                    "ssd": {"capacity": "16GiB"},
+                },
+            },
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        runs.append(krun.run_scenario(sc, workload=wl))
+    a, b = runs
+    assert records(a) == records(b)
+    for part in ("offload", "swap", "global_pool", "links"):
+        assert a.summary[part] == b.summary[part], part
+    off, gp = a.summary["offload"], a.summary["global_pool"]
+    assert off["loads"] > 0 and off["ssd_written_bytes"] > 0 and off["cold_demoted_bytes"] > 0
+    assert gp["fetched_tokens"] > 0 and gp["remote_bytes"] > 0
+    r = a.summary["requests"]
+    assert r["unfinished"] == 0 and r["completed"] + r["rejected"] == 400  # every request accounted for
+    assert set(r["rejected_reasons"]) <= {"needs more KV blocks than a replica has"}
+    assert a.summary["engine_events"] < b.summary["engine_events"]
