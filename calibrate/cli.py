@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="calibrate", description="Time GEMM/attention/copy ops and write a kvsim profile.")
     p.add_argument("--device", choices=("cuda", "cpu"), required=True)
-    p.add_argument("--quick", action="store_true", help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU for Llama-3.1-8B's shapes); on a CPU, "
+        "GEMMs are timed in fp32 (bf16 matmuls are several times slower there), on CUDA in bf16",
+    )
     p.add_argument("--ops", default="gemm,decode,prefill,copy", help="comma list: gemm,decode,prefill,copy")
     p.add_argument("--model", default="llama-3.1-8b", help="kvsim model preset or config.json path")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
@@ -45,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=None, help="max timed reps per point (default 50, quick 10)")
     p.add_argument("--peak-flops", type=float, default=None, help="dense bf16 FLOP/s for util_flops")
     p.add_argument("--peak-bw", type=float, default=None, help="memory bytes/s for util_bw")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (on a terminal) nor one line per op (when stdout is not a terminal)",
+    )
     p.add_argument("--out", required=True, help="profile JSON to write (resumed if it exists)")
     p.add_argument("--force", action="store_true", help="replace an --out file that is not a kvsim profile")
     return p
@@ -180,7 +190,7 @@ def calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from calibrate.harness import Timer, device_info, lookup_peaks
-    from calibrate.ops import count, make_grid, points
+    from calibrate.ops import count, gemm_dtype, make_grid, points
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():
@@ -234,6 +244,8 @@ def calibrate(args: argparse.Namespace) -> int:
             "model": {"name": model.name, "num_layers": model.num_layers, **shapes},
             "tp": args.tp,
             "kv_formats": list(grid.formats),
+            # GEMMs in fp32 on a CPU (bf16 matmuls are several times slower there), bf16 on CUDA.
+            "gemm_dtype": str(gemm_dtype(backend)).removeprefix("torch."),
             "calibration": settings,
             "ops": {},
             "complete": False,
@@ -246,17 +258,22 @@ def calibrate(args: argparse.Namespace) -> int:
     total = sum(count(op, grid, backend) for op in todo)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # Not a terminal (a log, CI, a pipe): the bar would draw nothing, so one line per op instead.
+    lines = not args.no_progress and not sys.stdout.isatty()
+    done = 0
+    t_start = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        disable=args.no_progress,
+        disable=args.no_progress or lines,
         transient=True,
     ) as bar:
         task = bar.add_task("calibrating", total=total)
         for op in todo:
             bar.update(task, description=op)
+            t_op = time.perf_counter()
             rows = []
             for pt in points(op, grid, model, args.tp, backend):
                 t = timer.time(pt.fn)
@@ -279,6 +296,14 @@ def calibrate(args: argparse.Namespace) -> int:
                 bar.advance(task)
             prof["ops"][op] = {"points": rows}
             _write(out, prof)
+            done += len(rows)
+            if lines:
+                print(
+                    f"calibrate: {op}: {len(rows)}/{count(op, grid, backend)} points in "
+                    f"{time.perf_counter() - t_op:.1f} s ({done}/{total} in all, "
+                    f"{time.perf_counter() - t_start:.1f} s)",
+                    flush=True,
+                )
             if backend == "cuda":
                 torch.cuda.empty_cache()
     prof["complete"] = all(op in prof["ops"] for op in ("gemm", "paged_decode", "chunked_prefill", "copy"))

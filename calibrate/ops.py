@@ -1,7 +1,9 @@
 """The calibrated ops, their grids, and the work (bytes, FLOPs) each grid point does.
 
-- ``gemm``: ``torch.matmul`` of [m, k] x [k, n] in bf16 at one layer's per-GPU shapes under TP
-  (qkv, o, gate_up, down; lm_head once per step), over token counts m.
+- ``gemm``: ``torch.matmul`` of [m, k] x [k, n] at one layer's per-GPU shapes under TP (qkv, o,
+  gate_up, down; lm_head once per step), over token counts m; in bf16 on CUDA, in fp32 on a CPU
+  (`gemm_dtype`: CPUs without AMX run bf16 matmuls several times slower than fp32 ones, and a CPU
+  serving loop such as ``kvsim validate`` runs fp32 weights).
 - ``paged_decode``: one layer of paged decode attention (`kernels.paged_decode`; on a CPU its torch
   reference; a dense SDPA when `kernels` is not importable), over batch x context x KV format.
   Work: the KV bytes read, batch x context x bytes per token per layer per GPU (kvsim's formula).
@@ -40,6 +42,11 @@ OP_ALIASES = {
     "block_copy": "copy",
 }
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def gemm_dtype(backend: str) -> torch.dtype:
+    """The dtype GEMMs are timed in: bf16 on CUDA, fp32 on a CPU (see the module docstring)."""
+    return torch.bfloat16 if backend == "cuda" else torch.float32
 
 
 @dataclass(frozen=True)
@@ -144,13 +151,14 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
     if op == "gemm":
         for layer in GEMM_LAYERS:
             n, k = sh.gemm_nk[layer]
-            w = torch.randn(k, n, dtype=torch.bfloat16, device=dev)
+            dt = gemm_dtype(backend)
+            w = torch.randn(k, n, dtype=dt, device=dev)
             for m in grid.lm_head_m if layer == "lm_head" else grid.gemm_m:
-                a = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                a = torch.randn(m, k, dtype=dt, device=dev)
                 yield Point(
                     {"layer": layer, "m": m, "n": n, "k": k},
                     lambda a=a, w=w: torch.matmul(a, w),
-                    gemm_bytes(m, n, k),
+                    gemm_bytes(m, n, k, operand_bytes=dt.itemsize, out_bytes=dt.itemsize),
                     gemm_flops(m, n, k),
                 )
             del w
