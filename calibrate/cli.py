@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
     p.add_argument("--formats", default=None, help="KV formats for attention, e.g. bf16,fp8_e4m3/per_tensor")
     p.add_argument("--reps", type=int, default=None, help="max timed reps per point (default 50, quick 10)")
+    for flag, what in (
+        ("--max-tokens", "tokens of one step (GEMM rows, prefill chunks)"),
+        ("--max-batch", "decode batch (and sampled rows)"),
+        ("--max-context", "context per sequence (decode context, prefill prefix)"),
+    ):
+        p.add_argument(flag, type=int, default=None, help=f"extend the grid up to this many {what}")
     p.add_argument("--peak-flops", type=float, default=None, help="dense bf16 FLOP/s for util_flops")
     p.add_argument("--peak-bw", type=float, default=None, help="memory bytes/s for util_bw")
     p.add_argument(
@@ -190,7 +196,7 @@ def calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from calibrate.harness import Timer, device_info, lookup_peaks
-    from calibrate.ops import count, gemm_dtype, make_grid, points
+    from calibrate.ops import count, extend_grid, gemm_dtype, make_grid, points
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():
@@ -201,7 +207,16 @@ def calibrate(args: argparse.Namespace) -> int:
         raise KvsimError(f"{model.name}: only dense GQA/MHA models are calibrated", source="--model")
     ops = _resolve_ops(args.ops)
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
-    grid = make_grid(backend, args.quick, formats)
+    for flag in ("max_tokens", "max_batch", "max_context"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise KvsimError(f"expected a positive integer, got {v}", source="--" + flag.replace("_", "-"))
+    grid = extend_grid(
+        make_grid(backend, args.quick, formats),
+        max_tokens=args.max_tokens,
+        max_batch=args.max_batch,
+        max_context=args.max_context,
+    )
     for f in formats or ():
         try:
             format_from_name(f)
@@ -215,6 +230,11 @@ def calibrate(args: argparse.Namespace) -> int:
         "tp": args.tp,
         "formats": list(grid.formats),
         "reps": reps,
+        **{
+            k: getattr(args, k)
+            for k in ("max_tokens", "max_batch", "max_context")
+            if getattr(args, k) is not None
+        },
     }
     dev = device_info(backend)
     peak_flops, peak_bw, preset = lookup_peaks(str(dev["name"]))

@@ -17,7 +17,7 @@ Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -106,6 +106,33 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
         (0, 512, 2048),
         (mib // 16, mib // 4, mib, 4 * mib, 16 * mib, 64 * mib),
         formats or ("bf16", "int8/g64"),
+    )
+
+
+def _reach(axis: tuple[int, ...], top: int | None) -> tuple[int, ...]:
+    """`axis` extended by factors of 4 up to `top` (and `top` itself), so a grid covers it."""
+    if top is None or top <= axis[-1]:
+        return axis
+    out = list(axis)
+    while out[-1] * 4 < top:
+        out.append(out[-1] * 4)
+    out.append(top)
+    return tuple(out)
+
+
+def extend_grid(
+    grid: Grid, *, max_tokens: int | None, max_batch: int | None, max_context: int | None
+) -> Grid:
+    """The grid reaching a serving loop's largest step (tokens), decode batch and context
+    (``kvsim validate`` passes its trace's, so that no step it runs is priced off the grid)."""
+    return replace(
+        grid,
+        gemm_m=_reach(grid.gemm_m, max_tokens),
+        lm_head_m=_reach(grid.lm_head_m, max_batch),
+        decode_batch=_reach(grid.decode_batch, max_batch),
+        decode_context=_reach(grid.decode_context, max_context),
+        prefill_chunk=_reach(grid.prefill_chunk, max_tokens),
+        prefill_prefix=_reach(grid.prefill_prefix, max_context),
     )
 
 
