@@ -473,6 +473,18 @@ def _html_table(data: dict[str, Any]) -> str:
 
 
 # ---- the command ---------------------------------------------------------------------------------------------
+def _check_cuda() -> None:
+    """Refuse ``--device cuda`` where torch sees no GPU (asked of a child: kvsim never imports torch)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True)
+    if proc.returncode == 3:
+        raise KvsimError("CUDA is not available on this machine (torch sees no GPU)", source="--device")
+    if proc.returncode != 0:
+        raise KvsimError("cannot import torch, which executing the trace needs", source="--device")
+
+
 def _check_ours(out: Path, *, force: bool) -> None:
     """A non-empty --out must hold an earlier validation (its validate.json), unless --force."""
     try:
@@ -520,17 +532,11 @@ def validate_command(args: Any) -> int:
     scen_path = Path(args.scenario) if args.scenario else DEFAULT_SCENARIO
     setup = _read_setup(scen_path)
     base = _scenario(setup, model_ref=_model_name(setup), num_blocks=None)
-    out = check_output_dir(
-        args.out,
-        reads=(("scenario", scen_path), ("trace", base.workload.trace)),
-        force=args.force,
-        files=(),
-    )
-    _check_ours(out, force=args.force)
-    _probe_writable(out)
     wl = scenario_workload(base)
     if args.quick:
         check_quick(wl, setup.source)
+    if not len(wl):
+        raise KvsimError("the trace has no requests", source=setup.source, path="workload")
     if base.model.is_moe or base.model.attention.value == "mla":
         raise KvsimError(
             f"{base.model.name}: only dense GQA/MHA models are validated", source=setup.source, path="model"
@@ -540,6 +546,16 @@ def validate_command(args: Any) -> int:
         raise KvsimError(
             f"validation executes bf16 or fp16 KV caches, got {kv_fmt}", source=setup.source, path="kv.format"
         )
+    if args.device == "cuda":
+        _check_cuda()  # before anything is written
+    out = check_output_dir(
+        args.out,
+        reads=(("scenario", scen_path), ("trace", base.workload.trace)),
+        force=args.force,
+        files=(),
+    )
+    _check_ours(out, force=args.force)
+    _probe_writable(out)
     threads = args.cpu_threads if args.device == "cpu" else None
     scale = args.scale if args.scale is not None else (8 if args.device == "cpu" else 1)
     cfg = scaled_config(base.model, scale)
