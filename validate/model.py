@@ -56,10 +56,13 @@ class TinyLlama:
         num_blocks: int,
         block_size: int,
         seed: int,
+        triton: bool | None = None,
     ) -> None:
         self.device = device
-        self.cuda = device == "cuda"
-        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        # Triton kernels on CUDA, the torch references on a CPU (`triton=True` on a CPU: the
+        # Triton interpreter, for tests of the launch path at tiny shapes).
+        self.cuda = device == "cuda" if triton is None else triton
+        self.dtype = torch.bfloat16 if device == "cuda" else torch.float32
         self.attn_dtype = torch.float16 if self.cuda else torch.float32
         sh = TPShapes.of(model, 1)
         self.heads, self.kv_heads, self.head_dim = sh.heads, sh.kv_heads, sh.head_dim
