@@ -588,6 +588,7 @@ def validate_command(args: Any) -> int:
     max_seq = int((wl.prompt_tokens + wl.output_tokens).max())
     say(f"calibrating {args.device} for {scaled.name} ({scale}x smaller than {base.model.name})")
     prof_path = out / "profile.json"
+    prof_path.unlink(missing_ok=True)  # calibrated afresh: the calibrator would resume an old one
     _child(
         "calibrate",
         [
