@@ -302,6 +302,11 @@ def exec_result(
         sim.record,
         **parts,
         kv_peak_used_blocks=int(run["peak_used_blocks"]),
+        hbm_peak_bytes=int(
+            sim.plan.weight_bytes_per_gpu
+            + sim.plan.activation_reserve_bytes
+            + int(run["peak_used_blocks"]) * sim.plan.block_bytes_per_gpu
+        ),
         prefix_cache_evictions=0,
         steps=len(steps),
         replica_busy_fraction=BusyFraction(mean=busy / span, max=busy / span),
@@ -434,7 +439,9 @@ def table_lines(data: dict[str, Any]) -> list[str]:
         st = data["step_time"][m]
         lines.append(
             f"per-step time, {m}: median error {_pct(st['median_error'])}, median |error| "
-            f"{_pct(st['median_abs_error'])}, p90 |error| {_pct(st['p90_abs_error'])} over {st['steps']} steps"
+            f"{_pct(st['median_abs_error'])}, p90 |error| {_pct(st['p90_abs_error'])} over {st['steps']} steps "
+            f"(decode-only steps {_pct(st['median_error_by_kind']['decode_only'])}, "
+            f"with a prefill {_pct(st['median_error_by_kind']['with_prefill'])})"
         )
     kv = data["kv_blocks"]
     lines.append(
@@ -676,9 +683,15 @@ def validate_command(args: Any) -> int:
     sim_summaries = {m: sims[m].summary for m in MODELS}
     metrics = error_table(exec_summaries, sim_summaries)
     step_time = {}
+    decode_only = np.asarray([not st[3] for run in records["runs"] for st in run["steps"]], dtype=bool)
     for m in MODELS:
         allerr = np.asarray([e for run_errs in step_errs[m] for e in run_errs])
+        by_kind = {
+            kind: float(np.median(allerr[mask])) if mask.any() else None
+            for kind, mask in (("decode_only", decode_only), ("with_prefill", ~decode_only))
+        }
         step_time[m] = {
+            "median_error_by_kind": by_kind,
             "median_error": float(np.median(allerr)) if allerr.size else None,
             "median_abs_error": float(np.median(np.abs(allerr))) if allerr.size else None,
             "p90_abs_error": float(np.percentile(np.abs(allerr), 90)) if allerr.size else None,

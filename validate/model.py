@@ -70,10 +70,11 @@ class TinyLlama:
         self.inter = model.intermediate_size
         self.num_layers = model.num_layers
         self.rope_theta = 500000.0  # Llama 3's rope_theta (its config.json)
-        gen = torch.Generator().manual_seed(seed)
+        # Drawn on the device: a full-size model's 8 B weights drawn on the host would take minutes.
+        gen = torch.Generator(device=device).manual_seed(seed)
 
         def w(k: int, n: int) -> torch.Tensor:
-            return (torch.randn(k, n, generator=gen) * 0.02).to(device, self.dtype)
+            return (torch.randn(k, n, generator=gen, device=device, dtype=self.dtype)) * 0.02
 
         self.embed = w(model.vocab_size, self.hidden)
         self.layers = []
