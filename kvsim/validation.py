@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from kvsim.core.request import Request, RequestStatus
-from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.sched.output import SchedulerOutput, SeqKind
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.report.compare import compare_page
 from kvsim.report.outputs import check_output_dir
@@ -335,7 +335,7 @@ def write_exec_dir(out: Path, run: dict[str, Any], rec: RunSummary, seqs: list[R
     out.mkdir(parents=True, exist_ok=True)
     write_summary(out / "summary.json", rec)
     write_requests_csv(out / "requests.csv", seqs)
-    write_timeseries_csv(out / "timeseries.csv", [tuple(s) for s in run["samples"]])  # type: ignore[misc]
+    write_timeseries_csv(out / "timeseries.csv", [tuple(s) for s in run["samples"]])
     with (out / "steps.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(("step", "t_start_s", "seconds", "num_decode", "decode_ctx", "prefill_new", "prefill_ctx",
@@ -359,7 +359,7 @@ def _get(summary: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     return None if v is None else float(v)
 
 
-def _spread(xs: list[float]) -> dict[str, float | None]:
+def _spread(xs: list[float | None]) -> dict[str, float | None]:
     ok = [x for x in xs if x is not None and math.isfinite(x)]
     if not ok:
         return {"median": None, "min": None, "max": None}
@@ -392,11 +392,11 @@ def error_table(execs: list[dict[str, Any]], sims: dict[str, dict[str, Any]]) ->
     rows = []
     for name, unit, keys in METRICS:
         meas = [_get(e, keys) for e in execs]
-        row: dict[str, Any] = {"metric": name, "unit": unit, "measured": {**_spread(meas), "runs": meas}}  # type: ignore[dict-item]
+        row: dict[str, Any] = {"metric": name, "unit": unit, "measured": {**_spread(meas), "runs": meas}}
         for m, s in sims.items():
             v = _get(s, keys)
             errs = [_rel(v, x) for x in meas]
-            row[m] = {"value": v, "error": {**_spread(errs), "runs": errs}}  # type: ignore[dict-item]
+            row[m] = {"value": v, "error": {**_spread(errs), "runs": errs}}
         rows.append(row)
     return rows
 

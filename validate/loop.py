@@ -56,7 +56,10 @@ def _build(
         dec_slots.append(t[c // bs] * bs + c % bs)
         dec_lens.append(c + 1)
         dec_rows.append(t)
-    qsl, pre_lens, pre_rows, pre_slots = [0], [], [], []
+    qsl: list[int] = [0]
+    pre_lens: list[int] = []
+    pre_rows: list[list[int]] = []
+    pre_slots: list[int] = []
     sample = list(range(nd))
     for r, n, c, smp in zip(
         out.prefill_reqs, out.prefill_new, out.prefill_ctx, out.prefill_sampling, strict=True

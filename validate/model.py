@@ -127,14 +127,16 @@ class TinyLlama:
             q = self._rope(q, cos, sin).to(ad)
             k = self._rope(k, cos, sin).to(ad)
             v = v.to(ad).contiguous()
-            outs = []
+            outs: list[torch.Tensor] = []
             if nd:
                 if self.cuda:
                     kv_write(k[:nd], v[:nd], cache, s.dec_slots)
-                    outs.append(paged_decode(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                    outs.append(_one(paged_decode(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale)))
                 else:
                     kv_write_ref(k[:nd], v[:nd], cache, s.dec_slots)
-                    outs.append(paged_decode_ref(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                    outs.append(
+                        _one(paged_decode_ref(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                    )
             if q.shape[0] > nd:
                 args = (q[nd:], k[nd:], v[nd:], cache, s.pre_tables, s.pre_qsl, s.pre_lens, self.sm_scale)
                 if self.cuda:
@@ -150,3 +152,9 @@ class TinyLlama:
             x = x + (torch.nn.functional.silu(gate) * up) @ layer["down"]
         last = self._rms(x[s.sample_idx], self.final_norm)
         return (last @ self.lm_head).argmax(-1)
+
+
+def _one(out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The attention output of a launcher called without ``return_lse``."""
+    assert isinstance(out, torch.Tensor)
+    return out
