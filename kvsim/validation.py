@@ -451,6 +451,40 @@ def table_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def markdown_table(data: dict[str, Any]) -> str:
+    """The error table in Markdown (``validate.md``: for a README or a benchmark page)."""
+    names = {
+        "ttft": "TTFT",
+        "tpot": "TPOT",
+        "e2e": "E2E",
+        "output_throughput": "output throughput",
+        "kv_peak_blocks": "peak KV blocks",
+    }
+    out = [
+        "| metric | measured | profile sim | error | analytic sim | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["metrics"]:
+        stem, _, pct = r["metric"].rpartition("_")
+        label = f"{names[stem]} {pct}" if stem in names else names.get(r["metric"], r["metric"])
+        u = r["unit"]
+        cells = [label, _num(r["measured"]["median"], u) + (f" {u}" if u not in ("s", "blocks") else "")]
+        for m in MODELS:
+            e = r[m]["error"]
+            cells += [_num(r[m]["value"], u), f"{_pct(e['median'])} [{_pct(e['min'])}, {_pct(e['max'])}]"]
+        out.append("| " + " | ".join(cells) + " |")
+    st = data["step_time"]
+    out.append(
+        "| per-step time (same batch) | {} steps | | median {}, p90 \\|error\\| {} | | median {} |".format(
+            st["profile"]["steps"],
+            _pct(st["profile"]["median_error"]),
+            _pct(st["profile"]["p90_abs_error"]).lstrip("+"),
+            _pct(st["analytic"]["median_error"]),
+        )
+    )
+    return "\n".join(out) + "\n"
+
+
 def _html_table(data: dict[str, Any]) -> str:
     import html
 
@@ -736,6 +770,7 @@ def validate_command(args: Any) -> int:
     }
     try:
         (out / "validate.json").write_text(json.dumps(_finite(data), indent=1) + "\n")
+        (out / "validate.md").write_text(markdown_table(data))
         page, _ = compare_page(
             [str(out / f"exec-{median_run}"), str(out / "sim-profile"), str(out / "sim-analytic")]
         )
