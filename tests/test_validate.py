@@ -77,6 +77,7 @@ def test_validate_cpu_quick_end_to_end(tmp_path):
     with (out / "exec-1" / "steps.csv").open() as f:
         steps = list(csv.DictReader(f))
     assert len(steps) == ex.steps and max(int(s["kv_used_blocks"]) for s in steps) == ex.kv_peak_used_blocks
+    assert (out / "validate.md").read_text().startswith("| metric | measured | profile sim |")
     page = (out / "validate.html").read_text()
     assert page.startswith("<!doctype html>") and "<title>kvsim compare: " in page
     assert "Validation: simulated vs measured on CPU" in page
