@@ -627,6 +627,7 @@ def validate_command(args: Any) -> int:
     sc_an = scenario_for({"kind": "analytic"})
     sched = sc_an.scheduler
     max_seq = int((wl.prompt_tokens + wl.output_tokens).max())
+    loads = {"before_calibration": _load_average()}
     say(f"calibrating {args.device} for {scaled.name} ({scale}x smaller than {base.model.name})")
     prof_path = out / "profile.json"
     prof_path.unlink(missing_ok=True)  # calibrated afresh: the calibrator would resume an old one
@@ -656,6 +657,7 @@ def validate_command(args: Any) -> int:
         threads=threads,
     )
     prof = json.loads(prof_path.read_text())
+    loads["after_calibration"] = _load_average()
     run_cfg = {
         "device": args.device,
         "model_config": str(model_path),
@@ -686,6 +688,7 @@ def validate_command(args: Any) -> int:
         threads=threads,
     )
     records = json.loads(rec_path.read_text())
+    loads["after_execution"] = _load_average()
     device_name = str(records["device"]["name"])
     say("simulating with the profile and the analytic model")
     sc_prof = scenario_for({"kind": "profile", "profile": str(prof_path), "force": True})
@@ -766,6 +769,9 @@ def validate_command(args: Any) -> int:
             "peak_measured": [s["kv_peak_used_blocks"] for s in exec_summaries],
             "peak_simulated": {m: sim_summaries[m]["kv_peak_used_blocks"] for m in MODELS},
         },
+        # The host's 1-minute load average around each phase: on a shared machine, other jobs'
+        # load between the calibration and the execution moves the errors more than anything else.
+        "load_average": loads,
         "targets": {"p50_abs_error": TARGET_P50, "p99_abs_error": TARGET_P99, "kv_blocks": "identical"},
     }
     try:
@@ -779,10 +785,20 @@ def validate_command(args: Any) -> int:
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc.strerror or exc}", source="--out") from None
     print(f"validation on {device_name}: {data['model']['how']}, {len(wl)} requests, {data['repeats']} runs")
+    la = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in loads.items() if v is not None)
+    if la:
+        print(f"host load average: {la}")
     for line in table_lines(data):
         print(line)
     print(f"wrote {out / 'validate.json'}, {out / 'validate.html'}")
     return 0
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # not every OS reports one
+        return None
 
 
 def _finite(x: Any) -> Any:
