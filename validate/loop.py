@@ -12,8 +12,8 @@ Recorded per run: each request's arrival, first scheduling, first token, finish 
 time; each step's composition (decode contexts, prefill chunks and their contexts, rows sampling),
 start, measured duration and KV blocks in use; the pool's occupancy at every step. Times are
 seconds from the run's start, by ``time.perf_counter`` (CUDA: the sampled ids are read back every
-step, which synchronises). A warm-up run (CUDA: Triton compiles each kernel variant on first use)
-is executed and discarded first; ``repeats`` runs follow, each on a fresh scheduler.
+step, which synchronises). A warm-up run is executed and discarded first (a burst of the trace
+on a CPU; on CUDA the trace itself, as Triton compiles each kernel variant on first use); ``repeats`` runs follow, each on a fresh scheduler.
 """
 
 from __future__ import annotations
@@ -251,7 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         runs = []
         for k in range(int(cfg["warmup_runs"]) + int(cfg["repeats"])):
-            res = run_once(cfg, model, spec.max_context, burst=k < int(cfg["warmup_runs"]))
+            # The warm-up: on a CPU a burst (quick; it only warms allocators and caches); on CUDA
+            # the trace itself, so Triton compiles every kernel variant the recorded runs will meet.
+            res = run_once(
+                cfg, model, spec.max_context, burst=k < int(cfg["warmup_runs"]) and device == "cpu"
+            )
             if k >= int(cfg["warmup_runs"]):
                 runs.append(res)
             if cfg.get("progress"):
