@@ -253,7 +253,10 @@ def _sessions_section(rec: RunSummary) -> str:
     d = ses.duration_s
     rows = [
         ("sessions completed", f"{ses.completed:,} of {ses.sessions:,}"),
-        ("turns sent / completed / in workload", f"{ses.turns_sent:,} / {ses.turns_completed:,} / {ses.turns:,}"),
+        (
+            "turns sent / completed / in workload",
+            f"{ses.turns_sent:,} / {ses.turns_completed:,} / {ses.turns:,}",
+        ),
         ("arrivals", "closed loop (a turn waits for the previous reply)" if ses.closed_loop else "open loop"),
         ("session duration p50 / p99", f"{_dur(d.p50)} / {_dur(d.p99)}"),
         ("pinned segments", ", ".join(ses.pinned_segments) or "none"),
