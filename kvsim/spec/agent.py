@@ -78,6 +78,7 @@ def agent_workload(
 
     table: dict[tuple[object, ...], int] = {}  # block signature -> id
     seg_ids: dict[str, set[int]] = {"system": set(), "tools": set()}
+    heads: dict[int, tuple[Pieces, list[int]]] = {}  # system prompt -> its head's pieces and ids
     rows: list[tuple[float, int, int, int, float, list[int], int, list[int]]] = []
     seg_tok = np.zeros((n, len(SEGMENTS)), dtype=np.int64)
     first = np.cumsum(turns) - turns
@@ -90,6 +91,7 @@ def agent_workload(
         head_sys = cfg.system_prompt_tokens
         t_s = float(starts[s])
         history: list[list[tuple[tuple[int, ...], int]]] = []  # per earlier turn: its pieces
+        known = heads.get(int(system[s]))  # the previous stream of this session, or the head's
         for t in range(int(turns[s])):
             i = int(first[s] + t)
             tool_in = t > 0 and bool(calls[i - 1])
@@ -103,7 +105,9 @@ def agent_workload(
             pieces.append(inp)
             p = sum(length for _, length in pieces)
             o = int(output[i])
-            ids = _block_ids([*pieces, ((_REPLY, s, t), o)], (p + o - 1) // g, table)
+            stream = [*pieces, ((_REPLY, s, t), o)]
+            ids = _block_ids(stream, (p + o - 1) // g, table, known)
+            known = (stream, ids)
             full = p // g
             hash_ids = ids[:full] + ([_fresh(table, ("partial", i))] if p % g else [])
             rows.append((t_s, s, t, i, gap, hash_ids, p, ids[full:]))
@@ -114,6 +118,7 @@ def agent_workload(
             seg_tok[i, 3 if tool_in else 4] = inp[1]
             if t == 0:
                 head_blocks = sum(length for _, length in head) // g
+                heads.setdefault(int(system[s]), (head, ids[:head_blocks]))
                 for b in range(head_blocks):
                     seg = "system" if (b + 1) * g <= head_sys else "tools"
                     seg_ids[seg].add(ids[b])
@@ -161,16 +166,49 @@ def _fresh(table: dict[tuple[object, ...], int], sig: tuple[object, ...]) -> int
     return table.setdefault(sig, len(table))
 
 
+Pieces = list[tuple[tuple[int, ...], int]]
+
+
 def _block_ids(
-    pieces: list[tuple[tuple[int, ...], int]], num_blocks: int, table: dict[tuple[object, ...], int]
+    pieces: Pieces,
+    num_blocks: int,
+    table: dict[tuple[object, ...], int],
+    known: tuple[Pieces, list[int]] | None = None,
 ) -> list[int]:
     """Ids of the first `num_blocks` full blocks of the token stream `pieces` ((identity, tokens)
-    in order): each block's signature is the previous block's id and the segment pieces inside it."""
+    in order): each block's signature is the previous block's id and the segment pieces inside it
+    (a block inside one piece: that piece and the offset it starts at).
+    `known`: another stream and its block ids; the blocks inside the pieces the two share at the
+    start are copied from it (the same signatures give the same ids), the rest computed."""
     g = SYNTHETIC_BLOCK_TOKENS
     out: list[int] = []
     prev = -1
     k, off = 0, 0  # current piece and tokens of it already consumed
+    if known is not None:
+        kp, kids = known
+        common = 0  # tokens of the leading pieces the streams share
+        j = 0
+        while j < len(kp) and j < len(pieces) and kp[j] == pieces[j]:
+            common += pieces[j][1]
+            j += 1
+        reuse = min(common // g, len(kids), num_blocks)
+        if reuse:
+            out = kids[:reuse]
+            prev = out[-1]
+            pos = reuse * g  # place (k, off) at the first token not yet covered
+            while pos >= pieces[k][1]:
+                pos -= pieces[k][1]
+                k += 1
+            off = pos
+        num_blocks -= reuse
+    setdefault = table.setdefault
     for _ in range(num_blocks):
+        ident, length = pieces[k]
+        if length - off > g:  # the usual block: inside one piece, which goes on after it
+            prev = setdefault((prev, ident, off), len(table))
+            out.append(prev)
+            off += g
+            continue
         need = g
         inside: list[tuple[tuple[int, ...], int, int]] = []
         while need:
@@ -182,6 +220,6 @@ def _block_ids(
             need -= take
             if off == length:
                 k, off = k + 1, 0
-        prev = table.setdefault((prev, tuple(inside)), len(table))
+        prev = setdefault((prev, tuple(inside)), len(table))
         out.append(prev)
     return out
