@@ -166,6 +166,7 @@ def aic() -> None:
     reason = "aiconfigurator-core is not installed (pip install 'kvsim[aiconfigurator]')"
     pytest.importorskip("pyarrow", reason=reason)
     pytest.importorskip("aiconfigurator_core", reason=reason)
+    pytest.importorskip("scipy", reason=reason)
 
 
 def test_a_fit_on_a_third_of_the_points_lands_near_the_stored_parameters(aic):
