@@ -66,6 +66,7 @@ from kvsim.costs.work import (
     decode_tokens_read,
     kv_bytes_per_token_layer_gpu,
 )
+from kvsim.errors import KvsimError
 from kvsim.spec.formats import FormatKind, KVFormat
 from kvsim.spec.hardware import load_gpu
 from kvsim.spec.models import ModelSpec, TPShapes, load_model
@@ -439,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with the stored files; write nothing")
     args = ap.parse_args(argv)
-    content, rows = run_fit()
+    try:
+        content, rows = run_fit()
+    except KvsimError as e:  # not installed, or a table without what the fit needs: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     fit_text, doc_text = dump(content), render_doc(content, rows)
     if args.check:
         stale = [

@@ -203,3 +203,16 @@ def test_a_fit_file_that_drifted_from_the_command_is_reported(aic, tmp_path, mon
     monkeypatch.setattr(fa, "DOC_PATH", tmp_path / "cost-model-accuracy.md")
     assert fa.main(["--check"]) == 1
     assert "stale: analytic_fit.json, cost-model-accuracy.md" in capsys.readouterr().err
+
+
+def test_the_fitting_command_without_the_tables_says_so_in_one_line(monkeypatch, capsys):
+    import calibrate.fit_analytic as fa
+    from calibrate.aiconfigurator import INSTALL_HINT
+
+    def missing() -> None:
+        raise KvsimError(INSTALL_HINT)
+
+    monkeypatch.setattr(fa, "package_root", missing)
+    assert fa.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {INSTALL_HINT}\n"
