@@ -254,7 +254,7 @@ def fit_op(op: str, pts: Points, peak: float, bw: float) -> Any:
         return cls(**values)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return np.log(predict(op, params(x), pts, peak, bw) / pts.t)
+        return np.asarray(np.log(predict(op, params(x), pts, peak, bw) / pts.t))
 
     res = least_squares(residual, x0 / scale, bounds=(lo / scale, hi / scale), method="trf")
     p = params(res.x)
