@@ -36,6 +36,7 @@ from kvsim.report.tables import (
     _plural,
     _rejections_section,
     _replicas_section,
+    _sessions_section,
     _warnings_section,
 )
 from kvsim.results.record import RunSummary
@@ -79,6 +80,7 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         _headline_section(s, requests),
         _warnings_section(s),
         _replicas_section(record),
+        _sessions_section(record),
         charts,
         _rejections_section(s),
         _accuracy_section(s),

@@ -72,6 +72,8 @@ class Replica:
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
+        # Called with the requests that finished, at the step's end (closed-loop sessions).
+        self.on_finish: Callable[[list[Request]], None] | None = None
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -117,7 +119,7 @@ class Replica:
         seq.replica = self.index
         self.sched.add(seq)
         if self.wake is not None and not self.wake.triggered:
-            self.wake.succeed()
+            self.wake.succeed(seq.arrival_s)
         elif self._win is not None:
             # Stepping would first see the request after the step in flight now: cut the window there.
             win = self._win
@@ -174,11 +176,15 @@ class Replica:
                 self._sample()
                 idle_used = sched.kv.pool.num_used
                 self.wake = env.event()
-                yield self.wake
+                # The arrival's own time, not env.now: a closed-loop turn's time is its previous
+                # reply's end plus a gap, which env.now reaches by a sum that differs between
+                # fast-forward and stepping (an arrival from a trace is at env.now either way).
+                woken_at = yield self.wake
                 self.wake = None
-                self.stats.kv_block_s += idle_used * (env.now - self.clock)
-                self.stats.idle_s += env.now - self.clock
-                self.clock = env.now
+                now = max(self.clock, woken_at)
+                self.stats.kv_block_s += idle_used * (now - self.clock)
+                self.stats.idle_s += now - self.clock
+                self.clock = now
                 continue
             self._sample()
             win = self._window(plan) if self.fast_forward else None
@@ -201,6 +207,8 @@ class Replica:
                     seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
+                if done and self.on_finish is not None:
+                    self.on_finish(done)
             else:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
@@ -228,6 +236,8 @@ class Replica:
                     seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
+                if done and self.on_finish is not None:
+                    self.on_finish(done)
             self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
