@@ -363,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")
     v.add_argument("--repeats", type=_positive_int, default=3, help="executions recorded (default 3)")
     v.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="calibrate again before every execution, each simulated with its own profile "
+        "(on a shared machine, so that each run follows its calibration by seconds)",
+    )
+    v.add_argument(
         "--scale",
         type=_positive_int,
         default=None,

@@ -7,7 +7,9 @@
    Llama-shaped model with random weights, scaled down from the scenario's model (`scaled_config`),
    over a real paged KV pool driven by `kernels/`, scheduled by kvsim's own pure
    `kvsim.core` scheduler and KV cache manager. Arrivals follow the wall clock. A warm-up run is
-   discarded, then ``--repeats`` runs are recorded.
+   discarded, then ``--repeats`` runs are recorded. With ``--recalibrate`` steps 1 and 2 alternate:
+   each run follows its own calibration by seconds and is simulated with it (on a shared machine
+   the neighbours' load drifts between a calibration and runs tens of seconds later).
 3. **Simulate** the same trace and configuration twice: priced by the profile just measured, and by
    the analytic model (on a CPU with the device's measured peaks: the fastest GEMM's FLOP/s and the
    fastest memory op's bytes/s; on a GPU with its preset's datasheet peaks). Both simulations step
@@ -18,7 +20,7 @@
    error from scheduling divergence). Written as ``validate.json``, ``validate.html`` (the
    comparison page of the median run against both simulations, with the error table on top) and a
    terminal table; each run is a run directory (``exec-1/`` ..., ``sim-profile/``,
-   ``sim-analytic/``) in `kvsim run`'s format, the executions adding ``steps.csv`` and
+   ``sim-analytic/``; with ``--recalibrate`` one ``sim-*-N/`` per run) in `kvsim run`'s format, the executions adding ``steps.csv`` and
    ``tokens.csv`` (every token's time).
 
 Validation runs one replica at tensor parallelism 1 with prefix caching off, a KV pool of
@@ -388,15 +390,21 @@ def step_errors(cost: CostModel, steps: list[list[Any]]) -> list[float]:
     return errs
 
 
-def error_table(execs: list[dict[str, Any]], sims: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def error_table(execs: list[dict[str, Any]], sims: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per metric: the measured values, and per cost model the simulated value (the median over
+    runs when each run has its own calibration) and each run's error against its own simulation."""
     rows = []
     for name, unit, keys in METRICS:
         meas = [_get(e, keys) for e in execs]
         row: dict[str, Any] = {"metric": name, "unit": unit, "measured": {**_spread(meas), "runs": meas}}
-        for m, s in sims.items():
-            v = _get(s, keys)
-            errs = [_rel(v, x) for x in meas]
-            row[m] = {"value": v, "error": {**_spread(errs), "runs": errs}}
+        for m in MODELS:
+            vals = [_get(s[m], keys) for s in sims]
+            errs = [_rel(v, x) for v, x in zip(vals, meas, strict=True)]
+            row[m] = {
+                "value": _spread(vals)["median"],
+                "runs": vals,
+                "error": {**_spread(errs), "runs": errs},
+            }
         rows.append(row)
     return rows
 
@@ -627,37 +635,12 @@ def validate_command(args: Any) -> int:
     sc_an = scenario_for({"kind": "analytic"})
     sched = sc_an.scheduler
     max_seq = int((wl.prompt_tokens + wl.output_tokens).max())
-    loads = {"before_calibration": _load_average()}
-    say(f"calibrating {args.device} for {scaled.name} ({scale}x smaller than {base.model.name})")
-    prof_path = out / "profile.json"
-    prof_path.unlink(missing_ok=True)  # calibrated afresh: the calibrator would resume an old one
-    _child(
-        "calibrate",
-        [
-            "--device",
-            args.device,
-            "--quick",
-            "--model",
-            str(model_path),
-            "--formats",
-            kv_fmt,
-            "--max-tokens",
-            str(sched.max_batched_tokens),
-            "--max-batch",
-            str(sched.max_num_seqs),
-            "--max-context",
-            str(max_seq),
-            "--out",
-            str(prof_path),
-            "--force",
-            *(() if progress else ("--no-progress",)),
-        ],
-        "calibration",
-        progress=progress,
-        threads=threads,
-    )
-    prof = json.loads(prof_path.read_text())
-    loads["after_calibration"] = _load_average()
+    loads: dict[str, float | None] = {"before_calibration": _load_average()}
+    # Rounds of (a calibration, then executions): one round of --repeats runs, or with
+    # --recalibrate one round per run, so each execution follows its own calibration by seconds.
+    rounds = [1] * args.repeats if args.recalibrate else [args.repeats]
+    for stale in (*out.glob("profile*.json"), *out.glob("records*.json")):
+        stale.unlink()  # calibrated afresh: the calibrator would resume an old profile
     run_cfg = {
         "device": args.device,
         "model_config": str(model_path),
@@ -673,54 +656,95 @@ def validate_command(args: Any) -> int:
             "output": wl.output_tokens.tolist(),
         },
         "seed": base.sim.seed,
-        "repeats": args.repeats,
         "warmup_runs": 1,
         "progress": progress,
     }
-    (out / "validate-config.json").write_text(json.dumps(run_cfg) + "\n")
-    say(f"executing {len(wl)} requests, {args.repeats} runs after a warm-up")
-    rec_path = out / "records.json"
-    _child(
-        "validate",
-        ["--config", str(out / "validate-config.json"), "--out", str(rec_path)],
-        "execution",
-        progress=progress,
-        threads=threads,
-    )
-    records = json.loads(rec_path.read_text())
-    loads["after_execution"] = _load_average()
+    records: dict[str, Any] = {}
+    runs: list[tuple[int, dict[str, Any]]] = []  # (round, run)
+    profs: list[dict[str, Any]] = []
+    for r, n_runs in enumerate(rounds, 1):
+        tag = "" if len(rounds) == 1 else f"-{r}"
+        prof_path = out / f"profile{tag}.json"
+        say(f"calibrating {args.device} for {scaled.name} ({scale}x smaller than {base.model.name})")
+        _child(
+            "calibrate",
+            [
+                "--device",
+                args.device,
+                "--quick",
+                "--model",
+                str(model_path),
+                "--formats",
+                kv_fmt,
+                "--max-tokens",
+                str(sched.max_batched_tokens),
+                "--max-batch",
+                str(sched.max_num_seqs),
+                "--max-context",
+                str(max_seq),
+                "--out",
+                str(prof_path),
+                "--force",
+                *(() if progress else ("--no-progress",)),
+            ],
+            "calibration",
+            progress=progress,
+            threads=threads,
+        )
+        profs.append(json.loads(prof_path.read_text()))
+        loads[f"after_calibration{tag}"] = _load_average()
+        cfg_path = out / "validate-config.json"
+        cfg_path.write_text(json.dumps({**run_cfg, "repeats": n_runs}) + "\n")
+        say(f"executing {len(wl)} requests, {n_runs} run{'s' if n_runs > 1 else ''} after a warm-up")
+        rec_path = out / f"records{tag}.json"
+        _child("validate", ["--config", str(cfg_path), "--out", str(rec_path)], "execution",
+               progress=progress, threads=threads)  # fmt: skip
+        got = json.loads(rec_path.read_text())
+        loads[f"after_execution{tag}"] = _load_average()
+        records = records or got
+        runs.extend((r, run) for run in got["runs"])
     device_name = str(records["device"]["name"])
     say("simulating with the profile and the analytic model")
-    sc_prof = scenario_for({"kind": "profile", "profile": str(prof_path), "force": True})
-    peaks = _device_peaks(prof) if args.device == "cpu" else None
-    if peaks:
-        sc_an = scenario_for({"kind": "analytic"}, peaks)
-    sims: dict[str, RunResult] = {}
-    logs: dict[str, list[tuple[Any, ...]]] = {}
-    for name, sc in (("profile", sc_prof), ("analytic", sc_an)):
-        res, log = _simulate(sc)
-        if res.plan.num_blocks != nb:  # pragma: no cover - the HBM sizing is exact
-            raise RuntimeError(f"the simulated pool has {res.plan.num_blocks} blocks, not {nb}")
-        sims[name], logs[name] = res, log
-        write_run(res, out / f"sim-{name}")
+    sims: list[dict[str, RunResult]] = []  # per round
+    logs: list[dict[str, list[tuple[Any, ...]]]] = []
+    costs: list[dict[str, CostModel]] = []
+    for r, prof in enumerate(profs, 1):
+        tag = "" if len(rounds) == 1 else f"-{r}"
+        peaks = _device_peaks(prof) if args.device == "cpu" else None
+        scs = {
+            "profile": scenario_for(
+                {"kind": "profile", "profile": str(out / f"profile{tag}.json"), "force": True}
+            ),
+            "analytic": scenario_for({"kind": "analytic"}, peaks),
+        }
+        sims.append({})
+        logs.append({})
+        for name, sc in scs.items():
+            res, log = _simulate(sc)
+            if res.plan.num_blocks != nb:  # pragma: no cover - the HBM sizing is exact
+                raise RuntimeError(f"the simulated pool has {res.plan.num_blocks} blocks, not {nb}")
+            sims[-1][name], logs[-1][name] = res, log
+            write_run(res, out / f"sim-{name}{tag}")
+        costs.append({m: make_cost_model(sims[-1][m].scenario) for m in MODELS})
     exec_summaries: list[dict[str, Any]] = []
+    run_sims: list[dict[str, dict[str, Any]]] = []
     same_schedule = 0
     peak_same = True
     step_errs: dict[str, list[list[float]]] = {m: [] for m in MODELS}
-    costs = {m: make_cost_model(sims[m].scenario) for m in MODELS}
-    for i, run in enumerate(records["runs"], 1):
-        rec, seqs = exec_result(run, sims["profile"], wl, device_name)
+    for i, (r, run) in enumerate(runs, 1):
+        sim = sims[r - 1]
+        rec, seqs = exec_result(run, sim["profile"], wl, device_name)
         write_exec_dir(out / f"exec-{i}", run, rec, seqs)
         exec_summaries.append(rec.to_dict())
+        run_sims.append({m: sim[m].summary for m in MODELS})
         comp = [_composition(st[2], st[3], st[4], st[6]) for st in run["steps"]]
-        same_schedule += comp == logs["profile"]
-        peak_same &= all(rec.kv_peak_used_blocks == sims[m].record.kv_peak_used_blocks for m in MODELS)
+        same_schedule += comp == logs[r - 1]["profile"]
+        peak_same &= all(rec.kv_peak_used_blocks == sim[m].record.kv_peak_used_blocks for m in MODELS)
         for m in MODELS:
-            step_errs[m].append(step_errors(costs[m], run["steps"]))
-    sim_summaries = {m: sims[m].summary for m in MODELS}
-    metrics = error_table(exec_summaries, sim_summaries)
+            step_errs[m].append(step_errors(costs[r - 1][m], run["steps"]))
+    metrics = error_table(exec_summaries, run_sims)
     step_time = {}
-    decode_only = np.asarray([not st[3] for run in records["runs"] for st in run["steps"]], dtype=bool)
+    decode_only = np.asarray([not st[3] for _, run in runs for st in run["steps"]], dtype=bool)
     for m in MODELS:
         allerr = np.asarray([e for run_errs in step_errs[m] for e in run_errs])
         by_kind = {
@@ -756,18 +780,28 @@ def validate_command(args: Any) -> int:
         "requests": len(wl),
         "num_blocks": nb,
         "block_size": bs,
-        "repeats": len(records["runs"]),
+        "repeats": len(runs),
+        "recalibrated": bool(args.recalibrate),
         "median_run": f"exec-{median_run}",
-        "profile": {"path": "profile.json", "gemm_dtype": prof.get("gemm_dtype"), "date": prof.get("date")},
-        "analytic_peaks": peaks or "the GPU preset's datasheet peaks",
+        "profiles": [
+            {
+                "path": f"profile{'' if len(rounds) == 1 else f'-{r}'}.json",
+                "gemm_dtype": p.get("gemm_dtype"),
+                "date": p.get("date"),
+            }
+            for r, p in enumerate(profs, 1)
+        ],
+        "analytic_peaks": _device_peaks(profs[0])
+        if args.device == "cpu"
+        else "the GPU preset's datasheet peaks",
         "metrics": metrics,
         "step_time": step_time,
         "kv_blocks": {
             "peak_identical": bool(peak_same),
             "schedules_identical": same_schedule,
-            "runs": len(records["runs"]),
+            "runs": len(runs),
             "peak_measured": [s["kv_peak_used_blocks"] for s in exec_summaries],
-            "peak_simulated": {m: sim_summaries[m]["kv_peak_used_blocks"] for m in MODELS},
+            "peak_simulated": {m: [s[m]["kv_peak_used_blocks"] for s in run_sims] for m in MODELS},
         },
         # The host's 1-minute load average around each phase: on a shared machine, other jobs'
         # load between the calibration and the execution moves the errors more than anything else.
@@ -777,8 +811,9 @@ def validate_command(args: Any) -> int:
     try:
         (out / "validate.json").write_text(json.dumps(_finite(data), indent=1) + "\n")
         (out / "validate.md").write_text(markdown_table(data))
+        tag = "" if len(rounds) == 1 else f"-{runs[median_run - 1][0]}"
         page, _ = compare_page(
-            [str(out / f"exec-{median_run}"), str(out / "sim-profile"), str(out / "sim-analytic")]
+            [str(out / f"exec-{median_run}"), str(out / f"sim-profile{tag}"), str(out / f"sim-analytic{tag}")]
         )
         page = page.replace("</h1>", "</h1>\n" + _html_table(data), 1)
         (out / "validate.html").write_text(page, encoding="utf-8")

@@ -43,28 +43,33 @@ def _run(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_validate_cpu_quick_end_to_end(tmp_path):
     out = tmp_path / "v"
     scen = str(ROOT / "scenarios" / "validate_burst.yaml")
-    proc = _run(tmp_path, "--scenario", scen, "--out", str(out), "--repeats", "2", "--no-progress")
+    argv = ["--scenario", scen, "--out", str(out), "--repeats", "2", "--recalibrate", "--no-progress"]
+    proc = _run(tmp_path, *argv)
     assert proc.returncode == 0, proc.stderr
     assert "ttft_p50" in proc.stdout and "KV blocks: peak identical in every run: yes" in proc.stdout
     data = json.loads((out / "validate.json").read_text())
     assert data["schema"] == "kvsim-validate" and data["repeats"] == 2 and data["requests"] == 12
     kv = data["kv_blocks"]
     assert kv["peak_identical"] is True and kv["schedules_identical"] == 2
-    assert kv["peak_measured"][0] == kv["peak_simulated"]["profile"] == kv["peak_simulated"]["analytic"]
+    assert kv["peak_measured"] == kv["peak_simulated"]["profile"] == kv["peak_simulated"]["analytic"]
+    assert data["recalibrated"] and [p["path"] for p in data["profiles"]] == [
+        "profile-1.json",
+        "profile-2.json",
+    ]
     rows = {r["metric"]: r for r in data["metrics"]}
     assert rows["kv_peak_blocks"]["profile"]["error"]["median"] == 0.0
     for name in ("ttft_p50", "tpot_p50", "e2e_p50"):
         err = rows[name]["profile"]["error"]["median"]
         assert 1 / WIDE <= 1 + err <= WIDE, (name, err)
     assert data["step_time"]["profile"]["steps"] == 2 * read_summary(out / "exec-1").steps
-    assert data["profile"]["gemm_dtype"] == "float32"
+    assert {p["gemm_dtype"] for p in data["profiles"]} == {"float32"}
     # Run directories in kvsim run's format, the executions with their steps and token times.
-    for d in ("exec-1", "exec-2", "sim-profile", "sim-analytic"):
+    for d in ("exec-1", "exec-2", "sim-profile-1", "sim-profile-2", "sim-analytic-1", "sim-analytic-2"):
         for f in ("summary.json", "requests.csv", "timeseries.csv"):
             assert (out / d / f).is_file(), (d, f)
         s = read_summary(out / d)
         assert s.requests.completed == 12 and s.requests.unfinished == 0 and s.requests.rejected == 0
-    ex, sim = read_summary(out / "exec-1"), read_summary(out / "sim-profile")
+    ex, sim = read_summary(out / "exec-1"), read_summary(out / "sim-profile-1")
     assert ex.steps == sim.steps and ex.kv_peak_used_blocks == sim.kv_peak_used_blocks
     assert ex.config.cost_model.startswith("measured:CPU")
     with (out / "exec-1" / "tokens.csv").open() as f:
@@ -83,10 +88,12 @@ def test_validate_cpu_quick_end_to_end(tmp_path):
     page = (out / "validate.html").read_text()
     assert page.startswith("<!doctype html>") and "<title>kvsim compare: " in page
     assert "Validation: simulated vs measured on CPU" in page
-    # A re-run over its own output is allowed (and replaces it).
+    # A re-run over its own output is allowed (and replaces it): one calibration, one run.
     again = _run(tmp_path, "--scenario", scen, "--out", str(out), "--repeats", "1", "--no-progress")
     assert again.returncode == 0, again.stderr
-    assert json.loads((out / "validate.json").read_text())["repeats"] == 1
+    redo = json.loads((out / "validate.json").read_text())
+    assert redo["repeats"] == 1 and not redo["recalibrated"] and redo["kv_blocks"]["schedules_identical"] == 1
+    assert [p["path"] for p in redo["profiles"]] == ["profile.json"] and (out / "sim-profile").is_dir()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
