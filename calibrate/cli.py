@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,30 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="calibrate", description="Time GEMM/attention/copy ops and write a kvsim profile.")
     p.add_argument("--device", choices=("cuda", "cpu"), required=True)
-    p.add_argument("--quick", action="store_true", help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU for Llama-3.1-8B's shapes); on a CPU, "
+        "GEMMs are timed in fp32 (bf16 matmuls are several times slower there), on CUDA in bf16",
+    )
     p.add_argument("--ops", default="gemm,decode,prefill,copy", help="comma list: gemm,decode,prefill,copy")
     p.add_argument("--model", default="llama-3.1-8b", help="kvsim model preset or config.json path")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
     p.add_argument("--formats", default=None, help="KV formats for attention, e.g. bf16,fp8_e4m3/per_tensor")
     p.add_argument("--reps", type=int, default=None, help="max timed reps per point (default 50, quick 10)")
+    for flag, what in (
+        ("--max-tokens", "tokens of one step (GEMM rows, prefill chunks)"),
+        ("--max-batch", "decode batch (and sampled rows)"),
+        ("--max-context", "context per sequence (decode context, prefill prefix)"),
+    ):
+        p.add_argument(flag, type=int, default=None, help=f"extend the grid up to this many {what}")
     p.add_argument("--peak-flops", type=float, default=None, help="dense bf16 FLOP/s for util_flops")
     p.add_argument("--peak-bw", type=float, default=None, help="memory bytes/s for util_bw")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (on a terminal) nor one line per op (when stdout is not a terminal)",
+    )
     p.add_argument("--out", required=True, help="profile JSON to write (resumed if it exists)")
     p.add_argument("--force", action="store_true", help="replace an --out file that is not a kvsim profile")
     return p
@@ -180,7 +196,7 @@ def calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from calibrate.harness import Timer, device_info, lookup_peaks
-    from calibrate.ops import count, make_grid, points
+    from calibrate.ops import count, extend_grid, gemm_dtype, make_grid, points
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():
@@ -191,7 +207,16 @@ def calibrate(args: argparse.Namespace) -> int:
         raise KvsimError(f"{model.name}: only dense GQA/MHA models are calibrated", source="--model")
     ops = _resolve_ops(args.ops)
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
-    grid = make_grid(backend, args.quick, formats)
+    for flag in ("max_tokens", "max_batch", "max_context"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise KvsimError(f"expected a positive integer, got {v}", source="--" + flag.replace("_", "-"))
+    grid = extend_grid(
+        make_grid(backend, args.quick, formats),
+        max_tokens=args.max_tokens,
+        max_batch=args.max_batch,
+        max_context=args.max_context,
+    )
     for f in formats or ():
         try:
             format_from_name(f)
@@ -205,6 +230,11 @@ def calibrate(args: argparse.Namespace) -> int:
         "tp": args.tp,
         "formats": list(grid.formats),
         "reps": reps,
+        **{
+            k: getattr(args, k)
+            for k in ("max_tokens", "max_batch", "max_context")
+            if getattr(args, k) is not None
+        },
     }
     dev = device_info(backend)
     peak_flops, peak_bw, preset = lookup_peaks(str(dev["name"]))
@@ -234,6 +264,8 @@ def calibrate(args: argparse.Namespace) -> int:
             "model": {"name": model.name, "num_layers": model.num_layers, **shapes},
             "tp": args.tp,
             "kv_formats": list(grid.formats),
+            # GEMMs in fp32 on a CPU (bf16 matmuls are several times slower there), bf16 on CUDA.
+            "gemm_dtype": str(gemm_dtype(backend)).removeprefix("torch."),
             "calibration": settings,
             "ops": {},
             "complete": False,
@@ -246,17 +278,22 @@ def calibrate(args: argparse.Namespace) -> int:
     total = sum(count(op, grid, backend) for op in todo)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # Not a terminal (a log, CI, a pipe): the bar would draw nothing, so one line per op instead.
+    lines = not args.no_progress and not sys.stdout.isatty()
+    done = 0
+    t_start = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        disable=args.no_progress,
+        disable=args.no_progress or lines,
         transient=True,
     ) as bar:
         task = bar.add_task("calibrating", total=total)
         for op in todo:
             bar.update(task, description=op)
+            t_op = time.perf_counter()
             rows = []
             for pt in points(op, grid, model, args.tp, backend):
                 t = timer.time(pt.fn)
@@ -279,6 +316,14 @@ def calibrate(args: argparse.Namespace) -> int:
                 bar.advance(task)
             prof["ops"][op] = {"points": rows}
             _write(out, prof)
+            done += len(rows)
+            if lines:
+                print(
+                    f"calibrate: {op}: {len(rows)}/{count(op, grid, backend)} points in "
+                    f"{time.perf_counter() - t_op:.1f} s ({done}/{total} in all, "
+                    f"{time.perf_counter() - t_start:.1f} s)",
+                    flush=True,
+                )
             if backend == "cuda":
                 torch.cuda.empty_cache()
     prof["complete"] = all(op in prof["ops"] for op in ("gemm", "paged_decode", "chunked_prefill", "copy"))

@@ -1,7 +1,9 @@
 """The calibrated ops, their grids, and the work (bytes, FLOPs) each grid point does.
 
-- ``gemm``: ``torch.matmul`` of [m, k] x [k, n] in bf16 at one layer's per-GPU shapes under TP
-  (qkv, o, gate_up, down; lm_head once per step), over token counts m.
+- ``gemm``: ``torch.matmul`` of [m, k] x [k, n] at one layer's per-GPU shapes under TP (qkv, o,
+  gate_up, down; lm_head once per step), over token counts m; in bf16 on CUDA, in fp32 on a CPU
+  (`gemm_dtype`: CPUs without AMX run bf16 matmuls several times slower than fp32 ones, and a CPU
+  serving loop such as ``kvsim validate`` runs fp32 weights).
 - ``paged_decode``: one layer of paged decode attention (`kernels.paged_decode`; on a CPU its torch
   reference; a dense SDPA when `kernels` is not importable), over batch x context x KV format.
   Work: the KV bytes read, batch x context x bytes per token per layer per GPU (kvsim's formula).
@@ -15,7 +17,7 @@ Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -40,6 +42,11 @@ OP_ALIASES = {
     "block_copy": "copy",
 }
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def gemm_dtype(backend: str) -> torch.dtype:
+    """The dtype GEMMs are timed in: bf16 on CUDA, fp32 on a CPU (see the module docstring)."""
+    return torch.bfloat16 if backend == "cuda" else torch.float32
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,47 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
     )
 
 
+def _reach(axis: tuple[int, ...], top: int | None) -> tuple[int, ...]:
+    """`axis` extended by factors of 4 up to `top` (and `top` itself), so a grid covers it."""
+    if top is None or top <= axis[-1]:
+        return axis
+    out = list(axis)
+    while out[-1] * 4 < top:
+        out.append(out[-1] * 4)
+    out.append(top)
+    return tuple(out)
+
+
+def extend_grid(
+    grid: Grid, *, max_tokens: int | None, max_batch: int | None, max_context: int | None
+) -> Grid:
+    """The grid reaching a serving loop's largest step (tokens), decode batch and context
+    (``kvsim validate`` passes its trace's, so that no step it runs is priced off the grid).
+
+    With `max_batch`, GEMMs are also timed at every token count up to min(max_batch, 16) and at
+    powers of two up to max_batch, and decode attention at powers of two: decode-only steps are
+    most of a serving loop's steps, and a CPU's small-m GEMMs are not monotone between grid points
+    (m = 3 measured slower than m = 4 on the EPYC here)."""
+
+    def small(axis: tuple[int, ...], every: bool) -> tuple[int, ...]:
+        if max_batch is None:
+            return axis
+        extra = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch}
+        if every:
+            extra |= set(range(1, min(max_batch, 16) + 1))
+        return tuple(sorted(set(axis) | extra))
+
+    return replace(
+        grid,
+        gemm_m=_reach(small(grid.gemm_m, True), max_tokens),
+        lm_head_m=_reach(small(grid.lm_head_m, True), max_batch),
+        decode_batch=_reach(small(grid.decode_batch, False), max_batch),
+        decode_context=_reach(grid.decode_context, max_context),
+        prefill_chunk=_reach(grid.prefill_chunk, max_tokens),
+        prefill_prefix=_reach(grid.prefill_prefix, max_context),
+    )
+
+
 Shapes = TPShapes  # per-GPU shapes, shared with kvsim.costs.profile so both price the same GEMMs
 
 
@@ -144,13 +192,14 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
     if op == "gemm":
         for layer in GEMM_LAYERS:
             n, k = sh.gemm_nk[layer]
-            w = torch.randn(k, n, dtype=torch.bfloat16, device=dev)
+            dt = gemm_dtype(backend)
+            w = torch.randn(k, n, dtype=dt, device=dev)
             for m in grid.lm_head_m if layer == "lm_head" else grid.gemm_m:
-                a = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                a = torch.randn(m, k, dtype=dt, device=dev)
                 yield Point(
                     {"layer": layer, "m": m, "n": n, "k": k},
                     lambda a=a, w=w: torch.matmul(a, w),
-                    gemm_bytes(m, n, k),
+                    gemm_bytes(m, n, k, operand_bytes=dt.itemsize, out_bytes=dt.itemsize),
                     gemm_flops(m, n, k),
                 )
             del w

@@ -1,4 +1,4 @@
-"""The ``kvsim`` command line: kv-size, run, sweep, plan, report, calibrate.
+"""The ``kvsim`` command line: kv-size, run, sweep, plan, report, validate, calibrate.
 
 Any `KvsimError` (and argparse's own complaints) becomes one line on stderr and exit code 2;
 ``--debug`` shows the traceback instead.
@@ -244,6 +244,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report_command(args.run_dir[0], force=args.force)
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from kvsim.validation import validate_command
+
+    return validate_command(args)
+
+
 def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
     """Runs ``python -m calibrate`` in a child process: kvsim itself never imports torch."""
     root = Path(__file__).resolve().parent.parent
@@ -339,6 +345,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--force", action="store_true", help="replace a report file that kvsim did not write")
     rep.set_defaults(func=cmd_report)
+
+    v = sub.add_parser(
+        "validate",
+        help="execute a short trace on a device, simulate it, and write the error table",
+        description="Calibrate the device, execute the trace with a scaled-down model driven by kvsim's "
+        "own scheduler, simulate it with the fresh profile and with the analytic model, and compare "
+        "(validate.json, validate.html, a terminal table; see kvsim/validation.py).",
+    )
+    v.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    v.add_argument(
+        "--quick",
+        action="store_true",
+        help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (seconds on a CPU)",
+    )
+    v.add_argument("--out", required=True, help="output directory")
+    v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")
+    v.add_argument("--repeats", type=_positive_int, default=3, help="executions recorded (default 3)")
+    v.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="calibrate again before every execution, each simulated with its own profile "
+        "(on a shared machine, so that each run follows its calibration by seconds)",
+    )
+    v.add_argument(
+        "--scale",
+        type=_positive_int,
+        default=None,
+        help="divide the model's width and depth by this (default 8 on a CPU, 1 on CUDA)",
+    )
+    v.add_argument(
+        "--num-blocks", type=_positive_int, default=256, help="KV blocks of the pool (default 256)"
+    )
+    v.add_argument(
+        "--cpu-threads",
+        type=_positive_int,
+        default=1,
+        help="torch threads on a CPU, calibration and execution alike (default 1: steadier on a shared CPU)",
+    )
+    v.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
+    v.add_argument("--no-progress", action="store_true")
+    v.set_defaults(func=cmd_validate)
 
     sub.add_parser(
         "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False

@@ -31,6 +31,7 @@ from kvsim.results.io import write_requests_csv, write_tiers_csv, write_timeseri
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
+    Distribution,
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
@@ -38,13 +39,14 @@ from kvsim.results.record import (
     RequestCounts,
     RunConfig,
     RunSummary,
+    SessionRecord,
     SwapRecord,
     WorkloadRecord,
     part_from_dict,
     write_summary,
 )
 from kvsim.results.summary import dist, summarize
-from kvsim.sim.cluster import arrival_process, make_pool_and_scheduler
+from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
@@ -100,7 +102,7 @@ def scenario_workload(sc: Scenario) -> Workload:
     try:
         return load_workload(sc.workload, seed=sc.sim.seed)
     except KvsimError as exc:
-        if exc.source == "synthetic":
+        if exc.source in ("synthetic", "agent"):
             raise KvsimError(exc.message, source=sc.source, path=exc.path) from None
         raise
 
@@ -167,13 +169,17 @@ def run_scenario(
                 offload=None if offload is None else offload.port(i, sched),
             )
         )
+    if sc.kv.pin_segments:
+        pin = _pin_keys(sc, wl)
+        for r in replicas:
+            r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
     router = Router(sc.cluster.router, replicas)
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill
     prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
 
-    def make_seq(i: int) -> Request:
+    def make_seq(i: int, t: float | None = None) -> Request:
         p, o = int(prompts[i]), int(outputs[i])
         if use_prefix:
             keys, sizes = block_keys(wl.hash_ids[i], p, wl.hash_block_tokens, bs)  # type: ignore[index]
@@ -182,7 +188,13 @@ def run_scenario(
         else:
             keys, sizes = [], []
         seq = Request(
-            i, float(arrivals[i]), p, o, keys, sizes, None if out_ids is None else out_ids[i].tolist()
+            i,
+            float(arrivals[i]) if t is None else t,
+            p,
+            o,
+            keys,
+            sizes,
+            None if out_ids is None else out_ids[i].tolist(),
         )
         seqs.append(seq)
         if p + o > max_ctx:
@@ -196,12 +208,22 @@ def run_scenario(
             )
         return seq
 
-    env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+    agent = wl.agent
+    if agent is not None and agent.closed_loop:
+        starts = [(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)]
+        loop = ClosedLoopArrivals(env, starts, agent.gap_s, agent.next_request, make_seq, router)
+        for r in replicas:
+            r.on_finish = loop.on_finish
+    else:
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
     _drive(env, span, end_s, progress)
     wall = time.perf_counter() - t0
     # Run to the end: the last step's end or the last arrival. (env.now could lie later: a fast-forward
     # window cut short leaves its first timeout queued, which fires with nothing waiting on it.)
-    last = max([r.clock for r in replicas] + [float(wl.arrival_s[-1]) if len(wl) else 0.0])
+    last_arrival = float(wl.arrival_s[-1]) if len(wl) else 0.0
+    if agent is not None and agent.closed_loop:  # turns were sent when replies arrived
+        last_arrival = max((s.arrival_s for s in seqs), default=0.0)
+    last = max([r.clock for r in replicas] + [last_arrival])
     simulated = min(env.now, end_s) if math.isfinite(end_s) else last
     stats = [r.stats for r in replicas]
     parts = summarize(
@@ -222,7 +244,15 @@ def run_scenario(
             f"{stuck:,} requests never finished although the simulation ran to its end (a defect)"
         )
     if len(seqs) < len(wl):
-        warnings.append(f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed")
+        if agent is not None and agent.closed_loop:
+            warnings.append(
+                f"{len(wl) - len(seqs):,} agent turns were never sent: an earlier turn of their session "
+                "was rejected or unfinished, or sim.max_time came first"
+            )
+        else:
+            warnings.append(
+                f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed"
+            )
     n_ctx = counts.rejected_reasons.get("longer than the model's context", 0)
     if n_ctx:
         warnings.append(
@@ -237,6 +267,14 @@ def run_scenario(
         warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
     for reason, n in sorted(wl.dropped.items()):
         warnings.append(f"{n:,} trace rows dropped: {reason}")
+    if wl.agent is not None and sc.workload.agent is not None:
+        ag = sc.workload.agent
+        if ag.history_turns or ag.tool_outputs != "keep":
+            warnings.append(
+                "estimate not available: the history window and the tool-output policy change what the "
+                "model sees; the simulator cannot tell their effect on answers, and the design documents "
+                "(003) recommend them without a figure"
+            )
     warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
@@ -281,6 +319,7 @@ def run_scenario(
         swap=None if offload is None or offload.swap is None else offload.swap_record(),
         global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs),
         links=() if offload is None else offload.link_records(simulated),
+        sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
     )
     return RunResult(sc, seqs, stats, plan, summary, [] if offload is None else offload.tier_samples())
 
@@ -627,6 +666,75 @@ class _Offload:
             requests_waited=len(waits),
             kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
         )
+
+
+def _pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:
+    """Entry keys of the pinned segments' blocks (the workload names them by block id)."""
+    if wl.agent is None:
+        raise KvsimError(
+            "pinning needs a workload with marked segments (workload.agent)",
+            source=sc.source,
+            path="kv.prefix_cache.pin",
+        )
+    keys: set[int] = set()
+    for seg in sc.kv.pin_segments:
+        keys |= wl.agent.segment_ids[seg]
+    return frozenset(keys)
+
+
+def _session_record(
+    sc: Scenario, wl: Workload, seqs: list[Request], replicas: list[Replica]
+) -> SessionRecord:
+    """Agent sessions: how many completed every turn, their durations, and the prompt by segment."""
+    from kvsim.spec.agent import SEGMENTS
+
+    agent = wl.agent
+    assert agent is not None
+    sent = np.zeros(len(wl), dtype=bool)
+    done = np.zeros(len(wl), dtype=bool)
+    arrive = np.full(len(wl), np.nan)
+    finish = np.full(len(wl), np.nan)
+    for s in seqs:
+        sent[s.id] = True
+        arrive[s.id] = s.arrival_s
+        if s.status is RequestStatus.FINISHED:
+            done[s.id] = True
+            finish[s.id] = s.finish_s
+    ns = agent.num_sessions
+    turns = np.bincount(agent.session, minlength=ns)
+    turns_done = np.bincount(agent.session, weights=done, minlength=ns)
+    complete = turns_done == turns
+    start = np.full(ns, np.nan)
+    end = np.full(ns, np.nan)
+    first = agent.turn == 0
+    start[agent.session[first]] = arrive[first]
+    last = agent.next_request < 0
+    end[agent.session[last]] = finish[last]
+    durations = (end - start)[complete]
+    tokens = agent.segment_tokens[sent].sum(axis=0)
+    total = max(int(tokens.sum()), 1)
+    return SessionRecord(
+        sessions=ns,
+        completed=int(complete.sum()),
+        turns=len(wl),
+        turns_sent=int(sent.sum()),
+        turns_completed=int(done.sum()),
+        closed_loop=agent.closed_loop,
+        duration_s=_dist(durations),
+        prompt_tokens_by_segment={k: int(v) for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
+        prompt_share_by_segment={k: float(v) / total for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
+        pinned_segments=tuple(sc.kv.pin_segments),
+        pinned_blocks_peak=max(r.sched.kv.pool.pinned_peak for r in replicas),
+    )
+
+
+def _dist(x: np.ndarray) -> Distribution:
+    if not len(x):
+        return Distribution(mean=None, p50=None, p90=None, p99=None, p999=None)
+    p = np.percentile(x, [50, 90, 99, 99.9])
+    return Distribution(
+        mean=float(x.mean()), p50=float(p[0]), p90=float(p[1]), p99=float(p[2]), p999=float(p[3])
+    )
 
 
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:

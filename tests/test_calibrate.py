@@ -119,3 +119,20 @@ def test_without_the_kernels_package_attention_falls_back_to_dense_sdpa(tmp_path
     assert proc.returncode == 0, proc.stderr
     prof = json.loads((tmp_path / "p.json").read_text())
     assert {p["impl"] for p in prof["ops"]["paged_decode"]["points"]} == {"torch_sdpa_dense"}
+
+
+def test_progress_is_one_line_per_op_when_stdout_is_not_a_terminal(tmp_path):
+    out = tmp_path / "p.json"
+    argv = ["--device", "cpu", "--quick", "--ops", "copy,decode", "--reps", "3", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "calibrate", *argv],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("calibrate: copy: 3/3 points in ") and "(3/7 in all" in lines[0]
+    assert lines[1].startswith("calibrate: paged_decode: 4/4 points in ") and "(7/7 in all" in lines[1]
+    assert lines[2].startswith("wrote ")
+    assert load_profile(out)["gemm_dtype"] == "float32"  # a CPU times fp32 GEMMs

@@ -5,13 +5,13 @@ import sys
 import textwrap
 
 
-def test_kvsim_never_imports_torch_triton_ray_kernels_or_calibrate():
+def test_kvsim_never_imports_torch_triton_ray_kernels_calibrate_or_validate():
     code = textwrap.dedent(
         """
         import sys, importlib, pkgutil
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name.split('.')[0] in ('torch', 'triton', 'kernels', 'calibrate', 'ray'):
+                if name.split('.')[0] in ('torch', 'triton', 'kernels', 'calibrate', 'validate', 'ray'):
                     raise ImportError('blocked: ' + name)
         sys.meta_path.insert(0, Block())
         import kvsim
@@ -40,6 +40,7 @@ LAYERS = [
     ("accuracy", "kvsize", "render", "run"),
     ("sweep",),
     ("report",),
+    ("validation",),
     ("cli", "__main__", "__init__"),
 ]
 

@@ -10,10 +10,10 @@ from kvsim.spec.scenario import load_scenario
 HERE = Path(__file__).parent / "scenarios"
 VALID = sorted((HERE / "valid").glob("*.yaml"))
 INVALID = sorted((HERE / "invalid").glob("*.yaml"))
-SHIPPED = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
+SHIPPED = sorted((Path(__file__).parent.parent / "scenarios").rglob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", VALID + SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", VALID + SHIPPED, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_valid(path):
     sc = load_scenario(path)
     assert sc.model.num_layers > 0

@@ -27,6 +27,13 @@ only when it is not one block. With ``events=True`` the
 pool records `BlockStored` / `BlockRemoved` events (vLLM's KV events, which KV-aware routers and a
 cluster-wide prefix index consume); `take_events` hands them over and clears the list.
 
+Pinning (``kv.prefix_cache.pin``, agent system prompts and tool definitions, design documents 003:
+"前缀缓存 + 永久保留", kept permanently): entries whose keys are in `pin_keys` go, when their last
+holder releases them, to a pinned set instead of the LRU, up to `pin_max_blocks` blocks (past that
+they enter the LRU as any other entry). Pinned entries are evicted last: only when the LRU is empty
+and an allocation still does not fit, oldest first. "Never" would deadlock a request that needs
+their blocks; evicting them last keeps them through any churn that other entries can absorb.
+
 Left out: copy-on-write forks (parallel sampling, beam search): nothing in a trace asks for them.
 """
 
@@ -70,22 +77,33 @@ class BlockPool:
         self.evictions = 0  # cached blocks reclaimed for new allocations
         self.demoted = 0  # cached blocks reclaimed for going cold (`drop_cold`)
         self.stamp = 0  # the owner's clock (steps); set by the KV cache manager
+        self.pin_keys: frozenset[int] = frozenset()  # keys kept out of the LRU (`pin`)
+        self.pin_max_blocks = 0
+        self.pinned: OrderedDict[int, int] = OrderedDict()  # unreferenced pinned, oldest first -> stamp
+        self.pinned_blocks = 0
+        self.pinned_peak = 0  # most blocks the pinned set held at once
         self._events: list[PoolEvent] | None = [] if events else None
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        """Blocks an allocation can take: empty plus cached-but-unreferenced."""
-        return self.free + self.lru_blocks
+        """Blocks an allocation can take: empty plus cached-but-unreferenced (pinned last)."""
+        return self.free + self.lru_blocks + self.pinned_blocks
 
     @property
     def num_cached_free(self) -> int:
-        return self.lru_blocks
+        """Blocks of cached entries no request references (evictable, or pinned)."""
+        return self.lru_blocks + self.pinned_blocks
 
     @property
     def num_used(self) -> int:
         """Blocks some request references (private or cached)."""
-        return self.num_blocks - self.free - self.lru_blocks
+        return self.num_blocks - self.free - self.lru_blocks - self.pinned_blocks
+
+    def pin(self, keys: frozenset[int], max_blocks: int) -> None:
+        """Keep entries under `keys` cached when unreferenced, up to `max_blocks` blocks."""
+        self.pin_keys = keys
+        self.pin_max_blocks = max_blocks
 
     def size(self, key: int) -> int:
         """Blocks the cached entry `key` covers."""
@@ -93,7 +111,9 @@ class BlockPool:
 
     def last_access(self, key: int) -> int:
         """Stamp of the last step that touched cached entry `key`."""
-        return self.stamp if self.refs[key] > 0 else self.lru[key]
+        if self.refs[key] > 0:
+            return self.stamp
+        return self.pinned[key] if key in self.pinned else self.lru[key]
 
     def num_prefix_hits(self, keys: Sequence[int]) -> int:
         """Length of the leading run of `keys` whose entries are cached."""
@@ -107,8 +127,8 @@ class BlockPool:
 
     def unreferenced_blocks(self, keys: Iterable[int]) -> int:
         """Blocks among cached `keys` that sit in the LRU (taking them shrinks num_free)."""
-        lru, sizes = self.lru, self.sizes
-        return sum(sizes.get(k, 1) for k in keys if k in lru)
+        lru, sizes, pinned = self.lru, self.sizes, self.pinned
+        return sum(sizes.get(k, 1) for k in keys if k in lru or k in pinned)
 
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
@@ -120,24 +140,33 @@ class BlockPool:
         for k in keys:
             r = refs[k]
             if r == 0:
-                del lru[k]
-                self.lru_blocks -= sizes.get(k, 1)
+                if k in lru:
+                    del lru[k]
+                    self.lru_blocks -= sizes.get(k, 1)
+                else:
+                    del self.pinned[k]
+                    self.pinned_blocks -= sizes.get(k, 1)
             refs[k] = r + 1
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` private blocks: empty ones first, then evict the oldest cached-free entries.
         Returns the keys of the entries evicted (usually none)."""
-        if n > self.free + self.lru_blocks:
+        if n > self.free + self.lru_blocks + self.pinned_blocks:
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
         evicted: list[int] = []
         if n > self.free:
             lru, refs, sizes = self.lru, self.refs, self.sizes
             evicted_sizes: list[int] = []
             while n > self.free:
-                k, _ = lru.popitem(last=False)
+                if lru:
+                    k, _ = lru.popitem(last=False)
+                    s = sizes.pop(k, 1)
+                    self.lru_blocks -= s
+                else:  # the LRU is empty: pinned entries go last, oldest first
+                    k, _ = self.pinned.popitem(last=False)
+                    s = sizes.pop(k, 1)
+                    self.pinned_blocks -= s
                 del refs[k]
-                s = sizes.pop(k, 1)
-                self.lru_blocks -= s
                 self.free += s
                 self.evictions += s
                 evicted.append(k)
@@ -196,12 +225,20 @@ class BlockPool:
         self.free += private
         refs, lru, sizes = self.refs, self.lru, self.sizes
         stamp = self.stamp
+        pin = self.pin_keys
         for k in reversed(keys):
             r = refs[k] - 1
             refs[k] = r
             if r == 0:
-                lru[k] = stamp
-                self.lru_blocks += sizes.get(k, 1)
+                s = sizes.get(k, 1)
+                if pin and k in pin and self.pinned_blocks + s <= self.pin_max_blocks:
+                    self.pinned[k] = stamp
+                    self.pinned_blocks += s
+                    if self.pinned_blocks > self.pinned_peak:
+                        self.pinned_peak = self.pinned_blocks
+                else:
+                    lru[k] = stamp
+                    self.lru_blocks += s
 
     def drop_cold(self, before: int) -> list[int]:
         """Reclaim the unreferenced entries last touched before stamp `before` (the LRU is in stamp
@@ -249,7 +286,9 @@ class BlockPool:
         assert self.free >= 0 and self.private >= 0
         assert all(r >= 0 for r in self.refs.values())
         assert all(self.refs[k] == 0 for k in self.lru)
+        assert all(self.refs[k] == 0 and k not in self.lru for k in self.pinned)
+        assert self.pinned_blocks == sum(self.size(k) for k in self.pinned) <= self.pin_max_blocks
         assert self.sizes.keys() <= self.refs.keys() and all(s != 1 for s in self.sizes.values())
         assert self.lru_blocks == sum(self.size(k) for k in self.lru)
         referenced = sum(self.size(k) for k, r in self.refs.items() if r > 0)
-        assert self.free + self.lru_blocks + referenced + self.private == self.num_blocks
+        assert self.free + self.lru_blocks + self.pinned_blocks + referenced + self.private == self.num_blocks

@@ -29,7 +29,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
-from itertools import accumulate
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take: empty plus cached-but-unreferenced."""
-        return self.pool.free + self.pool.lru_blocks
+        return self.pool.free + self.pool.lru_blocks + self.pool.pinned_blocks
 
     @property
     def num_empty_blocks(self) -> int:
@@ -128,7 +128,7 @@ class KVCacheManager:
         """Called after every allocation, before any release: blocks only grow in between."""
         pool = self.pool
         occupied = pool.num_blocks - pool.free
-        used = occupied - pool.lru_blocks
+        used = occupied - pool.lru_blocks - pool.pinned_blocks
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
         if occupied > self.peak_occupied_blocks:
@@ -138,7 +138,7 @@ class KVCacheManager:
         """Give a running request `num_new_blocks` more private blocks; False (nothing changed) when
         they do not fit."""
         pool = self.pool
-        if num_new_blocks > pool.free + pool.lru_blocks:
+        if num_new_blocks > pool.free + pool.lru_blocks + pool.pinned_blocks:
             return False
         pool.allocate(num_new_blocks)
         req.num_private += num_new_blocks
@@ -154,7 +154,7 @@ class KVCacheManager:
         computed = min(held_blocks, (req.num_tokens - 1) // bs) * bs
         need = max(0, -(-(computed + num_new_tokens) // bs) - held_blocks)
         hit_keys = req.keys[:num_hits]
-        if need + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks:
+        if need + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
             return False
         pool.acquire_cached(hit_keys)
         pool.allocate(need)
@@ -173,7 +173,7 @@ class KVCacheManager:
         cum = req.key_cum
         load = cum[num_hits + num_load] - cum[num_hits]
         hit_keys = req.keys[:num_hits]
-        if load + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks:
+        if load + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
             return False
         pool.acquire_cached(hit_keys)
         pool.allocate(load)
@@ -287,7 +287,12 @@ class KVCacheManager:
                 taken += np.bincount(steps, minlength=num_steps)
             if chunked is not None:
                 taken += np.bincount(chunked, minlength=num_steps)
-        if extra > pool.free and pool.sizes and pool.lru and self.peak_occupied_blocks < pool.num_blocks:
+        if (
+            extra > pool.free
+            and pool.sizes
+            and (pool.lru or pool.pinned)
+            and self.peak_occupied_blocks < pool.num_blocks
+        ):
             self._note_stepwise_peak(taken, extra)  # (a full pool's peak cannot rise further)
         if extra:
             pool.allocate(extra)
@@ -305,7 +310,7 @@ class KVCacheManager:
         empty0 = pool.free
         sizes: list[int] = []  # of the LRU entries the whole allocation evicts, oldest first
         covered = 0
-        for key in pool.lru:
+        for key in chain(pool.lru, pool.pinned):  # the eviction order: LRU, then pinned
             if empty0 + covered >= total:
                 break
             s = pool.size(key)

@@ -1,22 +1,33 @@
 """The analytic cost model: how long a scheduler step and a transfer take, from first principles.
 
-The engine asks a `kvsim.costs.base.CostModel`; `AnalyticCostModel` is a roofline: each part of a step takes
-max(FLOPs / (peak x compute efficiency), bytes / (HBM bandwidth x memory efficiency)), and the
-parts run one after another: GEMMs (weights read once per step; MoE layers read only the experts
-the batch touches), prefill attention, decode attention, tensor-parallel all-reduces, and a fixed
-per-step overhead. A measured profile (`kvsim calibrate`) plugs in behind the same interface.
+The engine asks a `kvsim.costs.base.CostModel`; `AnalyticCostModel` is a roofline: each part of a
+step takes a launch time plus max(FLOPs / (peak x compute efficiency), bytes / (HBM bandwidth x
+memory efficiency)), and the parts run one after another: GEMMs (weights read once per step; MoE
+layers read only the experts the batch touches), prefill attention, decode attention,
+tensor-parallel all-reduces, and a fixed per-step overhead. A measured profile (`kvsim calibrate`)
+plugs in behind the same interface.
+
+The efficiencies per op are the forms of `kvsim.costs.analytic_fit`: for GPUs with measured
+kernel tables (NVIDIA aiconfigurator-core: h100-sxm, h200-sxm, a100-80gb, b200, l40s) fitted to
+them (``kvsim/data/analytic_fit.json``, written by ``python -m calibrate.fit_analytic``; errors
+before and after in docs/cost-model-accuracy.md): compute efficiency that rises with the token
+count or chunk length, a launch time per kernel call, decode attention a time per sequence. Other
+GPUs keep the published figures below. The model's ``name`` says which applies.
 
 Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
 (`kvsim.spec.topology`).
 
-Left out: CUDA-graph padding of batch sizes, kernel-launch gaps between layers beyond the fixed
-overhead, pipeline parallelism, sampling cost, speculative decoding.
+Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost, speculative
+decoding; decode and prefill attention are priced as separate kernel calls.
 
-Default efficiencies and their sources (../shared/REFERENCE.md unless noted):
+Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
+(../shared/REFERENCE.md unless noted):
 - decode attention at bf16: 80% of HBM peak (a good Triton decode kernel; FlashInfer 85-93%).
 - weight streaming: 80% of HBM peak (affine fits of decode latency use BW_eff 77-85%).
 - prefill attention: 65% of dense peak (FlashInfer about 56%, FA3 about 75% on H100).
 - GEMMs: 70% of dense peak. Estimate: no measurement on file; the calibrator replaces it.
+
+On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
   on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
@@ -30,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import ModelWork, decode_tokens_read
 from kvsim.spec.formats import KVFormat
@@ -40,10 +52,8 @@ from kvsim.spec.topology import Link, Topology
 
 @dataclass(frozen=True)
 class Efficiencies:
-    decode_attn_bw: float = 0.80
-    weight_bw: float = 0.80
-    prefill_attn_compute: float = 0.65
-    gemm_compute: float = 0.70
+    """What the kernel tables do not measure (the per-op efficiencies are `OpFits`)."""
+
     step_overhead_s: float = 1e-3
     allreduce_latency_s: float = 10e-6
     format_decode_speedup: dict[str, float] = field(
@@ -59,7 +69,11 @@ class Efficiencies:
 
 
 class AnalyticCostModel(StepCostModel):
-    name = "analytic"
+    """The roofline with each op's efficiency a function of batch shape (`kvsim.costs.analytic_fit`):
+    fitted to measured kernel tables for the GPUs in ``kvsim/data/analytic_fit.json``, the published
+    peaks times one efficiency per op otherwise (or when ``ops`` is given). ``name`` says which."""
+
+    name = PUBLISHED_LABEL
 
     def __init__(
         self,
@@ -69,33 +83,42 @@ class AnalyticCostModel(StepCostModel):
         fmt: KVFormat,
         topology: Topology,
         eff: Efficiencies | None = None,
+        ops: OpFits | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
         self.eff = eff or Efficiencies()
+        self.fit = fit_for(gpu) if ops is None else None
+        self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
+        self.name = self.fit.label if self.fit else PUBLISHED_LABEL
         self.overhead_s = self.eff.step_overhead_s
-        e = self.eff
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
-        self.gemm_peak = (gpu.fp8_flops if fp8_weights else gpu.bf16_flops) * e.gemm_compute
+        self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
         self.bw = gpu.hbm_bw_bytes_per_s
         self.work = w = ModelWork.of(m, tp, fmt)
+        g, d, p = self.ops.gemm, self.ops.decode_attn, self.ops.prefill_attn
+        layers = m.num_layers
+        # Launch times: per layer four GEMMs (qkv, o, gate_up, down; MoE layers counted alike), the
+        # LM head once, one decode-attention call and one prefill-attention call for all of a step's
+        # chunks (a varlen kernel; the tables' batched prefill rows pay one launch per call).
+        self.gemm_launch_s = (4 * layers + 1) * g.t0_s
+        self.decode_launch_s = layers * d.t0_s
+        self.decode_per_seq_s = layers * w.kv_heads * d.t_item_s
+        self.prefill_launch_s = layers * p.t0_s
         speedup = self.eff.format_decode_speedup.get(fmt.kind.value, 1.0)
         # Decode attention: bf16-equivalent bytes at the bf16 efficiency, divided by the format's
         # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest).
-        self.decode_attn_s_per_token = w.kv_bytes_per_token_bf16 / (self.bw * e.decode_attn_bw) / speedup
-        self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (
-            gpu.bf16_flops * e.prefill_attn_compute
-        )
+        self.decode_attn_s_per_token = w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speedup
+        self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
     # ---- parts ------------------------------------------------------------------------------------
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
-        w = self.work
-        return max(
-            w.gemm_flops(num_tokens, num_sampling) / self.gemm_peak,
-            w.weight_bytes(num_tokens) / (self.bw * self.eff.weight_bw),
-        )
+        w, g = self.work, self.ops.gemm
+        compute = w.gemm_flops(num_tokens, num_sampling) / (self.gemm_peak * g.e_max)
+        memory = w.weight_bytes(num_tokens) / (self.bw * g.e_weight)
+        return self.gemm_launch_s + float(smooth_max(compute, memory, g.q))
 
     def _comm_time(self, num_tokens: int) -> float:
         calls = self.work.allreduce_calls
@@ -105,12 +128,18 @@ class AnalyticCostModel(StepCostModel):
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
-        return np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
+        fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
+        return fixed + np.maximum(
+            tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
+        )
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
-        return max(
-            self.work.prefill_attn_flops(n, ctx) / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
-            self.work.prefill_kv_bytes(n, ctx) / (self.bw * self.eff.decode_attn_bw),
+        p = self.ops.prefill_attn
+        return float(
+            max(
+                self.work.prefill_attn_flops(n, ctx) * (1.0 + p.n_half / n) / (self.gpu.bf16_flops * p.e_max),
+                self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
+            )
         )
 
     # ---- interface --------------------------------------------------------------------------------

@@ -139,6 +139,7 @@ class StepCostModel:
 
     name = "steps"
     overhead_s: float
+    prefill_launch_s = 0.0  # paid once by a step with prefill (or verify) rows: one kernel call for all
 
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
         raise NotImplementedError
@@ -163,7 +164,7 @@ class StepCostModel:
         kinds, num_new, ctx_before = batch.kinds, batch.num_new, batch.ctx_before
         dec_n = kinds.count(SeqKind.DECODE)
         dec_ctx = sum(ctx_before)
-        prefill = 0.0
+        prefill = self.prefill_launch_s if dec_n < len(kinds) else 0.0
         chunks: list[tuple[int, int]] = []
         # The few prefill (or verify) rows, found from the end, where the scheduler puts them: a
         # batch is mostly decodes, and this is the simulator's hottest pricing path.
@@ -209,7 +210,7 @@ class StepCostModel:
         gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
         t = np.array(
             [
-                self.overhead_s + gemm[s] + comm + (0.0 + self._prefill_attn_time(chunk, c))
+                self.overhead_s + gemm[s] + comm + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
                 for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
             ],
             dtype=np.float64,

@@ -24,6 +24,7 @@ Left out: sampling, the embedding lookup, pipeline parallelism, expert paralleli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import overload
 
@@ -113,6 +114,7 @@ class ModelWork:
     kv_bytes_per_token: float
     kv_bytes_per_token_layer: float
     kv_bytes_per_token_bf16: float  # the same cache in bf16 (format speed-ups are relative to it)
+    kv_heads: int  # KV heads on one GPU (ceil(kv_heads / tp); 1 for MLA's latent)
     attn_flops_per_pair: int  # all layers
     decode_attn_flops_per_pair: int  # all layers; MLA absorbed
     body_params: float  # GEMM parameters per token, LM head excluded, per GPU
@@ -140,6 +142,7 @@ class ModelWork:
             kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp),
             kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp),
             kv_bytes_per_token_bf16=kv_bytes_per_token_gpu(m, BF16, tp),
+            kv_heads=1 if m.attention is Attention.MLA else math.ceil(m.num_kv_heads / tp),
             attn_flops_per_pair=attn_flops_per_pair_layer(m, tp) * m.num_layers,
             decode_attn_flops_per_pair=decode_attn_flops_per_pair_layer(m, tp) * m.num_layers,
             body_params=(m.matmul_params_active() - lm_head) / tp,

@@ -39,6 +39,7 @@ from kvsim.report.tables import (
     _plural,
     _rejections_section,
     _replicas_section,
+    _sessions_section,
     _tiers_section,
     _warnings_section,
 )
@@ -86,6 +87,7 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         _warnings_section(s),
         _replicas_section(record),
         _tiers_section(record),
+        _sessions_section(record),
         charts,
         _rejections_section(s),
         _accuracy_section(s),

@@ -111,7 +111,8 @@ _KNOWN_KEYS = frozenset(
     """scenario requests ttft_s tpot_s e2e_s queue_s throughput_tok_s output_throughput_tok_s goodput_req_s slo
     hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
     preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
-    accuracy tokens cost_usd sim_speed_x schema version replicas offload swap global_pool links""".split()
+    accuracy tokens cost_usd sim_speed_x schema version replicas offload swap global_pool links
+    sessions""".split()
 )
 
 
@@ -323,6 +324,35 @@ def _tiers_section(rec: RunSummary) -> str:
             _note("Links: one direction of one PCIe group or NIC; transfers queue first come, first served.")
         )
     return "\n".join(parts)
+
+
+def _sessions_section(rec: RunSummary) -> str:
+    """Agent sessions: completion, durations, and the prompt by segment (workload.agent)."""
+    ses = rec.sessions
+    if ses is None:
+        return ""
+    d = ses.duration_s
+    rows = [
+        ("sessions completed", f"{ses.completed:,} of {ses.sessions:,}"),
+        (
+            "turns sent / completed / in workload",
+            f"{ses.turns_sent:,} / {ses.turns_completed:,} / {ses.turns:,}",
+        ),
+        ("arrivals", "closed loop (a turn waits for the previous reply)" if ses.closed_loop else "open loop"),
+        ("session duration p50 / p99", f"{_dur(d.p50)} / {_dur(d.p99)}"),
+        ("pinned segments", ", ".join(ses.pinned_segments) or "none"),
+        ("pinned blocks, peak per replica", _int(ses.pinned_blocks_peak)),
+    ]
+    seg = [
+        (html.escape(k), _int(v), _pct(ses.prompt_share_by_segment.get(k)))
+        for k, v in ses.prompt_tokens_by_segment.items()
+    ]
+    return (
+        "<h2>Agent sessions</h2>\n"
+        + _table(rows, cls="kv")
+        + _table(seg, header=("prompt segment", "tokens", "share"), cls="num")
+        + _note("prompt tokens of the turns sent, by segment, after the history and tool-output policies.")
+    )
 
 
 def _rejections_section(s: dict[str, Any]) -> str:

@@ -249,6 +249,24 @@ class WorkloadRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionRecord:
+    """Agent sessions (``workload.agent``): completion, durations and the prompt by segment."""
+
+    sessions: int
+    completed: int  # sessions whose every turn completed
+    turns: int  # in the workload
+    turns_sent: int  # arrived (closed loop: sent after the previous reply)
+    turns_completed: int
+    closed_loop: bool
+    duration_s: Distribution  # first turn's arrival to last reply, completed sessions
+    prompt_tokens_by_segment: dict[str, int]  # over the turns sent
+    prompt_share_by_segment: dict[str, float]
+    pinned_segments: tuple[str, ...] = ()
+    pinned_blocks_peak: int = 0  # per replica, the most
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 # ---------------------------------------------------------------------------------------- record
 
 
@@ -305,6 +323,7 @@ class RunSummary:
     swap: SwapRecord | None = None  # scheduler.preemption swap or auto
     global_pool: GlobalPoolRecord | None = None  # kv.prefix_cache.scope global
     links: tuple[LinkRecord, ...] = ()  # every link that moved bytes (offload, swap)
+    sessions: SessionRecord | None = None  # agent workloads only
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

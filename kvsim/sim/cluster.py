@@ -1,5 +1,6 @@
-"""The cluster around the replicas: the arrival process that routes each request at its arrival
-instant, and the factory of a replica's pool and scheduler."""
+"""The cluster around the replicas: the arrival processes that route each request at its arrival
+instant (open loop: at the trace's times; closed loop: agent turns sent when the previous reply
+arrives), and the factory of a replica's pool and scheduler."""
 
 from __future__ import annotations
 
@@ -39,6 +40,57 @@ def arrival_process(
         seq = make_seq(i)
         if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
             router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
+
+
+class ClosedLoopArrivals:
+    """Agent sessions in closed loop: a session's first turn at its start time; each later turn
+    `gap_s` after the previous turn's reply arrived (`on_finish`, called by the replica at the
+    step's end). A rejected turn ends its session: the later turns are never sent (the summary
+    counts them as not arrived). Sends at URGENT priority, like the open-loop arrivals, so a turn
+    sent at the instant a step ends is seen by the router first, fast-forward or not."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        first_times: list[tuple[float, int]],
+        gap_s: np.ndarray,
+        next_request: np.ndarray,
+        make_seq: Callable[[int, float], Request],
+        router: Router,
+    ) -> None:
+        self.env = env
+        self.gap_s = gap_s.tolist()
+        self.next_request = next_request.tolist()
+        self.make_seq = make_seq
+        self.router = router
+        env.process(self._starts(first_times))
+
+    def _send(self, i: int, t: float) -> None:
+        seq = self.make_seq(i, t)
+        if seq.status is not RequestStatus.REJECTED:
+            self.router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
+
+    def _starts(self, first_times: list[tuple[float, int]]):  # type: ignore[no-untyped-def]
+        env = self.env
+        for t, i in first_times:
+            if t > env.now:
+                yield _ArrivalTimeout(env, t - env.now)
+            self._send(i, t)
+
+    def _later(self, i: int, t: float):  # type: ignore[no-untyped-def]
+        # Always through an event, never sent from inside the replica's step end: the replica
+        # schedules its next step first, in both modes.
+        env = self.env
+        yield _ArrivalTimeout(env, max(0.0, t - env.now))
+        self._send(i, t)
+
+    def on_finish(self, done: list[Request]) -> None:
+        # The send time from the reply's own time (the step's end, equal in both modes), not from
+        # env.now, which a fast-forward window reaches by another sum of floats.
+        for seq in done:
+            j = self.next_request[seq.id]
+            if j >= 0:
+                self.env.process(self._later(j, seq.finish_s + self.gap_s[j]))
 
 
 def make_pool_and_scheduler(

@@ -161,7 +161,11 @@ class OffloadPort:
         self.ready = ready  # the node's: entry key -> instant its write to DRAM arrives (pruned lazily)
         self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
         self.stats = OffloadStats()
-        self.on_arrival: Callable[[], None] = lambda: None  # wakes the replica (set by it)
+        # Wakes the replica at the given instant, or cuts its window there (set by it: `Replica.poke`).
+        self.on_arrival: Callable[[float], None] = lambda t: None
+        # The replica's clock, the same float whether it steps or fast-forwards (env.now reaches an
+        # instant by different sums in the two modes): every transfer starts from it.
+        self.clock: Callable[[], float] = lambda: env.now
         self.peers: list[OffloadPort] = []  # the other replicas' ports on this node
         self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
         self.tier_changed = False  # the last after_schedule changed the tier's contents
@@ -238,7 +242,7 @@ class OffloadPort:
             self.glob.pool.check()
             assert self.glob.pool.entries.keys() <= self.glob.pool.home.keys()
 
-    def _changed(self, keys: set[int], watchers: list[OffloadPort]) -> None:
+    def _changed(self, keys: set[int], watchers: list[OffloadPort], now: float) -> None:
         """Tier contents under `keys` changed: replicas whose waiting head's prefix holds one of them
         would admit differently at their next schedule."""
         for p in watchers:
@@ -250,7 +254,7 @@ class OffloadPort:
                 if p is self:
                     self.tier_changed = True
                 else:
-                    p.on_arrival()
+                    p.on_arrival(now)
 
     @property
     def writes_back(self) -> bool:
@@ -269,7 +273,7 @@ class OffloadPort:
         return min(t for t, _ in self.pending.values())
 
     def after_schedule(self) -> None:
-        now = self.env.now
+        now = self.clock()
         sched = self.sched
         self.tier_changed = False
         cold: list[int] = []
@@ -289,7 +293,7 @@ class OffloadPort:
         if events and self.host is not None:
             self._write(now, events)
         if cold:  # after this schedule's admissions, a waiting head's HBM hits moved down a tier
-            self._changed(set(cold), [self])
+            self._changed(set(cold), [self], now)
         if events and self.glob is not None:
             self._publish(now, events)
 
@@ -312,7 +316,7 @@ class OffloadPort:
         for k, _ in new:
             glob.ready[k] = end
         self.stats.published_blocks += blocks
-        self._changed({*keys, *glob.pool.last_dropped}, glob.watchers)
+        self._changed({*keys, *glob.pool.last_dropped}, glob.watchers, now)
 
     def _decide_swap(self, req: Request) -> bool:
         """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
@@ -376,7 +380,7 @@ class OffloadPort:
                 self.stats.ssd_written_blocks += nb
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
-        self._changed(changed, [self, *self.peers])
+        self._changed(changed, [self, *self.peers], now)
 
     def sample(self, t: float) -> None:
         for name, tier in self.sampled:
@@ -479,13 +483,13 @@ class OffloadPort:
         s = self.stats
         s.waits[req.id] = s.waits.get(req.id, 0.0) + (end - now)
         self.pending[req.id] = (end, req)
-        ev = _UrgentTimeout(self.env, end - now)
-        ev.callbacks.append(lambda _e: self._arrived(req, swap_blocks))
+        ev = _UrgentTimeout(self.env, max(0.0, end - self.env.now))
+        ev.callbacks.append(lambda _e: self._arrived(req, swap_blocks, end))
 
-    def _arrived(self, req: Request, swap_blocks: int) -> None:
+    def _arrived(self, req: Request, swap_blocks: int, end: float) -> None:
         del self.pending[req.id]
         if swap_blocks:
             assert self.swap_space is not None
             self.swap_space.used_blocks -= swap_blocks
         self.sched.finish_load(req)
-        self.on_arrival()
+        self.on_arrival(end)

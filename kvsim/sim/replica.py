@@ -77,6 +77,9 @@ class Replica:
         self.offload = offload  # host-DRAM tier and its links (None: off)
         if offload is not None:
             offload.on_arrival = self.poke
+            offload.clock = lambda: self.clock
+        # Called with the requests that finished, at the step's end (closed-loop sessions).
+        self.on_finish: Callable[[list[Request]], None] | None = None
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -138,7 +141,7 @@ class Replica:
         seq.replica = self.index
         self.sched.add(seq)
         if self.wake is not None and not self.wake.triggered:
-            self.wake.succeed()
+            self.wake.succeed(seq.arrival_s)
         elif self._win is not None:
             # Stepping would first see the request after the step in flight now: cut the window there.
             win = self._win
@@ -147,15 +150,16 @@ class Replica:
                 win.k = k
                 self.process.interrupt()
 
-    def poke(self) -> None:
-        """Something outside the replica changed what its next schedule does (a load arrived; its
-        node's host tier changed while requests wait here): stepping sees it after the step in
-        flight, so an idle replica wakes and a window is cut there, as for an arrival (`submit`)."""
+    def poke(self, t: float) -> None:
+        """Something outside the replica changed, at `t`, what its next schedule does (a load
+        arrived; its node's tiers changed while requests wait here): stepping sees it after the step
+        in flight, so an idle replica wakes (its clock to `t`) and a window is cut there, as for an
+        arrival (`submit`)."""
         if self.wake is not None and not self.wake.triggered:
-            self.wake.succeed()
+            self.wake.succeed(t)
         elif self._win is not None:
             win = self._win
-            k = steps_before(win.ends, self.env.now, win.k) + 1
+            k = steps_before(win.ends, t, win.k) + 1
             if k < win.k:
                 win.k = k
                 self.process.interrupt()
@@ -213,11 +217,15 @@ class Replica:
                 self._sample()
                 idle_used = sched.kv.pool.num_used
                 self.wake = env.event()
-                yield self.wake
+                # The arrival's own time, not env.now: a closed-loop turn's time is its previous
+                # reply's end plus a gap, which env.now reaches by a sum that differs between
+                # fast-forward and stepping (an arrival from a trace is at env.now either way).
+                woken_at = yield self.wake
                 self.wake = None
-                self.stats.kv_block_s += idle_used * (env.now - self.clock)
-                self.stats.idle_s += env.now - self.clock
-                self.clock = env.now
+                now = max(self.clock, woken_at)
+                self.stats.kv_block_s += idle_used * (now - self.clock)
+                self.stats.idle_s += now - self.clock
+                self.clock = now
                 continue
             self._sample()
             win = self._window(plan) if self.fast_forward else None
@@ -240,6 +248,8 @@ class Replica:
                     seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
+                if done and self.on_finish is not None:
+                    self.on_finish(done)
             else:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
@@ -267,6 +277,8 @@ class Replica:
                     seq.first_token_s = t_end
                 for seq in done:
                     seq.finish_s = t_end
+                if done and self.on_finish is not None:
+                    self.on_finish(done)
             self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).

@@ -130,6 +130,10 @@ class KVConfig:
     eviction: EvictionConfig
     offload: OffloadConfig
     global_pool: GlobalPoolConfig = field(default_factory=GlobalPoolConfig)
+    # Prompt segments whose cached blocks are never evicted (agent workloads: system, tools), and
+    # the share of a replica's blocks they may hold at most.
+    pin_segments: tuple[str, ...] = ()
+    pin_max_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,37 @@ class SyntheticConfig:
     think_time_s: float = 0.0
 
 
+class ToolOutputPolicy(Choice):
+    """What an agent does with a tool's output once the reply that used it is written."""
+
+    KEEP = "keep"  # stays in the history verbatim
+    DROP = "drop"  # removed from later prompts
+    COMPRESS = "compress"  # replaced by a summary of compress_ratio of its tokens
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Closed-loop agent sessions (`kvsim.spec.agent`): each turn is sent when the previous reply
+    arrives plus a think time (a user message) or a tool time (a tool's output)."""
+
+    sessions: int
+    rate_per_s: float  # session starts per second (Poisson)
+    turns: LengthDist  # turns per session
+    system_prompt_tokens: int
+    system_prompts: int  # distinct system prompts, one per session drawn uniformly
+    tool_tokens: int  # tool definitions after the system prompt, shared by every session
+    user: LengthDist  # tokens of a user message
+    tool_output: LengthDist  # tokens of a tool's output
+    tool_call_share: float  # share of replies that call a tool (the next turn's input is its output)
+    output: LengthDist  # tokens of a reply
+    think_time_s: float  # before a user message
+    tool_time_s: float  # before a tool output (the tool runs)
+    history_turns: int  # earlier turns kept in the prompt (0: all)
+    tool_outputs: ToolOutputPolicy
+    compress_ratio: float  # summary tokens / tool output tokens (tool_outputs: compress)
+    closed_loop: bool = True  # False: turns at fixed times (start + gaps), as the synthetic sessions
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     trace: Path | None
@@ -176,6 +211,7 @@ class WorkloadConfig:
     max_requests: int | None
     skip_bad_lines: bool
     clip_to_context: bool = False  # shorten over-long requests to the model's context, not reject them
+    agent: AgentConfig | None = None  # format "agent": closed-loop agent sessions
 
 
 @dataclass(frozen=True)
@@ -288,6 +324,8 @@ def _read_kv(root: Section) -> KVConfig:
         raise s.err("format", shorten(exc.message, 200)) from None
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     gpool = GlobalPoolConfig()
+    pin: tuple[str, ...] = ()
+    pin_share = 0.25
     if isinstance(pc_raw, bool):
         scope = PrefixCacheScope.LOCAL if pc_raw else PrefixCacheScope.NONE
     else:
@@ -302,6 +340,10 @@ def _read_kv(root: Section) -> KVConfig:
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
         )
+        pin = pc.parsed("pin", _read_pin, ())
+        pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
+        if pin and scope == "none":
+            raise pc.err("pin", "pinning needs a prefix cache; set scope: local")
         pc.done()
     ev = s.section("eviction")
     policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
@@ -313,7 +355,17 @@ def _read_kv(root: Section) -> KVConfig:
     ev.done()
     offload = _read_offload(s.section("offload"))
     s.done()
-    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload, gpool)
+    return KVConfig(
+        bs,
+        fmt,
+        note,
+        scope,
+        EvictionConfig(policy, budget, sinks, recent),
+        offload,
+        gpool,
+        pin_segments=pin,
+        pin_max_share=pin_share,
+    )
 
 
 SSD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SSDConfig) if f.name != "capacity_bytes"}
@@ -376,6 +428,21 @@ def _read_offload(off: Section) -> OffloadConfig:
     return cfg
 
 
+PIN_SEGMENTS = ("system", "tools")  # the agent prompt's segments that can be pinned
+
+
+def _read_pin(raw: object) -> tuple[str, ...]:
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise KvsimError(f"expected a list of segments ({', '.join(PIN_SEGMENTS)}), got {show(raw)}")
+    for v in items:
+        if v not in PIN_SEGMENTS:
+            raise KvsimError(f"unknown segment {show(v)}; pinnable: {', '.join(PIN_SEGMENTS)}")
+    if len(set(items)) != len(items):
+        raise KvsimError(f"a segment is named twice: {show(raw)}")
+    return tuple(items)
+
+
 def _read_scheduler(root: Section) -> SchedulerConfig:
     # Defaults: vLLM EngineArgs (max_num_seqs 256; max_num_batched_tokens 8192 for the V1 server).
     s = root.section("scheduler")
@@ -407,12 +474,24 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
     s = root.section("workload", required=True)
     trace = s.raw("trace", None)
     syn_raw = s.raw("synthetic", None)
-    if (trace is None) == (syn_raw is None):
-        raise s.err("trace", "give exactly one of workload.trace (a file) or workload.synthetic")
+    agent_raw = s.raw("agent", None)
+    if sum(x is not None for x in (trace, syn_raw, agent_raw)) != 1:
+        raise s.err(
+            "trace", "give exactly one of workload.trace (a file), workload.synthetic or workload.agent"
+        )
     synthetic = None
+    agent = None
     path = None
     fmt = s.choice("format", TRACE_FORMATS, "generic") if trace is not None else "synthetic"
-    if trace is not None:
+    if agent_raw is not None:
+        fmt = "agent"
+        if s.raw("format", "agent") != "agent":
+            raise s.err("format", "agent sessions are generated, not read: remove format or set agent")
+        agent = _read_agent(Section(agent_raw, source=s.source, path=s._p("agent")))
+        for key in ("rate_scale", "start", "duration", "max_requests"):
+            if s.has(key):
+                raise s.err(key, "not supported with workload.agent: set agent.sessions and agent.rate")
+    elif trace is not None:
         if not isinstance(trace, str) or not trace.strip():
             raise s.err("trace", f"expected a file path, got {show(trace)}")
         path = Path(trace)
@@ -446,8 +525,46 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
         max_requests=None if s.raw("max_requests", None) is None else s.int("max_requests", lo=1, hi=1 << 40),
         skip_bad_lines=s.bool("skip_bad_lines", False),
         clip_to_context=s.bool("clip_to_context", False),
+        agent=agent,
     )
     s.done()
+    return cfg
+
+
+def _read_agent(y: Section) -> AgentConfig:
+    """``workload.agent``. Defaults describe a coding/tool-use agent; they are placeholders for the
+    user's own figures, not measurements: the design documents (003, 'Agent场景的特殊优化') say
+    system prompt and tool definitions average 40-60% of an agent's context, which the defaults
+    (2,000 + 3,000 of about 9,000 tokens at the fourth turn) follow."""
+
+    def dur(key: str, default: float) -> float:
+        return y.parsed(key, lambda v: parse_duration(v, allow_zero=True), default)
+
+    cfg = AgentConfig(
+        sessions=y.int("sessions", lo=1, hi=1_000_000),
+        rate_per_s=y.float("rate", lo=0.0, hi=1e6, lo_open=True),
+        turns=_read_length(y, "turns", {"dist": "constant", "mean": 8}),
+        system_prompt_tokens=y.int("system_prompt_tokens", 2000, lo=0, hi=1 << 24),
+        system_prompts=y.int("system_prompts", 1, lo=1, hi=1 << 20),
+        tool_tokens=y.int("tool_tokens", 3000, lo=0, hi=1 << 24),
+        user=_read_length(y, "user", {"dist": "lognormal", "mean": 200, "stdev": 150}),
+        tool_output=_read_length(y, "tool_output", {"dist": "lognormal", "mean": 1000, "stdev": 800}),
+        tool_call_share=y.float("tool_call_share", 0.5, lo=0.0, hi=1.0),
+        output=_read_length(y, "output", {"dist": "lognormal", "mean": 300, "stdev": 200}),
+        think_time_s=dur("think_time", 5.0),
+        tool_time_s=dur("tool_time", 1.0),
+        history_turns=y.int("history_turns", 0, lo=0, hi=1_000_000),
+        tool_outputs=_choice(y, "tool_outputs", ToolOutputPolicy, ToolOutputPolicy.KEEP),
+        compress_ratio=y.float("compress_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True),
+        closed_loop=y.bool("closed_loop", True),
+    )
+    if cfg.turns.mean > 1000 or cfg.turns.lo > 1000:
+        raise y.err("turns", "at most 1000 turns per session")
+    if cfg.turns.hi > 1000:  # the default max: sampled turns stop at 1000
+        cfg = dataclasses.replace(cfg, turns=dataclasses.replace(cfg.turns, hi=1000))
+    if cfg.system_prompt_tokens + cfg.tool_tokens + cfg.user.lo < 1:
+        raise y.err("user", "a prompt needs at least one token")
+    y.done()
     return cfg
 
 

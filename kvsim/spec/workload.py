@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.spec.scenario import WorkloadConfig
 from kvsim.spec.synthetic import synthetic_workload
+
+if TYPE_CHECKING:
+    from kvsim.spec.agent import AgentWorkload
 from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, _read_trace
 
 
@@ -44,6 +48,8 @@ class Workload:
     # Ids (as hash_ids) of the full blocks each request's answer completes, where a later request's
     # prompt holds them (synthetic sessions); None where no source says what an answer contains.
     output_hash_ids: list[np.ndarray] | None = None
+    # Agent sessions (`kvsim.spec.agent`): sessions, turns, gaps, segments; None for other sources.
+    agent: AgentWorkload | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -72,6 +78,31 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
     dropped_t: dict[str, list[float]] = {}
     origin = 0.0  # subtracted from every time: the first request's trace time
     origin_s = 0.0  # the same instant in the trace's own clock (Azure: since the Unix epoch)
+    agent = None
+    if cfg.format == "agent":
+        from kvsim.spec.agent import agent_workload
+
+        assert cfg.agent is not None
+        t, prompt, output, hashes, block, out_hashes, agent = agent_workload(cfg.agent, seed=seed)
+        if t[-1] >= MAX_TIME_S:
+            raise KvsimError(
+                f"the last session starts at {t[-1]:.3g} s (at most {MAX_TIME_S:.3g} s); raise it",
+                source="agent",
+                path="workload.agent.rate",
+            )
+        return Workload(
+            arrival_s=t,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            hash_ids=hashes,
+            hash_block_tokens=block,
+            source="agent",
+            line_numbers=None,
+            skipped_lines=0,
+            dropped={},
+            output_hash_ids=out_hashes,
+            agent=agent,
+        )
     if cfg.format == "synthetic":
         if cfg.synthetic is None:
             raise KvsimError("format synthetic needs workload.synthetic", source="workload")

@@ -1,0 +1,475 @@
+"""Fit the analytic cost model's efficiency forms to NVIDIA aiconfigurator-core's measured tables.
+
+``python -m calibrate.fit_analytic`` reads, for every kvsim GPU preset whose aiconfigurator system
+has the GEMM and both attention tables (`calibrate.aiconfigurator.available`), the measured points
+at the per-GPU shapes of a few models and TP degrees (`REFERENCES`: Llama-3.1-8B at TP 1 and 2,
+Llama-3.1-70B at TP 4 and 8; bf16 GEMMs, bf16 KV, the vLLM backend's tables), fits the forms of `kvsim.costs.analytic_fit` by least squares on the
+log of predicted / measured time, and writes
+
+- ``kvsim/data/analytic_fit.json``: per GPU, per op, the parameters, the number of points, and the
+  tables' provenance (package version, system, backend, framework version, dtypes, kernels, sha256);
+- ``docs/cost-model-accuracy.md``: per op and GPU, the median and p90 relative error of the analytic
+  model against the measured points with the published peaks (before) and with the fit (after),
+  per shape, and on shapes the fit did not see (`HELD_OUT`).
+
+``--check`` compares instead of writing (exit 1 when the stored files differ from a fresh fit).
+
+Points left out of the fit: decode cells the aiconfigurator sweep omits (the importer fills them
+from a neighbour's rate; they are not measurements). What the tables do not hold is not fitted:
+prefill over a cached prefix (the tables have prefix 0 only; the form extends by FLOPs), the fp8 KV
+decode speed-up (the published 1.6x stays), all-reduce, and the per-step overhead (no per-step
+timing in the tables; the 1 ms estimate stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibrate.aiconfigurator import (
+    DECODE_TABLE,
+    GEMM_TABLE,
+    MS,
+    PREFILL_TABLE,
+    PRESETS,
+    Source,
+    _attn_rows,
+    _peaks,
+    _sha256,
+    _system_info,
+    available,
+    decode_points,
+    gemm_points,
+    package_root,
+    prefill_points,
+    resolve,
+)
+from kvsim.costs.analytic import Efficiencies
+from kvsim.costs.analytic_fit import (
+    BOUNDS,
+    OP_CLASSES,
+    PUBLISHED,
+    SCHEMA,
+    VERSION,
+    DecodeAttnEff,
+)
+from kvsim.costs.work import (
+    attn_flops_per_pair_layer,
+    causal_pairs,
+    decode_attn_flops_per_pair_layer,
+    decode_tokens_read,
+    kv_bytes_per_token_layer_gpu,
+)
+from kvsim.errors import KvsimError
+from kvsim.spec.formats import FormatKind, KVFormat
+from kvsim.spec.hardware import load_gpu
+from kvsim.spec.models import ModelSpec, TPShapes, load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+FIT_PATH = ROOT / "kvsim" / "data" / "analytic_fit.json"
+DOC_PATH = ROOT / "docs" / "cost-model-accuracy.md"
+BACKEND = "vllm"
+# Models and TP degrees whose per-GPU shapes select the measured points the fit sees (GQA with 8,
+# 4, 2 and 1 KV heads per GPU), and held-out ones it does not see, to check it generalises.
+REFERENCES = (("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("llama-3.1-70b", 8))
+HELD_OUT = (("qwen2.5-72b", 4), ("qwen2.5-72b", 8), ("mistral-7b", 1))
+BF16 = KVFormat(kind=FormatKind.BF16)
+# Parameters held at their published value (the tables cannot tell them apart from the others).
+HELD = {"decode_attn": ("e_flops",), "prefill_attn": ("e_kv",)}
+COMMAND = "python -m calibrate.fit_analytic"
+FP8_CHECK = "decode_attn fp8 (not fitted)"
+FP8_SPEEDUP = Efficiencies().format_decode_speedup["fp8_e4m3"]
+# Our reading of a miss, shown beside it on the accuracy page (an explanation, not a measurement).
+MISSED = {
+    ("l40s", "decode_attn"): "the measured time falls by about 2x where one call's KV grows past 64 MB "
+    "(e.g. batch 1 at 16K -> 32K tokens, batch 16 at 1K -> 2K): below that the benchmark's KV stays "
+    "in the L40S's 96 MB L2 cache between repeats, which a serving step (32 layers' KV in turn) does "
+    "not enjoy; one HBM efficiency cannot fit both sides (the fitted one sits at its bound, 100% of "
+    "HBM), and the fit does not model the cache. Beyond 64 MB per call the fit prices L40S decode "
+    "attention a median 15% fast.",
+}
+
+
+@dataclass(frozen=True)
+class Points:
+    """Measured points of one op: the form's inputs, column by column, and the measured seconds."""
+
+    x: dict[str, np.ndarray]
+    t: np.ndarray
+
+    def subset(self, every: int) -> Points:
+        return Points({k: v[::every] for k, v in self.x.items()}, self.t[::every])
+
+
+@dataclass(frozen=True)
+class GpuData:
+    gpu: str  # kvsim preset
+    src: Source
+    peak: float
+    bw: float
+    ops: dict[str, Points]
+    provenance: dict[str, Any]
+    checks: dict[str, Points]  # points priced with the fit but not fitted (FP8_CHECK)
+
+
+def predict(op: str, params: Any, pts: Points, peak: float, bw: float) -> np.ndarray:
+    """Seconds per call of ``op``'s form at the points (the same methods the model calls)."""
+    x = pts.x
+    if op == "gemm":
+        return np.asarray(params.seconds(x["flops"], x["weight_bytes"], peak, bw))
+    if op == "decode_attn":
+        return np.asarray(params.seconds(x["kv_bytes"], x["flops"], x["items"], peak, bw))
+    return np.asarray(params.seconds(x["flops"], x["kv_bytes"], x["n"], peak, bw))
+
+
+def _shape_points(
+    src: Source, peaks: dict[str, Any], model: ModelSpec, tp: int, shape: int
+) -> dict[str, Points]:
+    """The bf16 measured points of one (model, TP)'s per-GPU shapes, as the forms' inputs."""
+    shapes = TPShapes.of(model, tp)
+    gemm, _ = gemm_points(src, shapes, "bfloat16", peaks)
+    all_dec, _ = decode_points(src, model, tp, None, peaks)
+    dec = [p for p in all_dec if p["kv_cache_dtype"] == "bfloat16" and "filled" not in p]
+    fp8 = [p for p in all_dec if p["kv_cache_dtype"] == "fp8" and "filled" not in p]
+    # Prefill: every batch size the table holds (one varlen call over `batch_size` prompts of `isl`
+    # tokens each, prefix 0), not only the single prompts the profile importer takes.
+    rows, _, _ = _attn_rows(src, PREFILL_TABLE, shapes, None)
+    keep = (rows["kv_cache_dtype"] == "bfloat16") & (rows["step"] == 0)
+    pre_b = rows["batch_size"][keep].astype(np.float64)
+    n = rows["isl"][keep].astype(np.float64)
+    pre_t = rows["latency"][keep].astype(np.float64) * MS
+    per_tok = kv_bytes_per_token_layer_gpu(model, BF16, tp)
+
+    def col(pts: list[dict[str, Any]], key: str) -> np.ndarray:
+        return np.array([p[key] for p in pts], dtype=np.float64)
+
+    b, ctx = col(dec, "batch"), col(dec, "context")
+    tokens = decode_tokens_read(0, b * ctx)
+    b8 = col(fp8, "batch")
+    tokens8 = decode_tokens_read(0, b8 * col(fp8, "context"))
+    return {
+        "gemm": Points(
+            {
+                "m": col(gemm, "m"),
+                "flops": col(gemm, "flops"),
+                "weight_bytes": 2.0 * col(gemm, "n") * col(gemm, "k"),  # bf16 weights, once per call
+                "shape": np.full(len(gemm), shape),
+            },
+            col(gemm, "t_p50"),
+        ),
+        "decode_attn": Points(
+            {
+                "items": b * shapes.kv_heads,
+                "kv_bytes": tokens * per_tok,
+                "flops": tokens * decode_attn_flops_per_pair_layer(model, tp),
+                "shape": np.full(len(dec), shape),
+            },
+            col(dec, "t_p50"),
+        ),
+        "prefill_attn": Points(
+            {
+                "n": n,
+                "batch": pre_b,
+                "flops": pre_b * attn_flops_per_pair_layer(model, tp) * causal_pairs(n, 0),
+                "kv_bytes": pre_b * n * per_tok,
+                "shape": np.full(len(n), shape),
+            },
+            pre_t,
+        ),
+        # Not fitted, checked: fp8 KV decode priced as the model does, the bf16-equivalent bytes
+        # over the published fp8 speed-up.
+        FP8_CHECK: Points(
+            {
+                "items": b8 * shapes.kv_heads,
+                "kv_bytes": tokens8 * per_tok / FP8_SPEEDUP,
+                "flops": tokens8 * decode_attn_flops_per_pair_layer(model, tp),
+                "shape": np.full(len(fp8), shape),
+            },
+            col(fp8, "t_p50"),
+        ),
+    }
+
+
+def _concat(parts: list[dict[str, Points]]) -> dict[str, Points]:
+    return {
+        op: Points(
+            {k: np.concatenate([p[op].x[k] for p in parts]) for k in parts[0][op].x},
+            np.concatenate([p[op].t for p in parts]),
+        )
+        for op in parts[0]
+    }
+
+
+def load_gpu_data(system: str, shapes: tuple[tuple[str, int], ...] = REFERENCES) -> GpuData:
+    """The measured points of ``system`` at every (model, TP) of ``shapes``; column ``shape`` says whose."""
+    src = resolve(system, BACKEND, None)
+    peaks = _peaks(src, _system_info(src))
+    gpu = load_gpu(PRESETS[system])
+    peak, bw = float(gpu.bf16_flops), float(gpu.hbm_bw_bytes_per_s)
+    ops = _concat([_shape_points(src, peaks, load_model(m), tp, i) for i, (m, tp) in enumerate(shapes)])
+    checks = {FP8_CHECK: ops.pop(FP8_CHECK)}
+    ref = load_model(shapes[0][0])
+    _, dec_info = decode_points(src, ref, shapes[0][1], None, peaks)
+    _, pre_info = prefill_points(src, ref, shapes[0][1], None, peaks)
+    tables = [src.table(*t) for t in (GEMM_TABLE, DECODE_TABLE, PREFILL_TABLE)]
+    provenance = {
+        "package": "aiconfigurator-core",
+        "package_version": src.package_version,
+        "system": system,
+        "backend": BACKEND,
+        "framework_version": src.version,
+        "gemm_dtype": "bfloat16",
+        "kv_cache_dtype": "bfloat16",
+        "shapes_of": [f"{m} tp {tp}" for m, tp in shapes],
+        "decode_kernel": dec_info["kernel"],
+        "prefill_kernel": pre_info["kernel"],
+        "peaks": {"bf16_flops": peak, "hbm_bw_bytes_per_s": bw, "preset": gpu.name},
+        "tables": {src.rel(p): _sha256(p) for p in tables},
+    }
+    return GpuData(gpu.name, src, peak, bw, ops, provenance, checks)
+
+
+def fit_op(op: str, pts: Points, peak: float, bw: float) -> Any:
+    """Least squares on log(predicted / measured) over the op's free parameters."""
+    from scipy.optimize import least_squares
+
+    cls = OP_CLASSES[op]
+    published = getattr(PUBLISHED, op)
+    names = [f.name for f in fields(cls) if f.name not in HELD.get(op, ())]
+    start = {"t0_s": 5e-6, "t_item_s": 1e-8, "q": 2.0, "n_half": 512.0}
+    x0 = np.array([start.get(k, getattr(published, k)) for k in names])
+    lo = np.array([BOUNDS[k][0] for k in names])
+    hi = np.array([BOUNDS[k][1] for k in names])
+    scale = np.array([start.get(k, 1.0) for k in names])
+
+    def params(x: np.ndarray) -> Any:
+        values = asdict(published)
+        values.update({k: float(v) for k, v in zip(names, x * scale, strict=True)})
+        return cls(**values)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.asarray(np.log(predict(op, params(x), pts, peak, bw) / pts.t))
+
+    res = least_squares(residual, x0 / scale, bounds=(lo / scale, hi / scale), method="trf")
+    p = params(res.x)
+    return cls(**{k: float(f"{v:.4g}") for k, v in asdict(p).items()})  # stored to 4 digits
+
+
+def errors(op: str, params: Any, pts: Points, peak: float, bw: float) -> dict[str, float]:
+    rel = np.abs(predict(op, params, pts, peak, bw) / pts.t - 1.0)
+    return {"points": int(rel.size), "median": float(np.median(rel)), "p90": float(np.percentile(rel, 90))}
+
+
+def systems() -> list[str]:
+    """aiconfigurator systems with a kvsim preset and all three tables for the backend."""
+    root, _ = package_root()
+    have = available(root)
+    return [s for s in PRESETS if s in have and BACKEND in have[s]]
+
+
+def _by_shape(
+    op: str, params: Any, pts: Points, peak: float, bw: float, names: list[str]
+) -> dict[str, float]:
+    """Median relative error per shape."""
+    rel = np.abs(predict(op, params, pts, peak, bw) / pts.t - 1.0)
+    shape = pts.x["shape"]
+    return {name: float(np.median(rel[shape == i])) for i, name in enumerate(names) if (shape == i).any()}
+
+
+def run_fit(every: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The fit file's content and the accuracy rows (every ``every``-th point of each op)."""
+    gpus: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    ref_names = [f"{m} tp {tp}" for m, tp in REFERENCES]
+    held_names = [f"{m} tp {tp}" for m, tp in HELD_OUT]
+    for system in systems():
+        data = load_gpu_data(system)
+        held = load_gpu_data(system, HELD_OUT)
+        ops: dict[str, Any] = {}
+        for op, pts in data.ops.items():
+            pts = pts.subset(every)
+            fitted = fit_op(op, pts, data.peak, data.bw)
+            ops[op] = {**asdict(fitted), "points": int(pts.t.size)}
+            rows.append(
+                {
+                    "gpu": data.gpu,
+                    "system": system,
+                    "op": op,
+                    "before": errors(op, getattr(PUBLISHED, op), pts, data.peak, data.bw),
+                    "after": errors(op, fitted, pts, data.peak, data.bw),
+                    "by_shape": _by_shape(op, fitted, pts, data.peak, data.bw, ref_names),
+                    "held_out": _by_shape(op, fitted, held.ops[op], data.peak, data.bw, held_names),
+                }
+            )
+        gpus[data.gpu] = {"system": system, "source": data.provenance, "ops": ops}
+        fp8 = data.checks[FP8_CHECK]
+        if fp8.t.size:
+            dec = asdict(PUBLISHED.decode_attn) | ops["decode_attn"]
+            dec.pop("points")
+            fitted_dec = DecodeAttnEff(**dec)
+            rows.append(
+                {
+                    "gpu": data.gpu,
+                    "system": system,
+                    "op": FP8_CHECK,
+                    "before": errors("decode_attn", PUBLISHED.decode_attn, fp8, data.peak, data.bw),
+                    "after": errors("decode_attn", fitted_dec, fp8, data.peak, data.bw),
+                    "by_shape": _by_shape("decode_attn", fitted_dec, fp8, data.peak, data.bw, ref_names),
+                    "held_out": {},
+                }
+            )
+    content = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "generated_by": COMMAND,
+        "forms": "kvsim/costs/analytic_fit.py",
+        "held_at_published": {op: list(v) for op, v in HELD.items()},
+        "not_fitted": "per-step overhead (1 ms estimate), fp8 KV decode speed-up, prefill over a cached "
+        "prefix (tables hold prefix 0 only), all-reduce",
+        "gpus": gpus,
+    }
+    return content, rows
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    target = 0.15
+    lines = [
+        "# Cost-model accuracy: the analytic model against measured kernel tables",
+        "",
+        f"Generated by `{COMMAND}` (do not edit by hand).",
+        "",
+        "Relative error = |predicted / measured - 1| per kernel call, over every measured point of NVIDIA",
+        "aiconfigurator-core's tables (the "
+        + BACKEND
+        + " backend's; bf16 GEMMs, bf16 KV cache) at the per-GPU",
+        "shapes of " + ", ".join(f"{m} at TP {tp}" for m, tp in REFERENCES) + ".",
+        "",
+        "- *Before*: published peaks times one efficiency per op (GEMM 70% of dense peak, weights 80% of",
+        "  HBM, decode attention 80% of HBM, prefill attention 65% of dense peak).",
+        "- *After*: the fitted forms of `kvsim/costs/analytic_fit.py`, stored in",
+        "  `kvsim/data/analytic_fit.json`, which the analytic model (the default cost model) uses for",
+        "  these GPUs.",
+        f"- The `{FP8_CHECK}` rows: fp8 KV decode priced as the model does (the bf16 fit, bytes over",
+        f"  the published {FP8_SPEEDUP}x fp8 speed-up): a check, not a fit.",
+        "- Target: median within 15% per op on every GPU with tables. These errors are in-sample (the fit",
+        "  saw these points); the next section shows them per shape and on held-out shapes.",
+        "",
+        "| GPU (tables) | op | points | median before | p90 before | median after | p90 after | target |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        b, a = r["before"], r["after"]
+        ok = "met" if a["median"] <= target else "**not met**"
+        lines.append(
+            f"| {r['gpu']} ({r['system']}) | {r['op']} | {a['points']} | {_pct(b['median'])} | {_pct(b['p90'])} "
+            f"| {_pct(a['median'])} | {_pct(a['p90'])} | {ok} |"
+        )
+    missed = [r for r in rows if r["after"]["median"] > target]
+    if missed:
+        lines += ["", "Where the target is not met:", ""]
+        lines += [
+            f"- {r['gpu']} {r['op']}: {MISSED.get((r['gpu'], r['op']), 'not explained yet.')}" for r in missed
+        ]
+    ref_names = [f"{m} tp {tp}" for m, tp in REFERENCES]
+    held_names = [f"{m} tp {tp}" for m, tp in HELD_OUT]
+    lines += [
+        "",
+        "## Median error after the fit, per shape",
+        "",
+        f"Fitted on: {', '.join(ref_names)}. Held out (*): {', '.join(held_names)}. The held-out",
+        "models have the same heads per GPU as fitted ones, so only their GEMM shapes are new; their",
+        "attention columns repeat the fitted shapes'. Cells above 15% are in bold.",
+        "",
+        "| GPU | op | " + " | ".join([*ref_names, *(f"{n} *" for n in held_names)]) + " |",
+        "|---|---|" + "---:|" * (len(ref_names) + len(held_names)),
+    ]
+    for r in rows:
+        cells = [r["by_shape"].get(n) for n in ref_names] + [r["held_out"].get(n) for n in held_names]
+        shown = " | ".join("-" if c is None else f"**{_pct(c)}**" if c > target else _pct(c) for c in cells)
+        lines.append(f"| {r['gpu']} | {r['op']} | {shown} |")
+    lines += ["", "## Fitted parameters", ""]
+    lines += [
+        "| GPU | op | parameters |",
+        "|---|---|---|",
+    ]
+    for gpu, entry in content["gpus"].items():
+        for op, p in entry["ops"].items():
+            shown = ", ".join(f"{k} = {v:.4g}" for k, v in p.items() if k != "points")
+            lines.append(f"| {gpu} | {op} | {shown} |")
+    first = next(iter(content["gpus"].values()), None)
+    prov = first["source"] if first else {}
+    lines += [
+        "",
+        "## Source and what is not fitted",
+        "",
+        f"- Tables: aiconfigurator-core {prov.get('package_version', '?')}, backend {BACKEND}, one framework "
+        "version per GPU (in `kvsim/data/analytic_fit.json` with each table's sha256).",
+        "- Decode cells the aiconfigurator sweep omits (large batch x long context) are not measurements "
+        "and are left out.",
+        "- Not fitted: prefill over a cached prefix (the tables hold prefix 0 only; the form prices a",
+        "  prefix by its FLOPs at the chunk's fitted efficiency), the fp8 KV decode speed-up (the",
+        "  published 1.6x stays; checked above), all-reduce (the package's comm tables are not read yet),",
+        "  and the per-step overhead (1 ms estimate: the tables time kernels, not steps). For scale:",
+        "  aiconfigurator-core 0.12.0's own vLLM model adds 0.8 ms per layer to each request's prefill",
+        "  (`sdk/backends/vllm_backend.py`, `_prefill_dispatch_overhead_ms`, calibrated there against",
+        "  end-to-end runs); kvsim does not adopt it: a step-level measurement (`kvsim validate`) should.",
+        f"- Held at the published value: {', '.join(f'{op}.{k}' for op, ks in HELD.items() for k in ks)}",
+        "  (the reference shapes never make them the bound).",
+        "- GPUs without tables (h100-pcie) and presets whose peak FLOPs or HBM bandwidth a scenario",
+        "  overrides keep the published peaks (a changed memory size keeps the fit); the run summary's",
+        "  `config.cost_model` says which applies. No fit is reused across GPUs of the same architecture.",
+        "- The scenarios/profiles/ profiles add no GPU data: the H200 one is imported from the same tables,",
+        "  the other is a CPU.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def dump(content: dict[str, Any]) -> str:
+    return json.dumps(content, indent=1, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the stored files; write nothing")
+    args = ap.parse_args(argv)
+    try:
+        content, rows = run_fit()
+    except KvsimError as e:  # not installed, or a table without what the fit needs: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    fit_text, doc_text = dump(content), render_doc(content, rows)
+    if args.check:
+        stale = [
+            str(p.relative_to(ROOT))
+            for p, t in ((FIT_PATH, fit_text), (DOC_PATH, doc_text))
+            if not p.is_file() or p.read_text() != t
+        ]
+        if stale:
+            print(f"stale: {', '.join(stale)} (run {COMMAND})", file=sys.stderr)
+            return 1
+        return 0
+    FIT_PATH.write_text(fit_text)
+    DOC_PATH.write_text(doc_text)
+    for r in rows:
+        b, a = r["before"], r["after"]
+        print(
+            f"{r['gpu']:10} {r['op']:13} n={a['points']:4} median {_pct(b['median']):>7} -> {_pct(a['median']):>6}"
+            f"  p90 {_pct(b['p90']):>7} -> {_pct(a['p90']):>6}"
+        )
+    print(f"wrote {FIT_PATH.relative_to(ROOT)} and {DOC_PATH.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

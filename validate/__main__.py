@@ -1,0 +1,5 @@
+import sys
+
+from validate.loop import main
+
+sys.exit(main())

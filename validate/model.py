@@ -1,0 +1,160 @@
+"""A Llama-shaped decoder with random weights, whose attention reads and writes a paged KV pool
+through `kernels/` (Triton on CUDA, the torch references on a CPU).
+
+Weights are random (N(0, 0.02)): weights do not change costs, and the trace fixes every request's
+output length, so no token ever stops a request early. Shapes come from a kvsim `ModelSpec` (a
+named model scaled down by ``kvsim validate --scale``): GEMMs are ``x @ w`` with ``w`` [k, n] at
+the per-layer shapes the calibrator times (`kvsim.spec.models.TPShapes`, tp 1). Dtypes: fp32 on a
+CPU (as the calibrator's CPU GEMMs), bf16 on CUDA; queries, keys and values enter the attention
+kernels in fp16 on CUDA (as the calibrator times them).
+
+One forward runs one scheduler step: all its tokens through the GEMMs at once (decode rows first,
+then prefill rows, as `kvsim.core.sched.output.SchedulerOutput` orders them); per layer, the decode
+rows' new K/V are written (`kv_write`) and attended to (`paged_decode`), and the prefill rows' chunks
+written and attended causally over their prefix (`chunked_prefill`); the last position of each
+sampling row goes through the LM head and is sampled greedily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.chunked_prefill import chunked_prefill, chunked_prefill_ref
+from kernels.kv_cache import PagedKVCache
+from kernels.kv_write import kv_write, kv_write_ref
+from kernels.paged_decode import paged_decode, paged_decode_ref
+from kvsim.spec.models import ModelSpec, TPShapes
+
+
+@dataclass
+class StepInputs:
+    """One step's tensors, built from the scheduler's output and the block tables."""
+
+    input_ids: torch.Tensor  # [T] int64, decode tokens first
+    positions: torch.Tensor  # [T] int64
+    num_decode: int
+    dec_slots: torch.Tensor  # [num_decode] int64
+    dec_tables: torch.Tensor  # [num_decode, max_blocks] int32
+    dec_lens: torch.Tensor  # [num_decode] int32: context including the new token
+    pre_qsl: torch.Tensor  # [num_prefill + 1] int32
+    pre_tables: torch.Tensor  # [num_prefill, max_blocks] int32
+    pre_lens: torch.Tensor  # [num_prefill] int32: prefix + chunk
+    pre_slots: torch.Tensor  # [prefill tokens] int64
+    max_query_len: int
+    sample_idx: torch.Tensor  # [num_sampling] int64: token rows whose logits are sampled
+
+
+class TinyLlama:
+    def __init__(
+        self,
+        model: ModelSpec,
+        *,
+        device: str,
+        kv_format: str,
+        num_blocks: int,
+        block_size: int,
+        seed: int,
+        triton: bool | None = None,
+    ) -> None:
+        self.device = device
+        # Triton kernels on CUDA, the torch references on a CPU (`triton=True` on a CPU: the
+        # Triton interpreter, for tests of the launch path at tiny shapes).
+        self.cuda = device == "cuda" if triton is None else triton
+        self.dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        self.attn_dtype = torch.float16 if self.cuda else torch.float32
+        sh = TPShapes.of(model, 1)
+        self.heads, self.kv_heads, self.head_dim = sh.heads, sh.kv_heads, sh.head_dim
+        self.hidden = model.hidden_size
+        self.inter = model.intermediate_size
+        self.num_layers = model.num_layers
+        self.rope_theta = 500000.0  # Llama 3's rope_theta (its config.json)
+        # Drawn on the device: a full-size model's 8 B weights drawn on the host would take minutes.
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def w(k: int, n: int) -> torch.Tensor:
+            return (torch.randn(k, n, generator=gen, device=device, dtype=self.dtype)) * 0.02
+
+        self.embed = w(model.vocab_size, self.hidden)
+        self.layers = []
+        for _ in range(self.num_layers):
+            self.layers.append(
+                {
+                    "qkv": w(*sh.gemm_nk["qkv"][::-1]),
+                    "o": w(*sh.gemm_nk["o"][::-1]),
+                    "gate_up": w(*sh.gemm_nk["gate_up"][::-1]),
+                    "down": w(*sh.gemm_nk["down"][::-1]),
+                    "norm1": torch.ones(self.hidden, device=device, dtype=self.dtype),
+                    "norm2": torch.ones(self.hidden, device=device, dtype=self.dtype),
+                }
+            )
+        self.final_norm = torch.ones(self.hidden, device=device, dtype=self.dtype)
+        self.lm_head = w(*sh.gemm_nk["lm_head"][::-1])
+        self.caches = [
+            PagedKVCache.allocate(kv_format, num_blocks, block_size, self.kv_heads, self.head_dim, device)
+            for _ in range(self.num_layers)
+        ]
+        half = self.head_dim // 2
+        self.inv_freq = 1.0 / (
+            self.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half)
+        )
+        self.sm_scale = self.head_dim**-0.5
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * weight
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    @torch.inference_mode()
+    def forward(self, s: StepInputs) -> torch.Tensor:
+        """Run one step; returns the sampled token ids [num_sampling] (on the device)."""
+        x = self.embed[s.input_ids]
+        ang = s.positions.float()[:, None] * self.inv_freq[None, :]
+        cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+        nd = s.num_decode
+        hq, hk, d = self.heads, self.kv_heads, self.head_dim
+        ad = self.attn_dtype
+        for layer, cache in zip(self.layers, self.caches, strict=True):
+            h = self._rms(x, layer["norm1"])
+            qkv = h @ layer["qkv"]
+            q = qkv[:, : hq * d].view(-1, hq, d)
+            k = qkv[:, hq * d : (hq + hk) * d].view(-1, hk, d)
+            v = qkv[:, (hq + hk) * d :].view(-1, hk, d)
+            q = self._rope(q, cos, sin).to(ad)
+            k = self._rope(k, cos, sin).to(ad)
+            v = v.to(ad).contiguous()
+            outs: list[torch.Tensor] = []
+            if nd:
+                if self.cuda:
+                    kv_write(k[:nd], v[:nd], cache, s.dec_slots)
+                    outs.append(_one(paged_decode(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale)))
+                else:
+                    kv_write_ref(k[:nd], v[:nd], cache, s.dec_slots)
+                    outs.append(
+                        _one(paged_decode_ref(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                    )
+            if q.shape[0] > nd:
+                args = (q[nd:], k[nd:], v[nd:], cache, s.pre_tables, s.pre_qsl, s.pre_lens, self.sm_scale)
+                if self.cuda:
+                    outs.append(
+                        chunked_prefill(*args, slot_mapping=s.pre_slots, max_query_len=s.max_query_len)
+                    )
+                else:
+                    outs.append(chunked_prefill_ref(*args, slot_mapping=s.pre_slots))
+            attn = torch.cat(outs) if len(outs) > 1 else outs[0]
+            x = x + attn.reshape(-1, hq * d).to(self.dtype) @ layer["o"]
+            h = self._rms(x, layer["norm2"])
+            gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(gate) * up) @ layer["down"]
+        last = self._rms(x[s.sample_idx], self.final_norm)
+        return (last @ self.lm_head).argmax(-1)
+
+
+def _one(out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The attention output of a launcher called without ``return_lse``."""
+    assert isinstance(out, torch.Tensor)
+    return out
