@@ -109,12 +109,39 @@ def print_summary(summary: RunSummary) -> None:
                 f"  replica {r.index}: {r.requests:,} req, busy {r.busy_fraction:.0%}, KV peak "
                 f"{r.kv_peak_used_blocks:,} / mean {r.kv_mean_used_blocks:,.0f} blocks, {r.preemptions:,} preempted"
             )
+    tiers = _tiers_line(summary)
+    if tiers:
+        con.print(tiers)
     con.print(
         f"simulated {summary.simulated_s:,.1f} s in {summary.wall_s:.2f} s wall "
         f"({summary.simulated_s / max(summary.wall_s, 1e-9):,.0f}x real time)"
     )
     for w in summary.warnings:
         con.print(f"[yellow]warning:[/] {w}")
+
+
+def _tiers_line(summary: RunSummary) -> str:
+    """Prefix hits per tier and waits for KV, when a tier below HBM or swap is on (else empty)."""
+    off, pool, swap = summary.offload, summary.global_pool, summary.swap
+    parts = []
+    if off is not None or pool is not None:
+        lower = (off.hit_rate_dram + off.hit_rate_ssd if off else 0.0) + (
+            pool.hit_rate_global if pool else 0.0
+        )
+        hits = [f"HBM {summary.prefix_hit_rate - lower:.1%}"]
+        if off is not None:
+            hits.append(f"DRAM {off.hit_rate_dram:.1%}")
+            if off.ssd_capacity_bytes:
+                hits.append(f"SSD {off.hit_rate_ssd:.1%}")
+        if pool is not None:
+            hits.append(f"global pool {pool.hit_rate_global:.1%}")
+        parts.append("prefix hits " + ", ".join(hits))
+    if off is not None and off.requests_waited:
+        p50 = off.kv_wait_s.p50 or 0.0
+        parts.append(f"{off.requests_waited:,} requests waited for KV (p50 {p50 * 1e3:,.1f} ms)")
+    if swap is not None:
+        parts.append(f"{swap.swaps:,} swaps, {swap.recomputes:,} recomputes")
+    return "; ".join(parts)
 
 
 def _usd(v: float | None) -> str:
