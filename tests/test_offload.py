@@ -482,3 +482,16 @@ def test_fast_forward_equals_stepping_with_every_tier_on_across_nodes():
     assert r["unfinished"] == 0 and r["completed"] + r["rejected"] == 400  # every request accounted for
     assert set(r["rejected_reasons"]) <= {"needs more KV blocks than a replica has"}
     assert a.summary["engine_events"] < b.summary["engine_events"]
+
+
+def test_the_terminal_summary_has_a_tier_line_only_when_a_tier_is_on():
+    from kvsim.render import _tiers_line
+
+    _, res = _story()
+    prompts = 320 + 624 + 320
+    line = _tiers_line(res.record)
+    assert line == (
+        f"prefix hits HBM {16 / prompts:.1%}, DRAM {288 / prompts:.1%}; "
+        f"1 requests waited for KV (p50 {transfer_time(18 * BLOCK, res.scenario.cluster.topology.host_h2d) * 1e3:,.1f} ms)"
+    )
+    assert _tiers_line(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY).record) == ""
