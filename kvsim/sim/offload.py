@@ -1,21 +1,26 @@
-"""The SimPy side of host-DRAM offload: write-backs, write-throughs and loads over queued links.
+"""The SimPy side of the tiers below HBM: write-backs, write-throughs, loads, swaps, the global pool.
 
 Each replica has an `OffloadPort`: its node's `HostTier` (`kvsim.core.tiers`, shared by the node's
-replicas) and the `LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes belong to, one per
-direction. After every schedule (and after every completed step or window) the replica calls
-`OffloadPort.after_schedule`, which
+replicas), the node's SSD tier (`SSDSide`), the global pool (`GlobalSide`), and the `LinkQueue`s
+(`kvsim.sim.links`) its GPUs' PCIe lanes and NIC belong to, one per direction. The port is also
+the scheduler's `TierLookup`: DRAM first, then the SSD, then the pool. After every schedule the
+replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether it steps or
+fast-forwards), which
 
+- moves down the cached HBM entries gone cold (``cold_after_steps``: `BlockPool.drop_cold`);
+- starts the load of every request the scheduler admitted to load (`Scheduler.new_loads`): one
+  host-to-device transfer of the entries it found in DRAM, queued on the H2D link (SSD entries
+  first over the SSD's read link, then H2D; remote pool entries over the network, in parallel),
+  and one engine event at its end, at URGENT priority (as arrivals: a load that arrives at the
+  instant a step ends is seen by the next schedule whether the replica steps or fast-forwards),
+  which hands the request to the scheduler (`Scheduler.finish_load`) and wakes the replica if it
+  idles; with ``load: overlap`` the event comes earlier by the prefill that hides the load;
 - copies HBM's evicted entries to DRAM (``write: back``; the pool's `BlockRemoved` events) or its
   newly registered ones (``write: through``; `BlockStored`), as one device-to-host transfer per
-  batch of events, queued on the D2H link. The copy reads the blocks before the pool reuses them
-  (a copy enqueued on the compute stream ahead of the kernel that overwrites them); the step does
-  not wait for it. A DRAM entry can be looked up at once, but a load of it starts no earlier than
-  its write has arrived;
-- starts the load of every request the scheduler admitted to load (`Scheduler.new_loads`): one
-  host-to-device transfer of the entries it found in DRAM, queued on the H2D link, and one engine
-  event at its end, at URGENT priority (as arrivals: a load that arrives at the instant a step ends
-  is seen by the next schedule whether the replica steps or fast-forwards), which hands the
-  request to the scheduler (`Scheduler.finish_load`) and wakes the replica if it idles.
+  batch of events, queued on the D2H link; what DRAM's LRU drops goes to the SSD. The copy reads
+  the blocks before the pool reuses them (a copy enqueued on the compute stream ahead of the kernel
+  that overwrites them); the step does not wait for it. A DRAM entry can be looked up at once, but
+  a load of it starts no earlier than its write has arrived.
 
 Swap preemption (``scheduler.preemption: swap | auto``) goes over the same links: a swap-out is a
 device-to-host copy of the victim's computed blocks at the schedule that preempts it, within the
@@ -34,16 +39,20 @@ in parallel; with ``fetch: auto`` a remote entry is fetched only when that beats
 tokens (the cost model's prefill price at no context, against the idle link's transfer time), else
 the prefix stops there and the rest is recomputed.
 
-A load's end is an outside event for the replica's fast-forward windows (`next_event`,
+Fast-forward: a load's end is an outside event for the replica's windows (`next_event`,
 `kvsim.core.horizon`): a window runs only the steps that end strictly before it. With write-back
 offload, windows evict no cached entry (their allocations take empty blocks only), so every
-eviction, and so every write-back, happens at a schedule, at the same instant whether the replica steps or
-fast-forwards; with ``write: through`` or the global pool a mixed window also stops before a
-prefill that registers entries. A change of a tier's contents matters to a replica only through
-the head of its waiting queue (the admission loop stops at the first request that does not fit):
-a replica whose head's prefix holds a changed key is poked (its window cut, as for an arrival),
-or, for the replica that wrote, its next step takes no window. Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on
-that link (the replica's other GPUs move their shares in parallel over their own lanes).
+eviction, and so every write-back, happens at a schedule, at the same instant in both modes; with
+``write: through`` or the global pool a mixed window also stops before a prefill that registers
+entries; with a cold threshold a window ends before the schedule at which the oldest cached-free
+entry goes cold (`cold_steps_left`). A change of a tier's contents matters to a replica only
+through the head of its waiting queue (the admission loop stops at the first request that does
+not fit): a replica whose head's prefix holds a changed key is poked (its window cut, as for an
+arrival), or, for the replica that wrote, its next step takes no window.
+
+Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on that link
+(its other GPUs move their shares in parallel over their own lanes); the SSD, per node, moves whole
+replica blocks.
 """
 
 from __future__ import annotations
