@@ -27,7 +27,7 @@ from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
-from kvsim.results.io import write_requests_csv, write_tiers_csv, write_timeseries_csv
+from kvsim.results.io import write_links_csv, write_requests_csv, write_tiers_csv, write_timeseries_csv
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
@@ -64,6 +64,9 @@ class RunResult:
     plan: MemoryPlan
     record: RunSummary
     tier_samples: list[tuple[float, str, int]] = field(default_factory=list)  # (t, tier, bytes used)
+    link_samples: list[tuple[float, str, float, float]] = field(
+        default_factory=list
+    )  # (t, link, bytes, busy s)
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -321,7 +324,15 @@ def run_scenario(
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
     )
-    return RunResult(sc, seqs, stats, plan, summary, [] if offload is None else offload.tier_samples())
+    return RunResult(
+        sc,
+        seqs,
+        stats,
+        plan,
+        summary,
+        [] if offload is None else offload.tier_samples(),
+        [] if offload is None else offload.link_samples(),
+    )
 
 
 class _Offload:
@@ -503,6 +514,8 @@ class _Offload:
             p.sampled.append((f"node{node}/ssd", self.ssd[node].tier))
         if not self.ports and self.pool is not None:
             p.sampled.append(("global", self.pool))
+        if not self.ports:
+            p.links_to_sample = self._queues
         p.node = node
         for q in self.ports:
             if q.host is not None and q.host is p.host:
@@ -585,6 +598,16 @@ class _Offload:
             declined_lookups=sum(p.stats.declined for p in self.ports),
         )
 
+    def _queues(self) -> list[LinkQueue]:
+        queues = [q for _, q in sorted(self.links.items())]
+        for side in self.ssd or []:
+            queues += [side.read, side.write]
+        return queues
+
+    def link_samples(self) -> list[tuple[float, str, float, float]]:
+        """Traffic of every link over time: (t, link, bytes, busy seconds asked for by t)."""
+        return [row for p in self.ports for row in p.link_samples]
+
     def tier_samples(self) -> list[tuple[float, str, int]]:
         """Occupancy of every tier below HBM over time, bytes (a replica's blocks, all its GPUs)."""
         bb = self.block_bytes
@@ -604,9 +627,7 @@ class _Offload:
 
     def link_records(self, simulated: float) -> tuple[LinkRecord, ...]:
         span = simulated if simulated > 0 else math.inf
-        queues = [q for _, q in sorted(self.links.items())]
-        for side in self.ssd or []:
-            queues += [side.read, side.write]
+        queues = self._queues()
         return tuple(
             LinkRecord(
                 name=q.label,
@@ -826,3 +847,7 @@ def write_run(result: RunResult, out: Path) -> None:
         write_tiers_csv(out / "tiers.csv", result.tier_samples)
     elif (out / "tiers.csv").exists():  # an earlier run's (checked by the CLI as kvsim's own)
         (out / "tiers.csv").unlink()
+    if result.link_samples:
+        write_links_csv(out / "links.csv", result.link_samples)
+    elif (out / "links.csv").exists():
+        (out / "links.csv").unlink()

@@ -359,14 +359,19 @@ def test_the_report_shows_the_memory_tiers_only_when_they_are_on(tmp_path):
     krun.write_run(res, tmp_path / "on")
     page = write_report(tmp_path / "on").read_text()
     assert "Memory tiers and links" in page and "node0/host_h2d/0" in page and "host DRAM (this node)" in page
-    assert 'id="kvsim-tiers"' in page  # the occupancy chart from tiers.csv
+    assert 'id="kvsim-tiers"' in page and 'id="kvsim-links"' in page  # from tiers.csv and links.csv
+    links = (tmp_path / "on" / "links.csv").read_text().splitlines()
+    assert links[0] == "t_s,link,bytes,busy_s"
+    last = {ln.split(",")[1]: float(ln.split(",")[2]) for ln in links[1:]}
+    assert last["node0/host_h2d/0"] == 18 * BLOCK  # sampled once C was admitted: its load asked for
+    assert last["node0/host_d2h/0"] == (19 + 18) * BLOCK
     rows = (tmp_path / "on" / "tiers.csv").read_text().splitlines()
     assert (
         rows[0] == "t_s,tier,used_bytes" and rows[-1] == f"10.0,node0/dram,{(19 + 18) * BLOCK}"
     )  # sampled after C was admitted to load
     for out in (tmp_path / "off", tmp_path / "on"):  # a run without tiers leaves no tiers.csv behind
         krun.write_run(krun.run_scenario(small_scenario(num_blocks=40), workload=STORY), out)
-        assert not (out / "tiers.csv").exists()
+        assert not (out / "tiers.csv").exists() and not (out / "links.csv").exists()
         assert "Memory tiers and links" not in write_report(out).read_text()
 
 

@@ -64,7 +64,11 @@ def _page(record: RunSummary, run_dir: Path) -> str:
     requests = _load_csv(run_dir / "requests.csv")
     slo: dict[str, Any] = s["slo"]  # validated by the reader
     charts, any_fig = _charts_section(
-        requests, _load_csv(run_dir / "timeseries.csv"), slo, _load_csv(run_dir / "tiers.csv")
+        requests,
+        _load_csv(run_dir / "timeseries.csv"),
+        slo,
+        _load_csv(run_dir / "tiers.csv"),
+        _load_csv(run_dir / "links.csv"),
     )
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")

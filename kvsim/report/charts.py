@@ -205,6 +205,32 @@ def _tiers_figures(tc: _Csv) -> _Figures:
     return [("tiers", fig)], []
 
 
+def _links_figures(lc: _Csv) -> _Figures:
+    """Each link's utilisation over time (links.csv): busy seconds asked for per sampling interval."""
+    if not lc.has("t_s", "link", "busy_s"):
+        return [], ["links.csv lacks its columns; the link utilisation chart is left out."]
+    t, busy, link = lc.num("t_s"), lc.num("busy_s"), lc.text("link")
+    fig = go.Figure()
+    for name in sorted(set(link.tolist())):
+        m = (link == name) & np.isfinite(t)
+        tt, bb = t[m], busy[m]
+        if tt.size < 2:
+            continue
+        dt = np.diff(tt)
+        util = np.divide(np.diff(bb), dt, out=np.zeros_like(dt), where=dt > 0)
+        idx = _stride(util.size, MAX_SERIES_POINTS)
+        fig.add_trace(go.Scatter(x=tt[1:][idx], y=util[idx], name=str(name), mode="lines", line_shape="hv"))
+    if not fig.data:
+        return [], ["links.csv has too few samples for a utilisation chart."]
+    fig.update_layout(
+        title="Link utilisation over time (transfers asked for per interval)",
+        height=340,
+        xaxis_title="simulated time (s)",
+        yaxis_title="busy share",
+    )
+    return [("links", fig)], []
+
+
 def _figure_html(div_id: str, fig: go.Figure) -> str:
     fig.update_layout(template=_TEMPLATE, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return pio.to_html(
@@ -218,7 +244,11 @@ def _figure_html(div_id: str, fig: go.Figure) -> str:
 
 
 def _charts_section(
-    requests: _Csv | None, timeseries: _Csv | None, slo: dict[str, Any], tiers: _Csv | None = None
+    requests: _Csv | None,
+    timeseries: _Csv | None,
+    slo: dict[str, Any],
+    tiers: _Csv | None = None,
+    links: _Csv | None = None,
 ) -> tuple[str, bool]:
     """HTML for the charts and whether any figure needs plotly.js (``tiers.csv`` only where the run
     wrote one: memory tiers on)."""
@@ -230,6 +260,8 @@ def _charts_section(
     )
     if tiers is not None:
         sources += (("tiers.csv", tiers, _tiers_figures),)
+    if links is not None:
+        sources += (("links.csv", links, _links_figures),)
     for name, data, build in sources:
         if data is None:
             out.append(_note(f"{name} not found in the run directory; its charts are left out."))

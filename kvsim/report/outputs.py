@@ -15,12 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.results.io import REQUEST_COLUMNS, TIER_COLUMNS
+from kvsim.results.io import LINK_COLUMNS, REQUEST_COLUMNS, TIER_COLUMNS
 from kvsim.sweep.plan import is_plan_csv, read_plan
 from kvsim.sweep.table import is_results_csv, is_results_parquet, read_manifest
 
-RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "tiers.csv", "report.html")
+RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "tiers.csv", "links.csv", "report.html")
 _HEADERS = {
+    "links.csv": ",".join(LINK_COLUMNS),
     "tiers.csv": ",".join(TIER_COLUMNS),
     "requests.csv": ",".join(REQUEST_COLUMNS),
     "timeseries.csv": "t_s,replica,kv_used_blocks,kv_cached_blocks,kv_free_blocks,running,waiting",

@@ -72,3 +72,16 @@ def write_tiers_csv(path: Path, samples: list[tuple[float, str, int]]) -> None:
         w.writerow(TIER_COLUMNS)
         for t, tier, used in samples:
             w.writerow((repr(round(t, 6)), tier, used))
+
+
+LINK_COLUMNS = ("t_s", "link", "bytes", "busy_s")
+
+
+def write_links_csv(path: Path, samples: list[tuple[float, str, float, float]]) -> None:
+    """Traffic of every link over time (``kv.offload``, swap, the global pool): at each sample, the
+    bytes and busy seconds of the transfers asked for so far, per link direction (``node0/host_h2d/0``)."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(LINK_COLUMNS)
+        for t, link, nbytes, busy in samples:
+            w.writerow((repr(round(t, 6)), link, repr(nbytes), repr(busy)))

@@ -188,6 +188,10 @@ class OffloadPort:
         # (t, tier name, blocks used), set up by the run.
         self.sampled: list[tuple[str, HostTier]] = []
         self.samples: list[tuple[float, str, int]] = []
+        # Traffic over time of every link of the run (sampled by one port): (t, link, bytes and busy
+        # seconds of the transfers asked for so far).
+        self.links_to_sample: Callable[[], list[LinkQueue]] | None = None
+        self.link_samples: list[tuple[float, str, float, float]] = []
         # What a token loaded from a lower tier costs against computing it (the cache-aware router).
         self.load_weight = load_weight
         self.node = -1 if glob is None else glob.node
@@ -394,6 +398,9 @@ class OffloadPort:
     def sample(self, t: float) -> None:
         for name, tier in self.sampled:
             self.samples.append((t, name, tier.used_blocks))
+        if self.links_to_sample is not None:
+            for q in self.links_to_sample():
+                self.link_samples.append((t, q.label, q.stats.bytes, q.stats.busy_s))
 
     def cold_steps_left(self) -> int | None:
         """Steps until the schedule at which the oldest cached-free HBM entry goes cold (a window
