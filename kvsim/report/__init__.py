@@ -8,7 +8,7 @@ time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/w
 output throughput over time); warnings; a per-replica table (requests, busy fraction, peak and
 mean KV blocks, preemptions); the memory tiers when any is on (prefix hits per tier, loads,
 write-backs, the global pool, swaps, waits for KV, and each link's traffic and utilisation, and,
-from ``tiers.csv``, the occupancy of each tier over time);
+from ``tiers.csv`` and ``links.csv``, each tier's occupancy and each link's utilisation over time);
 rejection reasons; and, when the summary carries one, the
 accuracy estimate, labelled as cited rather than measured.
 
