@@ -84,13 +84,15 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 def cost_model_key(sc: Scenario) -> Hashable:
     """Scenarios with equal keys get equal cost models (`make_cost_model` reads nothing else)."""
     c = sc.cluster
-    return (sc.cost_model, sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+    return (sc.cost_model, sc.model, c.gpu, c.tensor_parallel, sc.kv.format, sc.kv.format_mix, c.topology)
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.cost_model.kind == "analytic":
         c = sc.cluster
-        return AnalyticCostModel(sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+        return AnalyticCostModel(
+            sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology, mix=sc.kv.format_mix
+        )
     from kvsim.costs.profile import load_profile_cost_model
 
     assert sc.cost_model.profile is not None
@@ -242,7 +244,7 @@ def run_scenario(
             "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
         )
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
-    note = accuracy_note(sc.kv.format, sc.kv.format_note)
+    note = accuracy_note(sc.kv.format, sc.kv.format_note, sc.kv.format_mix)
     summary = RunSummary(
         **parts,
         scenario=sc.name,
@@ -313,6 +315,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         replicas=sc.cluster.num_replicas,
         router=sc.cluster.router,
         kv_format=sc.kv.format.name,
+        kv_format_mix="" if sc.kv.format_mix is None else sc.kv.format_mix.name,
         block_size=sc.kv.block_size,
         prefix_cache=sc.kv.prefix_cache,
         max_num_seqs=sc.scheduler.max_num_seqs,

@@ -117,6 +117,13 @@ def cases(draw):  # type: ignore[no-untyped-def]
         "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity"])),
     }
     kv = {"prefix_cache": draw(st.sampled_from([True, True, False]))}
+    # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.
+    fmt = draw(st.sampled_from(["bf16", "bf16", "int8", "kvquant4", "mix"]))
+    kv.update(
+        {"format": "int8", "format_mix": {"format": "int4", "share": 0.75}}
+        if fmt == "mix"
+        else {"format": fmt}
+    )
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 

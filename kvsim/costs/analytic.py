@@ -20,6 +20,11 @@ Default efficiencies and their sources (../shared/REFERENCE.md unless noted):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
   on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
+- quantize-on-write of new tokens (lossy formats): 50% of HBM peak for its bytes (estimate: a
+  short elementwise kernel over a few MB per step, no measurement on file), its vector operations
+  at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
+- mixed formats per head: each part's decode attention at its own speed-up, weighted by its share
+  of the cached vectors.
 - per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
@@ -31,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.costs.base import StepCostModel, transfer_time
-from kvsim.costs.work import ModelWork, decode_tokens_read
-from kvsim.spec.formats import KVFormat
+from kvsim.costs.work import ModelWork, decode_tokens_read, format_parts
+from kvsim.spec.formats import FormatMix, KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 from kvsim.spec.topology import Link, Topology
@@ -44,6 +49,8 @@ class Efficiencies:
     weight_bw: float = 0.80
     prefill_attn_compute: float = 0.65
     gemm_compute: float = 0.70
+    kv_write_bw: float = 0.50
+    vector_flops_fraction: float = 1 / 15
     step_overhead_s: float = 1e-3
     allreduce_latency_s: float = 10e-6
     format_decode_speedup: dict[str, float] = field(
@@ -69,8 +76,10 @@ class AnalyticCostModel(StepCostModel):
         fmt: KVFormat,
         topology: Topology,
         eff: Efficiencies | None = None,
+        mix: FormatMix | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.mix = mix
         self.eff = eff or Efficiencies()
         self.overhead_s = self.eff.step_overhead_s
         e = self.eff
@@ -78,11 +87,23 @@ class AnalyticCostModel(StepCostModel):
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = (gpu.fp8_flops if fp8_weights else gpu.bf16_flops) * e.gemm_compute
         self.bw = gpu.hbm_bw_bytes_per_s
-        self.work = w = ModelWork.of(m, tp, fmt)
-        speedup = self.eff.format_decode_speedup.get(fmt.kind.value, 1.0)
+        self.work = w = ModelWork.of(m, tp, fmt, mix)
         # Decode attention: bf16-equivalent bytes at the bf16 efficiency, divided by the format's
-        # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest).
-        self.decode_attn_s_per_token = w.kv_bytes_per_token_bf16 / (self.bw * e.decode_attn_bw) / speedup
+        # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest); a mix of
+        # formats runs each part at its own speed-up.
+        self.decode_attn_s_per_token = sum(
+            share
+            * (
+                w.kv_bytes_per_token_bf16
+                / (self.bw * e.decode_attn_bw)
+                / self.eff.format_decode_speedup.get(f.kind.value, 1.0)
+            )
+            for f, share in format_parts(fmt, mix)
+        )
+        self.write_s_per_token = max(
+            w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
+            w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
+        )
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (
             gpu.bf16_flops * e.prefill_attn_compute
         )
@@ -102,6 +123,9 @@ class AnalyticCostModel(StepCostModel):
         if not calls:
             return 0.0
         return calls * self.eff.allreduce_latency_s + self.work.allreduce_bytes(num_tokens) / self.link_bw
+
+    def _write_time(self, num_tokens: int) -> float:
+        return num_tokens * self.write_s_per_token
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)

@@ -132,8 +132,9 @@ def transfer_time(nbytes: float, link: Link, num_calls: int = 1) -> float:
 
 
 class StepCostModel:
-    """A step as parts run one after another: overhead + GEMMs + all-reduces + prefill attention
-    (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
+    """A step as parts run one after another: overhead + GEMMs + all-reduces + quantize-on-write
+    of the new tokens + prefill attention (per prefilling or verifying sequence) + decode attention
+    (all decoding sequences together).
     Subclasses price the parts; `price` and `decode_step_times` share this one decomposition, so a
     decode-only step costs the same whichever is asked (fast-forward relies on it)."""
 
@@ -151,6 +152,10 @@ class StepCostModel:
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _write_time(self, num_tokens: int) -> float:
+        """Quantize-on-write of the step's new tokens (0 for a bf16/fp16 cache)."""
+        return 0.0
 
     def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
         """Flags of a step's parts: GEMMs over ``tokens`` with ``rows`` sampled, attention of the
@@ -176,7 +181,13 @@ class StepCostModel:
                 chunks.append((n, c))
                 dec_ctx -= c
         assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"
-        t = self.overhead_s + self._gemm_time(total, batch.num_sampling) + self._comm_time(total) + prefill
+        t = (
+            self.overhead_s
+            + self._gemm_time(total, batch.num_sampling)
+            + self._comm_time(total)
+            + self._write_time(total)
+            + prefill
+        )
         ctx = _NO_DECODE
         if dec_n:
             ctx = np.array([dec_ctx], dtype=np.float64)
@@ -187,7 +198,12 @@ class StepCostModel:
         return self.price(batch).seconds
 
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
+        fixed = (
+            self.overhead_s
+            + self._gemm_time(num_seqs, num_seqs)
+            + self._comm_time(num_seqs)
+            + self._write_time(num_seqs)
+        )
         return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
@@ -206,10 +222,11 @@ class StepCostModel:
         # The same operations in the same order as `price`, one step per element.
         total = num_decode + chunk
         comm = self._comm_time(total)
+        write = self._write_time(total)
         gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
         t = np.array(
             [
-                self.overhead_s + gemm[s] + comm + (0.0 + self._prefill_attn_time(chunk, c))
+                self.overhead_s + gemm[s] + comm + write + (0.0 + self._prefill_attn_time(chunk, c))
                 for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
             ],
             dtype=np.float64,

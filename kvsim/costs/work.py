@@ -18,6 +18,12 @@ same arithmetic.
   prefix and writes its own tokens.
 - All-reduce: two per layer (attention output, MLP output) under TP > 1, ring algorithm:
   2 (tp - 1) / tp of the bf16 activations per token cross the link.
+- Quantize-on-write (vLLM's ``reshape_and_cache`` with a quantizing ``kv_cache_dtype``;
+  ``kernels/kv_write.py``): every new token's K and V are read in bf16 and written in the cache's
+  format, with `QUANT_FLOPS_PER_ELEMENT` vector operations per element. Only lossy parts of the
+  cache count: a bf16 cache's plain copy is left inside the attention and overhead terms, as before.
+- Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
+  each part's share of the cached vectors so a model can price each part at its own rate.
 
 Left out: sampling, the embedding lookup, pipeline parallelism, expert parallelism.
 """
@@ -29,12 +35,24 @@ from typing import overload
 
 import numpy as np
 
-from kvsim.spec.formats import FormatKind, KVFormat
+from kvsim.spec.formats import FormatKind, FormatMix, KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
 
 BF16 = KVFormat(kind=FormatKind.BF16)
 ACT_BYTES = 2  # bf16 activations
 Size = int | float | np.ndarray  # a count, or counts element by element
+# Vector operations per element to quantize one new K/V element on write (estimates from the
+# kernels' arithmetic in kernels/kv_write.py, not measured): fp8 scale and convert; int8/int4 the
+# group's min and max, scale, round and pack; kvquant4 the nearest of 16 codebook entries (a
+# subtract and a compare each) plus the scale, the outlier selection left out.
+QUANT_FLOPS_PER_ELEMENT: dict[FormatKind, int] = {
+    FormatKind.FP16: 0,
+    FormatKind.BF16: 0,
+    FormatKind.FP8_E4M3: 2,
+    FormatKind.INT8: 5,
+    FormatKind.INT4: 6,
+    FormatKind.KVQUANT4: 34,
+}
 
 
 @overload
@@ -51,14 +69,41 @@ def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
     return sum_ctx + num_seqs
 
 
-def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None) -> float:
     """Bytes one token adds to one GPU's cache, all layers."""
-    return model.kv_bytes_per_token(fmt) * model.kv_share(tp)
+    return model.kv_bytes_per_token(fmt, mix) * model.kv_share(tp)
 
 
-def kv_bytes_per_token_layer_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+def kv_bytes_per_token_layer_gpu(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None
+) -> float:
     """Bytes one token adds to one GPU's cache in one layer."""
-    return model.kv_bytes_per_token_layer(fmt) * model.kv_share(tp)
+    return model.kv_bytes_per_token_layer(fmt, mix) * model.kv_share(tp)
+
+
+def format_parts(fmt: KVFormat, mix: FormatMix | None) -> list[tuple[KVFormat, float]]:
+    """The cache's formats with the share of cached vectors each stores (one part without a mix)."""
+    if mix is None or not mix.heads:
+        return [(fmt, 1.0)]
+    if mix.heads == mix.num_kv_heads:
+        return [(mix.format, 1.0)]
+    return [(fmt, 1.0 - mix.fraction), (mix.format, mix.fraction)]
+
+
+def quant_write_work_per_token(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None
+) -> tuple[float, float]:
+    """(bytes, vector FLOPs) of quantizing one new token's K/V on write, one GPU, all layers: the
+    lossy parts' bf16 input read and quantized output written (see the module docstring)."""
+    nbytes = 0.0
+    flops = 0.0
+    elements = model.kv_layers * model.kv_vectors_per_layer * model.kv_vector_dim * model.kv_share(tp)
+    for f, share in format_parts(fmt, mix):
+        if not f.lossy:
+            continue
+        nbytes += share * (kv_bytes_per_token_gpu(model, BF16, tp) + kv_bytes_per_token_gpu(model, f, tp))
+        flops += share * elements * QUANT_FLOPS_PER_ELEMENT[f.kind]
+    return nbytes, flops
 
 
 def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
@@ -121,9 +166,11 @@ class ModelWork:
     moe_expert_bytes: float  # all routed experts, per GPU; a step reads the share it touches
     allreduce_calls: int
     allreduce_bytes_per_token: float
+    quant_write_bytes_per_token: float = 0.0  # quantize-on-write, lossy parts only
+    quant_write_flops_per_token: float = 0.0
 
     @staticmethod
-    def of(model: ModelSpec, tp: int, fmt: KVFormat) -> ModelWork:
+    def of(model: ModelSpec, tp: int, fmt: KVFormat, mix: FormatMix | None = None) -> ModelWork:
         m = model
         lm_head = m.vocab_size * m.hidden_size
         bpp = m.weight_bytes_per_param
@@ -134,11 +181,12 @@ class ModelWork:
             moe_expert_bytes = moe_layers * m.num_experts * expert_params * bpp / tp
         # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
         embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
+        qbytes, qflops = quant_write_work_per_token(m, fmt, tp, mix)
         return ModelWork(
             model=m,
             tp=tp,
-            kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp),
-            kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp),
+            kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp, mix),
+            kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp, mix),
             kv_bytes_per_token_bf16=kv_bytes_per_token_gpu(m, BF16, tp),
             attn_flops_per_pair=attn_flops_per_pair_layer(m, tp) * m.num_layers,
             decode_attn_flops_per_pair=decode_attn_flops_per_pair_layer(m, tp) * m.num_layers,
@@ -148,6 +196,8 @@ class ModelWork:
             moe_expert_bytes=moe_expert_bytes,
             allreduce_calls=allreduce_calls(m, tp),
             allreduce_bytes_per_token=allreduce_bytes_per_token(m, tp),
+            quant_write_bytes_per_token=qbytes,
+            quant_write_flops_per_token=qflops,
         )
 
     def gemm_flops(self, num_tokens: int, num_sampling: int) -> float:

@@ -160,6 +160,7 @@ class RunConfig:
     clip_to_context: bool = False
     scenario_path: str = ""  # the scenario file the run was loaded from ("" before it was recorded)
     profile: str = ""  # the measured profile priced with ("" for the analytic model)
+    kv_format_mix: str = ""  # kv.format_mix: "H/N heads FORMAT" ("" without a mix)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import KVFormat, make_format
+from kvsim.spec.formats import FormatMix, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
-from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -117,6 +117,7 @@ class KVConfig:
     prefix_cache: PrefixCacheScope
     eviction: EvictionConfig
     offload: OffloadConfig
+    format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,29 @@ def _read_cluster(root: Section) -> ClusterConfig:
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
 
-def _read_kv(root: Section) -> KVConfig:
+def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix | None:
+    """``kv.format_mix``: {format, share, and the format's own group_size / scale / outlier_fraction}."""
+    if s.raw("format_mix", None) is None:
+        return None
+    x = s.section("format_mix")
+    name = x.raw("format", None)
+    if not isinstance(name, str):
+        raise x.err("format", f"expected a format name, got {show(name)}")
+    share = x.float("share", lo=0.0, hi=1.0)
+    group = x.int("group_size", main.group_size or 64, lo=1, hi=4096)
+    scale = x.choice("scale", ("per_tensor", "per_head"), main.scale.value)
+    out_frac = x.float("outlier_fraction", main.outlier_fraction or 0.01, lo=0.0, hi=0.5)
+    try:
+        fmt, _ = make_format(name, group_size=group, scale=scale, outlier_fraction=out_frac)
+    except KvsimError as exc:
+        raise x.err("format", shorten(exc.message, 200)) from None
+    x.done()
+    if model.attention is Attention.MLA:
+        raise x.err("format", f"{model.name} caches one MLA latent per token: there are no KV heads to split")
+    return FormatMix(fmt, share, round(share * model.num_kv_heads), model.num_kv_heads)
+
+
+def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     s = root.section("kv")
     bs = s.int("block_size", 16, lo=1, hi=4096)
     if not _pow2(bs):
@@ -291,8 +314,9 @@ def _read_kv(root: Section) -> KVConfig:
         host_bytes=off.parsed("host_bytes", lambda v: parse_size(v, allow_zero=True), 0),
     )
     off.done()
+    mix = _read_format_mix(s, model, fmt)
     s.done()
-    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload)
+    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload, mix)
 
 
 def _read_scheduler(root: Section) -> SchedulerConfig:
@@ -467,7 +491,7 @@ def scenario_from_dict(
     else:
         model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
     cluster = _read_cluster(root)
-    kv = _read_kv(root)
+    kv = _read_kv(root, model)
     scheduler = _read_scheduler(root)
     workload = _read_workload(root, base_dir)
     slo = _read_slo(root)
