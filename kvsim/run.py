@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import simpy
 
-from kvsim.accuracy import accuracy_note
+from kvsim.accuracy import accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
+from kvsim.core.eviction import eviction_from_config
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -30,6 +31,7 @@ from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
+    EvictionRecord,
     ReplicaRecord,
     RequestCounts,
     RunConfig,
@@ -61,12 +63,6 @@ class RunResult:
 
 def _refuse_unsimulated(sc: Scenario) -> None:
     kv = sc.kv
-    if kv.eviction.policy != "none":
-        raise KvsimError(
-            f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
-            source=sc.source,
-            path="kv.eviction.policy",
-        )
     if kv.offload.enabled:
         raise KvsimError(
             "CPU offload is not simulated yet; set enabled: false",
@@ -84,14 +80,29 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 def cost_model_key(sc: Scenario) -> Hashable:
     """Scenarios with equal keys get equal cost models (`make_cost_model` reads nothing else)."""
     c = sc.cluster
-    return (sc.cost_model, sc.model, c.gpu, c.tensor_parallel, sc.kv.format, sc.kv.format_mix, c.topology)
+    return (
+        sc.cost_model,
+        sc.model,
+        c.gpu,
+        c.tensor_parallel,
+        sc.kv.format,
+        sc.kv.format_mix,
+        sc.kv.eviction,
+        c.topology,
+    )
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.cost_model.kind == "analytic":
         c = sc.cluster
         return AnalyticCostModel(
-            sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology, mix=sc.kv.format_mix
+            sc.model,
+            c.gpu,
+            c.tensor_parallel,
+            sc.kv.format,
+            c.topology,
+            mix=sc.kv.format_mix,
+            eviction=eviction_from_config(sc.kv.eviction),
         )
     from kvsim.costs.profile import load_profile_cost_model
 
@@ -146,6 +157,7 @@ def run_scenario(
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
     sample_every = max(span / 2000.0, 0.05)
     replicas: list[Replica] = []
+    evictor = eviction_from_config(sc.kv.eviction)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -155,6 +167,7 @@ def run_scenario(
             sc.scheduler.chunked_prefill,
             caching,
         )
+        sched.kv.set_eviction(evictor)
         replicas.append(
             Replica(
                 env,
@@ -276,8 +289,34 @@ def run_scenario(
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
         replicas=_replica_records(replicas, seqs, simulated),
+        eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
     )
     return RunResult(sc, seqs, stats, plan, summary)
+
+
+def _eviction_record(
+    sc: Scenario, replicas: list[Replica], plan: MemoryPlan, simulated: float
+) -> EvictionRecord:
+    kvs = [r.sched.kv for r in replicas]
+    ev = sc.kv.eviction
+    return EvictionRecord(
+        policy=ev.policy.value,
+        trigger=ev.trigger.value,
+        pages=ev.pages.value,
+        heavy_ratio=ev.heavy_ratio if ev.policy == "h2o" else None,
+        recent_tokens=ev.recent_tokens,
+        sink_tokens=ev.sink_tokens if ev.policy == "streaming" else 0,
+        budget_tokens=ev.budget_tokens,
+        tokens_evicted=sum(k.tokens_evicted for k in kvs),
+        trims=sum(k.trims for k in kvs),
+        blocks_released=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        trim_s=sum(r.stats.eviction_s for r in replicas),
+        accuracy=part_from_dict(
+            AccuracyNote, eviction_accuracy(ev), source="kvsim.accuracy", path="eviction.accuracy"
+        ),
+    )
 
 
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:

@@ -39,7 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.core.eviction import first_trim
 from kvsim.core.kv_cache_manager import KVCacheManager
+from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 
 
@@ -71,6 +73,8 @@ def decode_window(
             k, bound = left, "outputs"
         sum_c += r.num_computed
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
+    if kv.eviction is not None:
+        return _evicting_decode_window(reqs, kv, k, bound, avail, may_evict)
     need = kv.blocks_needed_through(reqs, k - 1)
     if need > avail:
         lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
@@ -83,6 +87,40 @@ def decode_window(
         k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
         need = kv.blocks_needed_through(reqs, lo)
     return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound, need)
+
+
+def _evicting_decode_window(
+    reqs: list[Request], kv: KVCacheManager, k: int, bound: str, avail: int, may_evict: bool
+) -> DecodeWindow:
+    """`decode_window` with token eviction on: resident tokens and blocks per step in closed form
+    (`KVCacheManager.decode_plan`); the window also ends with the first step after which a request
+    trims (``eviction``: it reaches its budget, the pressure trigger fires, or hybrid pages switch to
+    physical release), that step included: the trim is applied when the window ends, as stepping
+    applies it when that step ends."""
+    c0, capped, resident, blocks = kv.decode_plan(reqs, k)
+    new = blocks.sum(axis=0) - blocks[:, 0].sum()  # blocks taken by steps 1..j together
+    if new[-1] > avail:
+        k, bound = (
+            int(np.searchsorted(new, avail, side="right")),
+            "free_blocks" if may_evict else "empty_blocks",
+        )
+    pool = kv.pool
+    ev = kv.eviction
+    assert ev is not None
+    j = first_trim(
+        ev,
+        c0,
+        capped,
+        resident[:, :k],
+        blocks[:, :k],
+        pool.num_used + new[:k],
+        pool.num_blocks,
+        kv.block_size,
+    )
+    if j < k:
+        k, bound = j, "eviction"
+    sum_ctx = resident[:, :k].sum(axis=0)
+    return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]))
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
@@ -106,6 +144,8 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
     where the step is not of that shape or no second step would follow unchanged."""
     if out.admitted or out.preempted or len(out.prefill_reqs) != 1 or not out.last_is_prefill:
         return None
+    if kv.eviction is not None:
+        return None  # (not yet: the decodes of a mixed window would need the closed form above)
     p = out.prefill_reqs[0]
     reqs = [*out.decode_reqs, p]  # the prefill last, as `KVCacheManager.blocks_needed_through` takes it
     n = len(reqs)

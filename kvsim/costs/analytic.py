@@ -25,6 +25,11 @@ Default efficiencies and their sources (../shared/REFERENCE.md unless noted):
   at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
 - mixed formats per head: each part's decode attention at its own speed-up, weighted by its share
   of the cached vectors.
+- token eviction (`kvsim.core.eviction`): H2O's per-step score accumulation and selection priced
+  per attended token like decode attention (its bytes at the decode efficiency, its QK^T FLOPs at
+  the prefill efficiency), a prompt's scores as the QK^T half of its prefill attention; a trim's
+  top-k, compaction and block-table writes at the quantize-on-write rates, plus 3 kernel launches
+  of 5 us each (estimate, no measurement on file; `kernels/h2o.py` has the kernels to measure).
 - per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.core.eviction import Eviction, EvictionWork
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import ModelWork, decode_tokens_read, format_parts
 from kvsim.spec.formats import FormatMix, KVFormat
@@ -65,6 +71,10 @@ class Efficiencies:
     )
 
 
+TRIM_LAUNCHES = 3  # top-k, compaction, block-table update
+TRIM_LAUNCH_S = 5e-6  # estimate of one small kernel's launch and tail
+
+
 class AnalyticCostModel(StepCostModel):
     name = "analytic"
 
@@ -77,6 +87,7 @@ class AnalyticCostModel(StepCostModel):
         topology: Topology,
         eff: Efficiencies | None = None,
         mix: FormatMix | None = None,
+        eviction: Eviction | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
         self.mix = mix
@@ -100,6 +111,15 @@ class AnalyticCostModel(StepCostModel):
             )
             for f, share in format_parts(fmt, mix)
         )
+        self.eviction = eviction
+        self.score_s_per_token = 0.0  # H2O score accumulation + selection per attended token
+        self.prefill_score = 0.0  # share of prefill attention added for the prompt's H2O scores
+        if eviction is not None and eviction.scores():
+            sb, sf = w.h2o_score_work_per_token()
+            self.score_s_per_token = max(
+                sb / (self.bw * e.decode_attn_bw), sf / (gpu.bf16_flops * e.prefill_attn_compute)
+            )
+            self.prefill_score = 0.5
         self.write_s_per_token = max(
             w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
             w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
@@ -129,13 +149,38 @@ class AnalyticCostModel(StepCostModel):
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
-        return np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
+        t = np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
+        if self.score_s_per_token:
+            t = t + self.decode_score_time(tokens)
+        return t
+
+    def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:
+        """H2O score accumulation and selection over ``tokens`` attended tokens (0 without H2O)."""
+        out: np.ndarray = tokens * self.score_s_per_token
+        return out
+
+    def prefill_score_time(self, n: int, ctx: int) -> float:
+        """H2O scores of a prefill chunk: the QK^T half of its attention FLOPs (0 without H2O)."""
+        if not self.prefill_score:
+            return 0.0
+        flops = self.prefill_score * self.work.prefill_attn_flops(n, ctx)
+        return flops / (self.gpu.bf16_flops * self.eff.prefill_attn_compute)
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        nbytes, flops = self.work.trim_work(work.select_tokens, work.moved_tokens, work.table_entries)
+        e = self.eff
+        return TRIM_LAUNCHES * TRIM_LAUNCH_S + max(
+            nbytes / (self.bw * e.kv_write_bw), flops / (self.gpu.bf16_flops * e.vector_flops_fraction)
+        )
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
-        return max(
+        t = max(
             self.work.prefill_attn_flops(n, ctx) / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
             self.work.prefill_kv_bytes(n, ctx) / (self.bw * self.eff.decode_attn_bw),
         )
+        if self.prefill_score:
+            t += self.prefill_score_time(n, ctx)
+        return t
 
     # ---- interface --------------------------------------------------------------------------------
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvsim.core.eviction import EvictionWork
 from kvsim.core.sched.output import SeqKind  # re-exported: the batch is the scheduler's
 from kvsim.spec.topology import Link
 
@@ -115,6 +116,10 @@ class CostModel(Protocol):
 
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
         """Seconds to move ``nbytes`` over ``link`` in ``num_calls`` copies."""
+        ...
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        """Seconds of the token-eviction trims after a step (top-k, compaction, block tables)."""
         ...
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
@@ -250,6 +255,9 @@ class StepCostModel:
         for rows in sorted(set(num_sampling.tolist())):
             flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec)
         return flags
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        raise NotImplementedError
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.core.eviction import EvictionWork, eviction_from_config
 from kvsim.costs.analytic import AnalyticCostModel, Efficiencies
 from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
@@ -172,6 +173,11 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        if analytic.eviction is not None:
+            self._notes.append(
+                "profile: token-eviction work (H2O scores, top-k, compaction) is not measured; "
+                "analytic estimate used"
+            )
         if analytic.work.quant_write_bytes_per_token:
             self._notes.append(
                 "profile: the quantize-on-write kernel is not measured; analytic estimate used"
@@ -273,11 +279,15 @@ class ProfileCostModel(StepCostModel):
             row, _ = self._decode_row(num_seqs)
             rate = np.exp(np.interp(x, self._decode.axes[1], row))
             out: np.ndarray = self.model.num_layers * nbytes / rate
+            if self.analytic.score_s_per_token:
+                out = out + self.analytic.decode_score_time(tokens)
             return out
         t = np.zeros(tokens.shape)
         for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
             row, _ = self._decode_row(num_seqs, part)
             t = t + self.model.num_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
+        if self.analytic.score_s_per_token:
+            t = t + self.analytic.decode_score_time(tokens)
         return t
 
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
@@ -305,6 +315,8 @@ class ProfileCostModel(StepCostModel):
                     t += self.model.num_layers * share * flops / float(rate[0])
                     outside = outside or bool(out[0])
                 hit = (t, outside)
+            if self.analytic.prefill_score:
+                hit = (hit[0] + self.analytic.prefill_score_time(n, ctx), hit[1])
             self._prefill_cache[key] = hit
         return hit
 
@@ -324,6 +336,9 @@ class ProfileCostModel(StepCostModel):
     # ---- interface --------------------------------------------------------------------------------
     def _comm_time(self, num_tokens: int) -> float:
         return self.analytic._comm_time(num_tokens)  # all-reduces are not measured
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        return self.analytic.eviction_time(work)  # the h2o ops are not in the profile schema yet
 
     def _write_time(self, num_tokens: int) -> float:
         return self.analytic._write_time(num_tokens)  # the quantize-on-write kernel is not measured
@@ -391,7 +406,15 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
     if not prof["complete"]:
         notes.append("profile is incomplete (calibration was interrupted)")
     mix = sc.kv.format_mix
-    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format, sc.cluster.topology, mix=mix)
+    analytic = AnalyticCostModel(
+        sc.model,
+        sc.cluster.gpu,
+        tp,
+        sc.kv.format,
+        sc.cluster.topology,
+        mix=mix,
+        eviction=eviction_from_config(sc.kv.eviction),
+    )
     model = ProfileCostModel(
         prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force
     )

@@ -221,6 +221,26 @@ class ModelWork:
         """KV bytes a prefill chunk touches: its prefix read and its own tokens, all layers."""
         return (ctx + n) * self.kv_bytes_per_token
 
+    def h2o_score_work_per_token(self) -> tuple[float, float]:
+        """(bytes, FLOPs) per attended token of one decode step's H2O score accumulation and
+        selection (``kernels/h2o.py``: `h2o_accumulate` re-reads the token's K, in the cache's format,
+        and adds its softmax probability to an fp32 score per KV head; the selection reads the
+        scores), all layers, one GPU: half the KV bytes, 12 bytes of scores per KV head and layer, and
+        the QK^T half of the decode attention FLOPs."""
+        m = self.model
+        heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
+        return self.kv_bytes_per_token / 2 + 12 * heads, self.decode_attn_flops_per_pair / 2
+
+    def trim_work(self, select_tokens: int, moved_tokens: int, table_entries: int) -> tuple[float, float]:
+        """(bytes, FLOPs) of trims: the selected tokens' fp32 scores read and ranked (a sort,
+        about log2(n) compares per score), the moved tokens' KV read and written, int32 block-table
+        entries written; all layers, one GPU."""
+        m = self.model
+        heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
+        nbytes = 4 * heads * select_tokens + 2 * moved_tokens * self.kv_bytes_per_token + 4 * table_entries
+        flops = heads * select_tokens * max(1.0, np.log2(max(select_tokens, 2)))
+        return nbytes, float(flops)
+
     def allreduce_bytes(self, num_tokens: int) -> float:
         """Bytes one GPU sends over a step's all-reduces."""
         return self.allreduce_calls * num_tokens * self.allreduce_bytes_per_token

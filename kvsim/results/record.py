@@ -132,6 +132,27 @@ class AccuracyNote:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvictionRecord:
+    """What token eviction (``kv.eviction``) did, all replicas together; absent when it is off."""
+
+    policy: str
+    trigger: str
+    pages: str
+    heavy_ratio: float | None
+    recent_tokens: int
+    sink_tokens: int
+    budget_tokens: int
+    tokens_evicted: int
+    trims: int  # evictions beyond the steady one-out-per-token-in (after a prompt, when pressure starts)
+    blocks_released: int  # freed by physical release (compaction)
+    blocks_copied: int  # shared prefix blocks a trimmed sequence copied before rewriting them
+    cache_entries_invalidated: int  # prefix-cache entries rewritten in place: no longer hits
+    trim_s: float  # simulated seconds of trims (top-k, compaction, block tables) between steps
+    accuracy: AccuracyNote | None = None  # the cited accuracy estimate of the policy
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """What was simulated, as the summary shows it (the scenario file is the full statement)."""
 
@@ -230,6 +251,7 @@ class RunSummary:
     workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
     sim_speed_x: float
     replicas: tuple[ReplicaRecord, ...] = ()  # one per replica, by index
+    eviction: EvictionRecord | None = None  # kv.eviction's effect (None when off)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

@@ -58,6 +58,17 @@ class EvictionPolicy(Choice):
     STREAMING = "streaming"
 
 
+class EvictionTrigger(Choice):
+    ALWAYS = "always"
+    PRESSURE = "pressure"  # only while referenced blocks reach pressure_threshold of the pool
+
+
+class PagePolicy(Choice):
+    SOFT_MARK = "soft_mark"  # evicted slots reused, blocks kept
+    PHYSICAL = "physical"  # kept tokens compacted, blocks freed
+    HYBRID = "hybrid"  # soft-mark, physical under pressure (vLLM, TensorRT-LLM: documents 000, 4.3)
+
+
 class CostModelKind(Choice):
     ANALYTIC = "analytic"
     PROFILE = "profile"
@@ -97,10 +108,16 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class EvictionConfig:
+    """``kv.eviction``; the policies themselves are `kvsim.core.eviction`."""
+
     policy: EvictionPolicy = EvictionPolicy.NONE
-    budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
-    sink_tokens: int = 4
-    recent_tokens: int = 0
+    budget_tokens: int = 0  # h2o: a cap on tokens kept per sequence (0: none); streaming: >= sinks + recent
+    sink_tokens: int = 4  # streaming: attention sinks (StreamingLLM keeps 4)
+    recent_tokens: int = 0  # the recent window kept
+    heavy_ratio: float = 0.2  # h2o: heavy hitters / sequence length (documents 000, 7.3: start at 20%)
+    trigger: EvictionTrigger = EvictionTrigger.ALWAYS
+    pressure_threshold: float = 0.9  # share of the pool referenced that counts as pressure (estimate)
+    pages: PagePolicy = PagePolicy.HYBRID
 
 
 @dataclass(frozen=True)
@@ -305,8 +322,22 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
     sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
-    if policy != "none" and budget <= sinks:
-        raise ev.err("budget_tokens", f"must exceed sink_tokens ({sinks}) when policy is {policy}")
+    ratio = ev.float("heavy_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True)
+    trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
+    threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
+    pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
+    if policy == "h2o" and budget and recent > budget:
+        raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
+    if policy == "streaming":
+        if recent < 1:
+            raise ev.err(
+                "recent_tokens", "streaming keeps sinks plus a recent window: give recent_tokens >= 1"
+            )
+        if budget and sinks + recent > budget:
+            raise ev.err(
+                "budget_tokens",
+                f"sink_tokens + recent_tokens ({sinks} + {recent}) exceed budget_tokens ({budget})",
+            )
     ev.done()
     off = s.section("offload")
     offload = OffloadConfig(
@@ -316,7 +347,8 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     off.done()
     mix = _read_format_mix(s, model, fmt)
     s.done()
-    return KVConfig(bs, fmt, note, scope, EvictionConfig(policy, budget, sinks, recent), offload, mix)
+    eviction = EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages)
+    return KVConfig(bs, fmt, note, scope, eviction, offload, mix)
 
 
 def _read_scheduler(root: Section) -> SchedulerConfig:

@@ -94,6 +94,7 @@ class Scheduler:
             c = req.num_computed
             num_new = req.num_tokens - c
             if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
+                c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
                     add_dec(req)
                     add_dec_ctx(c)
@@ -185,6 +186,8 @@ class Scheduler:
                 _sample(req, first, done)
         if done:
             self._finish(done)
+        if self.kv.eviction is not None:
+            self.kv.apply_evictions(self.running)
         return first, done
 
     def _finish(self, done: list[Request]) -> None:
@@ -242,7 +245,11 @@ class Scheduler:
         self.num_steps += k
         self.outstanding_tokens -= k * len(reqs)
         if done:
+            if self.kv.eviction is not None:
+                self.kv.settle_window(done, k)
             self._finish(done)
+        if self.kv.eviction is not None:
+            self.kv.apply_evictions(self.running, k)
         return done
 
 
