@@ -14,7 +14,36 @@ import json
 import statistics
 from pathlib import Path
 
-from simrun import run_child
+import os
+import subprocess
+import sys
+
+CHILD = """
+import json, sys, time
+from kvsim.spec.scenario import load_scenario
+from kvsim.run import run_scenario
+sc = load_scenario(sys.argv[1], sys.argv[2:])
+t, c = time.perf_counter(), time.process_time()
+s = run_scenario(sc).summary
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                  "events": s["engine_events"], "steps": s["steps"], "completed": s["requests"]["completed"],
+                  "preemptions": s["preemptions"], "simulated_s": s["simulated_s"]}))
+"""
+
+
+def run_child(tree: Path, scenario: Path, *overrides: str) -> dict[str, float]:
+    """One run in a fresh process: wall and CPU seconds (CPU time is steadier on a shared machine)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(scenario), *overrides],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
 
 ROOT = Path(__file__).resolve().parent.parent
 H2O = ("kv.eviction.policy=h2o", "kv.eviction.heavy_ratio=0.2", "kv.eviction.recent_tokens=128")
@@ -49,11 +78,17 @@ def main() -> None:
             on.append(run_child(ROOT, ROOT / scenario, *base, *H2O, *extra))
         w_off = statistics.median(r["wall_s"] for r in off)
         w_on = statistics.median(r["wall_s"] for r in on)
+        c_off = statistics.median(r["cpu_s"] for r in off)
+        c_on = statistics.median(r["cpu_s"] for r in on)
         row = {
             "case": name,
             "off_wall_s": w_off,
             "on_wall_s": w_on,
             "ratio": w_on / w_off,
+            "off_cpu_s": c_off,
+            "on_cpu_s": c_on,
+            "cpu_ratio": c_on / c_off,
+            "preemptions": (off[0]["preemptions"], on[0]["preemptions"]),
             "off_events": off[0]["events"],
             "on_events": on[0]["events"],
             "off_steps": off[0]["steps"],
@@ -63,7 +98,8 @@ def main() -> None:
         rows.append(row)
         print(
             f"{name}: off {w_off:.2f} s ({row['off_events']:,} events, {row['off_steps']:,} steps), "
-            f"H2O {w_on:.2f} s ({row['on_events']:,} events, {row['on_steps']:,} steps): {row['ratio']:.2f}x",
+            f"H2O {w_on:.2f} s ({row['on_events']:,} events, {row['on_steps']:,} steps): {row['ratio']:.2f}x; "
+            f"CPU {c_off:.2f} s vs {c_on:.2f} s: {row['cpu_ratio']:.2f}x",
             flush=True,
         )
     if args.json:

@@ -96,10 +96,11 @@ class Eviction:
         if self.kind is EvictionKind.STREAMING:
             out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
             return out
-        k = self.recent_tokens + np.ceil(self.heavy_ratio * pos).astype(np.int64)
+        out = np.ceil(self.heavy_ratio * pos).astype(np.int64)
+        out += self.recent_tokens
         if self.budget_tokens:
-            k = np.minimum(k, self.budget_tokens)
-        out = np.minimum(pos, k)
+            np.minimum(out, self.budget_tokens, out=out)
+        np.minimum(pos, out, out=out)
         return out
 
     def under_pressure(self, used_blocks: int, num_blocks: int) -> bool:
@@ -162,7 +163,8 @@ def decode_steps(
         resident = res0[:, None] + j
     else:
         resident = np.where(capped[:, None], ev.kept_array(c0[:, None] + j), res0[:, None] + j)
-    blocks = np.maximum(held0[:, None], -(-(resident + 1) // block_size))
+    blocks = (resident + block_size) // block_size  # ceil((resident + 1) / block_size)
+    np.maximum(blocks, held0[:, None], out=blocks)
     return resident, blocks
 
 

@@ -29,12 +29,13 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
+from math import ceil
 
 import numpy as np
 
 from kvsim.core.block_hash import private_key
 from kvsim.core.block_pool import BlockPool
-from kvsim.core.eviction import Eviction, EvictionWork, blocks_for, decode_steps
+from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork, PagePolicy, blocks_for, decode_steps
 from kvsim.core.request import Request
 
 
@@ -70,6 +71,7 @@ class KVCacheManager:
         self.entries_uncached = 0  # cache entries rewritten by their only holder: no longer hits
         self._work = EvictionWork()
         self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
+        self._capped: frozenset[int] = frozenset()  # ids of its requests at their budget (`decode_plan`)
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -151,13 +153,23 @@ class KVCacheManager:
             return
         pool = self.pool
         used, num = pool.num_used, pool.num_blocks
-        prev = self.evict_active
         active = ev.active(used, num)
         release = ev.releases(used, num)
         self.evict_active = active
         bs = self.block_size
         short = ev.keeps_all_up_to
         kept = ev.kept
+        evicted = 0
+        capped = self._capped if steps > 1 else frozenset()
+        # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
+        # decoding request at every step end)
+        streaming = ev.kind is EvictionKind.STREAMING
+        window, rec, ratio, cap = (
+            ev.sink_tokens + ev.recent_tokens,
+            ev.recent_tokens,
+            ev.heavy_ratio,
+            ev.budget_tokens,
+        )
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
@@ -165,21 +177,45 @@ class KVCacheManager:
             if c <= short and not r.evicted:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - r.evicted
-            if steps > 1 and prev and r.evicted and res - steps == kept(c - steps):
+            if steps > 1 and id(r) in capped:  # at its budget when the window (part) began
+                if active and (not release or ev.pages is PagePolicy.PHYSICAL):
+                    # Steady to the end, the common case (under physical release a sequence at its
+                    # budget holds no block beyond what its kept tokens need): one look-up.
+                    if streaming:
+                        kc = c if c < window else window
+                    else:
+                        kc = rec + ceil(ratio * c)
+                        if cap and kc > cap:
+                            kc = cap
+                        if kc > c:
+                            kc = c
+                    evicted += res - kc
+                    r.evicted += res - kc
+                    continue
                 m = (res - 1) - kept(c - 1)  # the window's steady evictions
                 r.evicted += m
-                self.tokens_evicted += m
+                evicted += m
                 res -= m
-            kc = kept(c) if active else res
+            if not active:
+                kc = res
+            elif streaming:
+                kc = c if c < window else window
+            else:
+                kc = rec + ceil(ratio * c)
+                if cap and kc > cap:
+                    kc = cap
+                if kc > c:
+                    kc = c
             target = res if res < kc else kc
             surplus = release and r.num_blocks > -(-(target + 1) // bs)
             if target == res and not surplus:
                 continue
             if not surplus and res - target == 1 and r.evicted and not r.held_keys:
                 r.evicted += 1
-                self.tokens_evicted += 1
+                evicted += 1
                 continue
             self._trim(r, target, release)
+        self.tokens_evicted += evicted
 
     def settle_window(self, reqs: list[Request], steps: int) -> None:
         """The steady evictions of the steps but the last of a window (`apply_evictions`), for
@@ -404,14 +440,16 @@ class KVCacheManager:
         n = len(reqs)
         rows = [(r.num_computed, r.evicted, r.num_blocks) for r in reqs]
         state = np.array(rows, dtype=np.int64).reshape(n, 3)
-        c0 = state[:, 0] - advanced
+        c0 = state[:, 0] - advanced if advanced else state[:, 0]
         ev0 = state[:, 1]
         held0 = state[:, 2]
         res0 = c0 - ev0
-        if self.evict_active:
+        if self.evict_active and ev0.any():
             capped = (ev0 > 0) & (res0 == ev.kept_array(c0))
+            self._capped = frozenset(id(r) for r, cp in zip(reqs, capped.tolist(), strict=True) if cp)
         else:
             capped = np.zeros(n, dtype=bool)
+            self._capped = frozenset()
         resident, blocks = decode_steps(ev, c0, res0, held0, capped, k, self.block_size)
         if not advanced:  # a window's plan: its first part's `grow_decode` reuses it
             self._plan = (reqs, blocks)
@@ -428,7 +466,7 @@ class KVCacheManager:
             self._plan = None
         total = blocks.sum(axis=0)
         taken = np.zeros(num_steps, dtype=np.int64)
-        taken[1:] = np.diff(total)
+        taken[1:] = total[1:] - total[:-1]
         extra = int(total[-1] - total[0])
         pool = self.pool
         for r, b in zip(reqs, blocks[:, -1].tolist(), strict=True):

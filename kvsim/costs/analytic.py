@@ -149,10 +149,11 @@ class AnalyticCostModel(StepCostModel):
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
-        t = np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
-        if self.score_s_per_token:
-            t = t + self.decode_score_time(tokens)
-        return t
+        if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
+            per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+            out: np.ndarray = tokens * (per_token + self.score_s_per_token)
+            return out
+        return np.maximum(tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token)
 
     def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:
         """H2O score accumulation and selection over ``tokens`` attended tokens (0 without H2O)."""
