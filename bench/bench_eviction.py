@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-from pathlib import Path
-
 import os
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 CHILD = """
 import json, sys, time
