@@ -199,3 +199,21 @@ def test_policy_enums_line_up_with_the_scenario():
     ev = eviction_from_config(sc.kv.eviction)
     assert ev is not None and ev.trigger is Trigger.PRESSURE and ev.pages is PagePolicy.HYBRID
     assert eviction_from_config(small_scenario().kv.eviction) is None
+
+
+def test_eviction_and_its_accuracy_estimate_are_shown_beside_the_results(tmp_path, capsys):
+    from kvsim.render import print_summary
+    from kvsim.report import write_report
+    from kvsim.run import write_run
+
+    sc = small_scenario(kv={"format": "fp8", "eviction": H2O})
+    res = run_scenario(sc, workload=make_workload([0.0], [3000], [50]))
+    write_run(res, tmp_path)
+    html = write_report(tmp_path).read_text()
+    assert "<h2>Token eviction</h2>" in html and "estimate, not measured by the simulator" in html
+    assert "H2O (Zhang et al., NeurIPS 2023)" in html
+    print_summary(res.record)
+    out = " ".join(capsys.readouterr().out.split())
+    # 3048 computed before the last step, 64 + ceil(0.2 x 3048) = 674 of them kept.
+    assert "eviction h2o (always, physical pages): 2,374 tokens evicted, 1 trims" in out
+    assert out.count("accuracy estimate (cited, not simulated)") == 2  # fp8 and H2O

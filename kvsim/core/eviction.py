@@ -147,25 +147,34 @@ class EvictionWork:
 def decode_steps(
     ev: Eviction,
     c0: np.ndarray,
-    res0: np.ndarray,
+    ev0: np.ndarray,
     held0: np.ndarray,
-    capped: np.ndarray,
+    active: bool,
     k: int,
     block_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Resident tokens attended and blocks held at each of `k` decode steps, per sequence, closed form:
-    a sequence at its budget (``capped``) holds ``kept(position)``; the others grow one token a step.
-    Returns (resident, blocks), each (n, k) int64."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Resident tokens attended and blocks held at each of `k` decode steps, per sequence, closed form,
+    from positions ``c0``, evicted counts ``ev0`` and blocks held ``held0``: a sequence at its budget
+    (``capped``: it evicted before, stands at ``kept(c0)`` and the trigger is ``active``) holds
+    ``kept(position)``; the others grow one token a step. Returns (capped (n,), resident (n, k),
+    blocks (n, k)), int64 but for the mask."""
     j = np.arange(k, dtype=np.int64)
-    if capped.all():
-        resident = ev.kept_array(c0[:, None] + j)
-    elif not capped.any():
-        resident = res0[:, None] + j
+    res0 = c0 - ev0
+    if active and ev0.any():
+        kept = ev.kept_array(c0[:, None] + j)
+        capped = (ev0 > 0) & (res0 == kept[:, 0])
+        if capped.all():
+            resident = kept
+        elif capped.any():
+            resident = np.where(capped[:, None], kept, res0[:, None] + j)
+        else:
+            resident = res0[:, None] + j
     else:
-        resident = np.where(capped[:, None], ev.kept_array(c0[:, None] + j), res0[:, None] + j)
+        capped = np.zeros(len(c0), dtype=bool)
+        resident = res0[:, None] + j
     blocks = (resident + block_size) // block_size  # ceil((resident + 1) / block_size)
     np.maximum(blocks, held0[:, None], out=blocks)
-    return resident, blocks
+    return capped, resident, blocks
 
 
 def first_trim(
@@ -174,7 +183,8 @@ def first_trim(
     capped: np.ndarray,
     resident: np.ndarray,
     blocks: np.ndarray,
-    used: np.ndarray,
+    used0: int,
+    new: np.ndarray,
     num_blocks: int,
     block_size: int,
 ) -> int:
@@ -183,12 +193,15 @@ def first_trim(
     (evicts more than its steady token, or frees blocks), and only up to the first step after which
     the pressure trigger no longer holds while a sequence at its budget relies on it."""
     k = int(resident.shape[1])
-    pressure_free = ev.pages is not PagePolicy.HYBRID or used[-1] < ev.pressure_threshold * num_blocks
+    pressure_free = (
+        ev.pages is not PagePolicy.HYBRID or used0 + new[k - 1] < ev.pressure_threshold * num_blocks
+    )
     if ev.trigger is Trigger.ALWAYS and pressure_free and capped.all():
         # Every sequence at its budget, the trigger always on and hybrid pages (if any) never under
         # pressure (blocks referenced only grow inside a run): no trim, since a capped sequence
         # under physical release holds no block beyond what its kept tokens need.
         return k
+    used = used0 + new[:k]
     j = np.arange(k, dtype=np.int64)
     kept1 = ev.kept_array(c0[:, None] + j + 1)
     if ev.trigger is Trigger.ALWAYS:

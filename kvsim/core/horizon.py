@@ -113,7 +113,8 @@ def _evicting_decode_window(
         capped,
         resident[:, :k],
         blocks[:, :k],
-        pool.num_used + new[:k],
+        pool.num_used,
+        new,
         pool.num_blocks,
         kv.block_size,
     )

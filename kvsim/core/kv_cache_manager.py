@@ -71,7 +71,6 @@ class KVCacheManager:
         self.entries_uncached = 0  # cache entries rewritten by their only holder: no longer hits
         self._work = EvictionWork()
         self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
-        self._capped: frozenset[int] = frozenset()  # ids of its requests at their budget (`decode_plan`)
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -153,6 +152,7 @@ class KVCacheManager:
             return
         pool = self.pool
         used, num = pool.num_used, pool.num_blocks
+        prev = self.evict_active
         active = ev.active(used, num)
         release = ev.releases(used, num)
         self.evict_active = active
@@ -160,7 +160,6 @@ class KVCacheManager:
         short = ev.keeps_all_up_to
         kept = ev.kept
         evicted = 0
-        capped = self._capped if steps > 1 else frozenset()
         # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
         # decoding request at every step end)
         streaming = ev.kind is EvictionKind.STREAMING
@@ -177,7 +176,7 @@ class KVCacheManager:
             if c <= short and not r.evicted:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - r.evicted
-            if steps > 1 and id(r) in capped:  # at its budget when the window (part) began
+            if steps > 1 and prev and r.evicted and res - steps == kept(c - steps):  # at its budget
                 if active and (not release or ev.pages is PagePolicy.PHYSICAL):
                     # Steady to the end, the common case (under physical release a sequence at its
                     # budget holds no block beyond what its kept tokens need): one look-up.
@@ -441,16 +440,9 @@ class KVCacheManager:
         rows = [(r.num_computed, r.evicted, r.num_blocks) for r in reqs]
         state = np.array(rows, dtype=np.int64).reshape(n, 3)
         c0 = state[:, 0] - advanced if advanced else state[:, 0]
-        ev0 = state[:, 1]
-        held0 = state[:, 2]
-        res0 = c0 - ev0
-        if self.evict_active and ev0.any():
-            capped = (ev0 > 0) & (res0 == ev.kept_array(c0))
-            self._capped = frozenset(id(r) for r, cp in zip(reqs, capped.tolist(), strict=True) if cp)
-        else:
-            capped = np.zeros(n, dtype=bool)
-            self._capped = frozenset()
-        resident, blocks = decode_steps(ev, c0, res0, held0, capped, k, self.block_size)
+        capped, resident, blocks = decode_steps(
+            ev, c0, state[:, 1], state[:, 2], self.evict_active, k, self.block_size
+        )
         if not advanced:  # a window's plan: its first part's `grow_decode` reuses it
             self._plan = (reqs, blocks)
         return c0, capped, resident, blocks
