@@ -73,7 +73,7 @@ def decode_window(
             k, bound = left, "outputs"
         sum_c += r.num_computed
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
-    if kv.eviction is not None:
+    if kv.eviction is not None and not kv.keeps_all(reqs, k):
         return _evicting_decode_window(reqs, kv, k, bound, avail, may_evict)
     need = kv.blocks_needed_through(reqs, k - 1)
     if need > avail:

@@ -384,7 +384,9 @@ class KVCacheManager:
         the first of those steps, as scheduling it took them). Returns (num_steps,) int64: the new
         blocks stepping would have taken at each step (entry 0 is 0)."""
         if self.eviction is not None:
-            return self._grow_decode_evicting(reqs, num_steps)
+            if not self.keeps_all(reqs, 0):  # (counts already advanced by the window's steps)
+                return self._grow_decode_evicting(reqs, num_steps)
+            self._plan = None
         bs = self.block_size
         extra = 0
         pool = self.pool
@@ -427,6 +429,15 @@ class KVCacheManager:
             pool.allocate(extra)
         self.note_peak()
         return taken
+
+    def keeps_all(self, reqs: list[Request], k: int) -> bool:
+        """Whether eviction cannot touch `k` decode steps of `reqs`: none has evicted and none grows
+        past the length up to which every token is kept (then the plain closed forms hold)."""
+        ev = self.eviction
+        if ev is None:
+            return True
+        short = ev.keeps_all_up_to - k
+        return all(not r.evicted and r.num_computed <= short for r in reqs)
 
     def decode_plan(
         self, reqs: list[Request], k: int, advanced: int = 0
