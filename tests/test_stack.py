@@ -50,3 +50,20 @@ def test_cli_writes_json_and_html(tmp_path, capsys):
     assert printed == saved and saved["schema"] == "kvsim-stack" and len(saved["rows"]) == 6
     page = (tmp_path / "out" / "stack.html").read_text()
     assert "kvsim stack" in page and "~4 GB (GPU) + 2 GB (DRAM)" in page and "+ H2O (20% kept)" in page
+
+
+def test_gpu_memory_counts_weights_reserve_and_referenced_blocks():
+    from kvsim.run import run_scenario
+
+    sc = small_scenario(workload=WL)
+    rows = stack_rows(sc)
+    import dataclasses
+
+    from kvsim.spec.formats import make_format
+    from kvsim.spec.scenario import PrefixCacheScope
+
+    fp16 = dataclasses.replace(sc.kv, format=make_format("fp16")[0], prefix_cache=PrefixCacheScope.NONE)
+    s = run_scenario(dataclasses.replace(sc, kv=fp16)).summary
+    want = s["weight_bytes_per_gpu"] + s["memory_plan"]["activation_reserve_bytes"]
+    assert rows[1].hbm_peak_bytes == want + s["kv_peak_used_blocks"] * s["kv_block_bytes"]
+    assert rows[4].hbm_peak_bytes < rows[3].hbm_peak_bytes  # H2O frees what fp8 + sharing held

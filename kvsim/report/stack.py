@@ -44,7 +44,7 @@ def stack_cells(r: dict[str, Any]) -> list[str]:
 HEADER = (
     "technique",
     "KV of one 1M-token sequence",
-    "HBM peak per GPU",
+    "HBM in use at peak, per GPU",
     "TTFT p99",
     "TPOT p99",
     "cost / M tokens",
