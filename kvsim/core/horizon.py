@@ -124,6 +124,46 @@ def _evicting_decode_window(
     return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]))
 
 
+def _evicting_mixed_window(
+    out: SchedulerOutput, kv: KVCacheManager, k: int, bound: str
+) -> MixedWindow | None:
+    """`mixed_window` with token eviction on, from its bounds so far: the decodes' resident tokens
+    and blocks in closed form (`KVCacheManager.decode_plan`), the prefilling request's blocks as
+    its chunks fill them, and the window ending with the first step after which a decode trims
+    (`first_trim`); the prefill, which evicts only once its prompt is done, samples at the last."""
+    ev = kv.eviction
+    assert ev is not None
+    p = out.prefill_reqs[0]
+    decs = out.decode_reqs
+    m = len(decs)
+    chunk = out.prefill_new[0]
+    c_p = out.prefill_ctx[0]
+    bs = kv.block_size
+    steps = np.arange(k, dtype=np.int64)
+    p_blocks = np.maximum(p.num_blocks, -(-(c_p + (steps + 1) * chunk) // bs))
+    new = p_blocks - p_blocks[0]
+    if m:
+        c0, capped, resident, blocks = kv.decode_plan(decs, k)
+        new = new + (blocks.sum(axis=0) - blocks[:, 0].sum())
+    avail = kv.num_free_blocks
+    if new[-1] > avail:
+        k, bound = int(np.searchsorted(new, avail, side="right")), "free_blocks"
+    if m:
+        j = first_trim(
+            ev, c0, capped, resident[:, :k], blocks[:, :k], kv.pool.num_used, new, kv.pool.num_blocks, bs
+        )
+        if j < k:
+            k, bound = j, "eviction"
+    if k < 2:
+        return None
+    steps = steps[:k]
+    dec = resident[:, :k].sum(axis=0) if m else np.zeros(k, dtype=np.int64)
+    sampling = np.full(k, m, dtype=np.int64)
+    if c_p + k * chunk == p.num_tokens:
+        sampling[-1] += 1
+    return MixedWindow(k, m, chunk, dec, c_p + steps * chunk, sampling, bound, int(new[k - 1]))
+
+
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
     """How many of the first `k` steps (all by default) end strictly before time `t`."""
     return bisect_left(ends, t, 0, len(ends) if k is None else k)
@@ -138,6 +178,7 @@ class MixedWindow:
     prefill_ctx: np.ndarray  # (num_steps,) int64: cached tokens of the prefilling request before step j
     num_sampling: np.ndarray  # (num_steps,) int64: LM-head rows (the prefill samples at its last chunk)
     bound: str
+    new_blocks: int = -1  # with eviction on: blocks its steps after the first take (-1: not computed)
 
 
 def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> MixedWindow | None:
@@ -145,8 +186,6 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
     where the step is not of that shape or no second step would follow unchanged."""
     if out.admitted or out.preempted or len(out.prefill_reqs) != 1 or not out.last_is_prefill:
         return None
-    if kv.eviction is not None:
-        return None  # (not yet: the decodes of a mixed window would need the closed form above)
     p = out.prefill_reqs[0]
     reqs = [*out.decode_reqs, p]  # the prefill last, as `KVCacheManager.blocks_needed_through` takes it
     n = len(reqs)
@@ -177,6 +216,8 @@ def mixed_window(out: SchedulerOutput, kv: KVCacheManager, max_steps: int) -> Mi
                 break
     if k < 2:
         return None
+    if kv.eviction is not None:
+        return _evicting_mixed_window(out, kv, k, bound)
     avail = kv.num_free_blocks
     if kv.blocks_needed_through(reqs, k - 1, chunk) > avail:
         lo, hi = 0, k - 1

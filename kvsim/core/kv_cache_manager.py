@@ -384,8 +384,10 @@ class KVCacheManager:
         the first of those steps, as scheduling it took them). Returns (num_steps,) int64: the new
         blocks stepping would have taken at each step (entry 0 is 0)."""
         if self.eviction is not None:
-            if not self.keeps_all(reqs, 0):  # (counts already advanced by the window's steps)
-                return self._grow_decode_evicting(reqs, num_steps)
+            # (counts already advanced by the window's steps; a mixed window's prefill, last, evicts
+            # nothing before its prompt is done)
+            if not self.keeps_all(reqs[:-1] if chunk else reqs, 0):
+                return self._grow_decode_evicting(reqs, num_steps, chunk)
             self._plan = None
         bs = self.block_size
         extra = 0
@@ -458,25 +460,46 @@ class KVCacheManager:
             self._plan = (reqs, blocks)
         return c0, capped, resident, blocks
 
-    def _grow_decode_evicting(self, reqs: list[Request], num_steps: int) -> list[int] | np.ndarray:
-        """`grow_decode` with eviction on: blocks from the closed form of `decode_plan` (the one the
-        window was planned with, where nothing has moved since)."""
+    def _grow_decode_evicting(
+        self, reqs: list[Request], num_steps: int, chunk: int = 0
+    ) -> list[int] | np.ndarray:
+        """`grow_decode` with eviction on: the decodes' blocks from the closed form of `decode_plan`
+        (the one the window was planned with, where nothing has moved since), a mixed window's
+        prefilling request's (last, `chunk` tokens a step) as its chunks fill them."""
+        decs = reqs[:-1] if chunk else reqs
         plan, self._plan = self._plan, None
-        if plan is not None and plan[0] is reqs and plan[1].shape[1] >= num_steps:
-            blocks = plan[1][:, :num_steps]
-        else:
-            _, _, _, blocks = self.decode_plan(reqs, num_steps, advanced=num_steps)
-            self._plan = None
-        total = blocks.sum(axis=0)
         taken = np.zeros(num_steps, dtype=np.int64)
-        taken[1:] = total[1:] - total[:-1]
-        extra = int(total[-1] - total[0])
+        extra = 0
+        if decs:
+            same = plan is not None and (
+                plan[0] is decs
+                or (len(plan[0]) == len(decs) and all(a is b for a, b in zip(plan[0], decs, strict=True)))
+            )
+            if plan is not None and same and plan[1].shape[1] >= num_steps:
+                blocks = plan[1][:, :num_steps]
+            else:
+                _, _, _, blocks = self.decode_plan(decs, num_steps, advanced=num_steps)
+                self._plan = None
+            total = blocks.sum(axis=0)
+            taken[1:] = total[1:] - total[:-1]
+            extra = int(total[-1] - total[0])
+            for r, b in zip(decs, blocks[:, -1].tolist(), strict=True):
+                grow = b - r.num_blocks
+                if grow > 0:
+                    r.num_private += grow
+                    r.num_blocks += grow
+        if chunk:
+            p = reqs[-1]
+            bs = self.block_size
+            n = -(-p.num_computed // bs) - p.num_blocks
+            if n > 0:
+                c0 = p.num_computed - num_steps * chunk
+                b = np.arange(p.num_blocks, p.num_blocks + n, dtype=np.int64)
+                taken += np.bincount((b * bs - c0) // chunk, minlength=num_steps)
+                p.num_private += n
+                p.num_blocks += n
+                extra += n
         pool = self.pool
-        for r, b in zip(reqs, blocks[:, -1].tolist(), strict=True):
-            grow = b - r.num_blocks
-            if grow > 0:
-                r.num_private += grow
-                r.num_blocks += grow
         if extra > pool.free and pool.sizes and pool.lru and self.peak_occupied_blocks < pool.num_blocks:
             self._note_stepwise_peak(taken, extra)
         if extra:

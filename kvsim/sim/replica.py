@@ -294,7 +294,12 @@ class Replica:
             p = plan.prefill_reqs[0]
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
-            evicts = kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
+            need = (
+                mw.new_blocks
+                if mw.new_blocks >= 0
+                else kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk)
+            )
+            evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.

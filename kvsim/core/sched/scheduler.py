@@ -226,7 +226,11 @@ class Scheduler:
         if p.num_computed == p.num_tokens:  # its last full chunk: it samples
             _sample(p, first, done)
         if done:
+            if kv.eviction is not None:
+                kv.settle_window(done, k)
             self._finish(done)
+        if kv.eviction is not None:
+            kv.apply_evictions(self.running, k)
         return first, done
 
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
