@@ -176,3 +176,32 @@ def test_accuracy_estimate_names_both_parts_of_a_mix():
     e4 = accuracy_note(sc.kv.format_mix.format, None)["kernel_rel_rms"]  # type: ignore[index,union-attr]
     assert note["kernel_rel_rms"] == pytest.approx((0.25 * e8**2 + 0.75 * e4**2) ** 0.5)
     assert accuracy_note(small_scenario().kv.format, None) is None
+
+
+def test_mla_prefill_over_a_prefix_pays_the_latent_up_projection():
+    """DeepSeek-V3 (MLA, 128 heads, kv_lora_rank 512, nope 128 + v 128) on 8 GPUs: a chunk over a
+    cached prefix up-projects the prefix's latents first; a chunk without prefix does not."""
+    sc = small_scenario(
+        model="deepseek-v3", cluster={"gpu": "h200-sxm", "gpus_per_node": 8, "tensor_parallel": 8}
+    )
+    cm = _analytic_of(sc)
+    w = cm.work
+    assert w.mla_upproj_flops_per_token == 2.0 * 512 * (128 // 8) * (128 + 128) * 61
+    rate = cm.gpu.bf16_flops * cm.eff.prefill_attn_compute
+    plain = max(
+        w.prefill_attn_flops(512, 8192) / rate,
+        w.prefill_kv_bytes(512, 8192) / (cm.bw * cm.eff.decode_attn_bw),
+    )
+    assert cm._prefill_attn_time(512, 8192) == pytest.approx(
+        (w.prefill_attn_flops(512, 8192) + 8192 * w.mla_upproj_flops_per_token) / rate, rel=1e-12
+    )
+    assert cm._prefill_attn_time(512, 8192) > plain
+    assert w.mla_upproj_flops(0) == 0.0
+    gqa = _analytic(format="bf16")
+    assert gqa.work.mla_upproj_flops_per_token == 0.0
+
+
+def _analytic_of(sc):  # type: ignore[no-untyped-def]
+    cm = make_cost_model(sc)
+    assert isinstance(cm, AnalyticCostModel)
+    return cm

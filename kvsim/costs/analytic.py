@@ -175,8 +175,11 @@ class AnalyticCostModel(StepCostModel):
         )
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
+        flops = self.work.prefill_attn_flops(n, ctx)
+        if self.work.mla_upproj_flops_per_token and ctx:
+            flops += self.work.mla_upproj_flops(ctx)  # the cached prefix's latents up-projected
         t = max(
-            self.work.prefill_attn_flops(n, ctx) / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
+            flops / (self.gpu.bf16_flops * self.eff.prefill_attn_compute),
             self.work.prefill_kv_bytes(n, ctx) / (self.bw * self.eff.decode_attn_bw),
         )
         if self.prefill_score:

@@ -22,6 +22,10 @@ same arithmetic.
   ``kernels/kv_write.py``): every new token's K and V are read in bf16 and written in the cache's
   format, with `QUANT_FLOPS_PER_ELEMENT` vector operations per element. Only lossy parts of the
   cache count: a bf16 cache's plain copy is left inside the attention and overhead terms, as before.
+- MLA prefill over a cached prefix (vLLM's chunked-context MLA prefill): the prefix's latents are
+  up-projected to per-head K (nope part) and V before attention, 2 x ctx x kv_lora_rank x heads x
+  (qk_nope_head_dim + v_head_dim) FLOPs per layer (`mla_upproj_flops`); new tokens' up-projection
+  is in the GEMMs (``kv_b_proj``). Decode runs absorbed, with no up-projection.
 - Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
   each part's share of the cached vectors so a model can price each part at its own rate.
 
@@ -166,6 +170,7 @@ class ModelWork:
     moe_expert_bytes: float  # all routed experts, per GPU; a step reads the share it touches
     allreduce_calls: int
     allreduce_bytes_per_token: float
+    mla_upproj_flops_per_token: float = 0.0  # MLA: up-projecting one cached latent, all layers
     quant_write_bytes_per_token: float = 0.0  # quantize-on-write, lossy parts only
     quant_write_flops_per_token: float = 0.0
 
@@ -182,6 +187,10 @@ class ModelWork:
         # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
         embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
         qbytes, qflops = quant_write_work_per_token(m, fmt, tp, mix)
+        upproj = 0.0
+        if m.attention is Attention.MLA:
+            heads = TPShapes.of(m, tp).heads
+            upproj = 2.0 * m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * m.num_layers
         return ModelWork(
             model=m,
             tp=tp,
@@ -196,6 +205,7 @@ class ModelWork:
             moe_expert_bytes=moe_expert_bytes,
             allreduce_calls=allreduce_calls(m, tp),
             allreduce_bytes_per_token=allreduce_bytes_per_token(m, tp),
+            mla_upproj_flops_per_token=upproj,
             quant_write_bytes_per_token=qbytes,
             quant_write_flops_per_token=qflops,
         )
@@ -216,6 +226,10 @@ class ModelWork:
     def prefill_attn_flops(self, n: int, ctx: int) -> float:
         """Attention FLOPs of a chunk of ``n`` new tokens over ``ctx`` cached ones, all layers."""
         return self.attn_flops_per_pair * causal_pairs(n, ctx)
+
+    def mla_upproj_flops(self, ctx: int) -> float:
+        """FLOPs of up-projecting a prefill chunk's ``ctx`` cached latents (0 unless MLA)."""
+        return self.mla_upproj_flops_per_token * ctx
 
     def prefill_kv_bytes(self, n: int, ctx: int) -> float:
         """KV bytes a prefill chunk touches: its prefix read and its own tokens, all layers."""
