@@ -217,3 +217,17 @@ def test_eviction_and_its_accuracy_estimate_are_shown_beside_the_results(tmp_pat
     # 3048 computed before the last step, 64 + ceil(0.2 x 3048) = 674 of them kept.
     assert "eviction h2o (always, physical pages): 2,374 tokens evicted, 1 trims" in out
     assert out.count("accuracy estimate (cited, not simulated)") == 2  # fp8 and H2O
+
+
+def test_the_eviction_record_reads_back_from_summary_json(tmp_path):
+    from kvsim.results.record import read_summary
+    from kvsim.run import write_run
+
+    sc = small_scenario(kv={"format": "int8", "format_mix": {"format": "int4", "share": 0.5}, "eviction": H2O})
+    res = run_scenario(sc, workload=make_workload([0.0, 0.5], [3000, 2000], [40, 30]))
+    write_run(res, tmp_path)
+    back = read_summary(tmp_path)
+    assert back.eviction == res.record.eviction and back.eviction is not None
+    assert back.eviction.accuracy is not None and back.eviction.accuracy.estimate_only
+    assert back.config.kv_format_mix == "4/8 heads int4/g64"
+    assert back.accuracy is not None and back.accuracy.format == "int8/g64 with 4/8 heads int4/g64"
