@@ -223,7 +223,9 @@ def test_the_eviction_record_reads_back_from_summary_json(tmp_path):
     from kvsim.results.record import read_summary
     from kvsim.run import write_run
 
-    sc = small_scenario(kv={"format": "int8", "format_mix": {"format": "int4", "share": 0.5}, "eviction": H2O})
+    sc = small_scenario(
+        kv={"format": "int8", "format_mix": {"format": "int4", "share": 0.5}, "eviction": H2O}
+    )
     res = run_scenario(sc, workload=make_workload([0.0, 0.5], [3000, 2000], [40, 30]))
     write_run(res, tmp_path)
     back = read_summary(tmp_path)
