@@ -113,6 +113,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stack(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvsim.report.outputs import check_output_dir
+    from kvsim.report.stack import HEADER, stack_cells, write_stack_report
+    from kvsim.spec.scenario import load_scenario
+    from kvsim.stack import stack_json, stack_rows, write_stack_json
+
+    files = ("stack.json", "stack.html")
+    if args.out is not None and not args.out.strip():
+        check_output_dir(args.out, reads=(), force=args.force, files=files)
+    sc = load_scenario(args.scenario, args.set)
+    out = None
+    if args.out is not None:
+        reads = (("scenario", Path(args.scenario)), ("trace", sc.workload.trace))
+        out = check_output_dir(args.out, reads=reads, force=args.force, files=files)
+    data = stack_json(sc, stack_rows(sc))
+    if args.json:
+        print(json.dumps(data, indent=2, allow_nan=False))
+    else:
+        t = Table(title=f"kvsim stack: {sc.name}", title_justify="left")
+        for h in HEADER:
+            t.add_column(h)
+        for r in data["rows"]:
+            t.add_row(*stack_cells(r))
+        Console().print(t)
+        print(f"claimed column: {data['claimed_source']}")
+    if out is not None:
+        try:
+            write_stack_json(out / "stack.json", data)
+            write_stack_report(out, data)
+        except OSError as exc:
+            raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+        if not args.json:
+            print(f"wrote {out / 'stack.json'}, {out / 'stack.html'}")
+    return 0
+
+
 class _AxisAction(argparse.Action):
     """--grid and --zip into one list, in the order given (the first axis varies slowest)."""
 
@@ -283,6 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
+
+    st = sub.add_parser(
+        "stack", help="the design documents' technique-stacking table, simulated for a scenario"
+    )
+    st.add_argument("scenario", help="scenario YAML file (its model, cluster and trace)")
+    st.add_argument("--out", help="also write stack.json and stack.html into this directory")
+    st.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    st.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
+    st.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
+    st.set_defaults(func=cmd_stack)
 
     sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides; results.csv and sweep.html")
     sw.add_argument("scenario", help="scenario YAML file")

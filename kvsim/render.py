@@ -112,6 +112,22 @@ def print_summary(summary: RunSummary) -> None:
     tiers = _tiers_line(summary)
     if tiers:
         con.print(tiers)
+    ev = summary.eviction
+    if ev is not None:
+        con.print(
+            f"eviction {ev.policy} ({ev.trigger}, {ev.pages} pages): {ev.tokens_evicted:,} tokens evicted, "
+            f"{ev.trims:,} trims ({ev.trim_s * 1e3:,.1f} ms), {ev.blocks_released:,} blocks released, "
+            f"{ev.cache_entries_invalidated:,} prefix entries invalidated"
+        )
+    notes = [a for a in (summary.accuracy, None if ev is None else ev.accuracy) if a is not None]
+    for a in notes:
+        cited = "; ".join(f"{c.claim} ({c.source})" for c in a.literature)
+        rms = (
+            f"kernel attention-output rel. RMS {a.kernel_rel_rms:.3f}; "
+            if a.kernel_rel_rms is not None
+            else ""
+        )
+        con.print(f"accuracy estimate (cited, not simulated) for {a.format}: {rms}{cited}")
     con.print(
         f"simulated {summary.simulated_s:,.1f} s in {summary.wall_s:.2f} s wall "
         f"({summary.simulated_s / max(summary.wall_s, 1e-9):,.0f}x real time)"

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import simpy
 
-from kvsim.accuracy import accuracy_note
+from kvsim.accuracy import accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
+from kvsim.core.eviction import eviction_from_config
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -32,6 +33,7 @@ from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
     Distribution,
+    EvictionRecord,
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
@@ -75,10 +77,25 @@ class RunResult:
 
 
 def _refuse_unsimulated(sc: Scenario) -> None:
+    """Options the engine does not simulate together yet: one line naming the field.
+
+    Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
+    which the host tiers' write-back, the global pool's index and swap do not follow yet."""
     kv = sc.kv
-    if kv.eviction.policy != "none":
+    if kv.eviction.policy == "none":
+        return
+    other = [
+        name
+        for name, on in (
+            ("kv.offload", kv.offload.enabled),
+            ("a global prefix pool", kv.prefix_cache == "global"),
+            (f"scheduler.preemption: {sc.scheduler.preemption}", sc.scheduler.preemption != "recompute"),
+        )
+        if on
+    ]
+    if other:
         raise KvsimError(
-            f"policy {kv.eviction.policy.value!r} is not simulated yet: the engine keeps the full KV of every sequence; use policy: none",
+            f"token eviction is not simulated together with {' and '.join(other)} yet; turn one of them off",
             source=sc.source,
             path="kv.eviction.policy",
         )
@@ -87,13 +104,30 @@ def _refuse_unsimulated(sc: Scenario) -> None:
 def cost_model_key(sc: Scenario) -> Hashable:
     """Scenarios with equal keys get equal cost models (`make_cost_model` reads nothing else)."""
     c = sc.cluster
-    return (sc.cost_model, sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+    return (
+        sc.cost_model,
+        sc.model,
+        c.gpu,
+        c.tensor_parallel,
+        sc.kv.format,
+        sc.kv.format_mix,
+        sc.kv.eviction,
+        c.topology,
+    )
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.cost_model.kind == "analytic":
         c = sc.cluster
-        return AnalyticCostModel(sc.model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+        return AnalyticCostModel(
+            sc.model,
+            c.gpu,
+            c.tensor_parallel,
+            sc.kv.format,
+            c.topology,
+            mix=sc.kv.format_mix,
+            eviction=eviction_from_config(sc.kv.eviction),
+        )
     from kvsim.costs.profile import load_profile_cost_model
 
     assert sc.cost_model.profile is not None
@@ -151,6 +185,7 @@ def run_scenario(
         sc.kv.offload.enabled or sc.scheduler.preemption != "recompute" or sc.kv.prefix_cache == "global"
     )
     offload = _Offload(sc, plan, env, cost) if uses_host else None
+    evictor = eviction_from_config(sc.kv.eviction)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -160,6 +195,7 @@ def run_scenario(
             sc.scheduler.chunked_prefill,
             caching,
         )
+        sched.kv.set_eviction(evictor)
         replicas.append(
             Replica(
                 env,
@@ -286,7 +322,7 @@ def run_scenario(
             "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
         )
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
-    note = accuracy_note(sc.kv.format, sc.kv.format_note)
+    note = accuracy_note(sc.kv.format, sc.kv.format_note, sc.kv.format_mix)
     summary = RunSummary(
         **parts,
         scenario=sc.name,
@@ -323,6 +359,7 @@ def run_scenario(
         global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs),
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
+        eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
     )
     return RunResult(
         sc,
@@ -758,6 +795,31 @@ def _dist(x: np.ndarray) -> Distribution:
     )
 
 
+def _eviction_record(
+    sc: Scenario, replicas: list[Replica], plan: MemoryPlan, simulated: float
+) -> EvictionRecord:
+    kvs = [r.sched.kv for r in replicas]
+    ev = sc.kv.eviction
+    return EvictionRecord(
+        policy=ev.policy.value,
+        trigger=ev.trigger.value,
+        pages=ev.pages.value,
+        heavy_ratio=ev.heavy_ratio if ev.policy == "h2o" else None,
+        recent_tokens=ev.recent_tokens,
+        sink_tokens=ev.sink_tokens if ev.policy == "streaming" else 0,
+        budget_tokens=ev.budget_tokens,
+        tokens_evicted=sum(k.tokens_evicted for k in kvs),
+        trims=sum(k.trims for k in kvs),
+        blocks_released=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        trim_s=sum(r.stats.eviction_s for r in replicas),
+        accuracy=part_from_dict(
+            AccuracyNote, eviction_accuracy(ev), source="kvsim.accuracy", path="eviction.accuracy"
+        ),
+    )
+
+
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
@@ -793,6 +855,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         replicas=sc.cluster.num_replicas,
         router=sc.cluster.router,
         kv_format=sc.kv.format.name,
+        kv_format_mix="" if sc.kv.format_mix is None else sc.kv.format_mix.name,
         block_size=sc.kv.block_size,
         prefix_cache=sc.kv.prefix_cache,
         max_num_seqs=sc.scheduler.max_num_seqs,

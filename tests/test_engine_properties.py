@@ -40,7 +40,10 @@ class CheckedScheduler(Scheduler):
             n_held = len(seq.held_keys)
             assert seq.held_keys == seq.keys[:n_held]
             assert seq.num_blocks == seq.key_cum[n_held] + seq.num_private
-            assert seq.num_blocks * self.block_size >= seq.num_computed
+            assert 0 <= seq.evicted < max(1, seq.num_computed)
+            assert seq.num_blocks * self.block_size >= seq.num_computed - seq.evicted
+            if seq.evicted:  # a request that evicted tokens holds no shared prefix entry
+                assert not seq.held_keys
             table = kv.block_table(seq)
             assert sum(run.num_blocks for run in table) == seq.num_blocks
             assert [run.key for run in table if run.key is not None] == seq.held_keys
@@ -158,6 +161,32 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
                 "pool_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,
             }
             cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
+    # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.
+    fmt = draw(st.sampled_from(["bf16", "bf16", "int8", "kvquant4", "mix"]))
+    kv.update(
+        {"format": "int8", "format_mix": {"format": "int4", "share": 0.75}}
+        if fmt == "mix"
+        else {"format": fmt}
+    )
+    # Token eviction: H2O and StreamingLLM, every trigger and page policy.
+    # (Not with the host tiers, the global pool or swap: `kvsim run` refuses those combinations.)
+    policy = "none" if offload else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
+    if policy != "none":
+        ev = {
+            "policy": policy,
+            "recent_tokens": draw(st.sampled_from([1, 16, 40])),
+            "pages": draw(st.sampled_from(["soft_mark", "physical", "hybrid"])),
+            "trigger": draw(st.sampled_from(["always", "pressure"])),
+            "pressure_threshold": draw(st.sampled_from([0.3, 0.8])),
+        }
+        if policy == "h2o":
+            ev.update(
+                heavy_ratio=draw(st.sampled_from([0.1, 0.5, 1.0])),
+                budget_tokens=draw(st.sampled_from([0, 120])),
+            )
+        else:
+            ev["sink_tokens"] = draw(st.sampled_from([0, 4]))
+        kv["eviction"] = ev
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 

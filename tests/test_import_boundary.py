@@ -37,7 +37,7 @@ LAYERS = [
     ("costs",),
     ("sim",),
     ("results",),
-    ("accuracy", "kvsize", "render", "run"),
+    ("accuracy", "kvsize", "render", "run", "stack"),
     ("sweep",),
     ("report",),
     ("validation",),

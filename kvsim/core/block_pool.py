@@ -274,6 +274,23 @@ class BlockPool:
         if self._events is None:
             self._events = []
 
+    def uncache(self, key: int) -> int:
+        """Its only holder is about to rewrite cached entry `key` (token eviction): the entry leaves
+        the cache index (no later prefix hit) and its blocks become the holder's private blocks.
+        Returns the blocks it covered."""
+        assert self.refs[key] == 1
+        del self.refs[key]
+        s = self.sizes.pop(key, 1)
+        self.private += s
+        if self._events is not None:
+            self._events.append(BlockRemoved((key,)))
+        return s
+
+    def drop_ref(self, key: int) -> None:
+        """An owner stops referencing cached entry `key` that others still reference."""
+        assert self.refs[key] > 1
+        self.refs[key] -= 1
+
     def take_events(self) -> list[PoolEvent]:
         """The events recorded since the last call (empty unless the pool records events)."""
         if self._events is None:

@@ -39,7 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.core.eviction import first_trim
 from kvsim.core.kv_cache_manager import KVCacheManager
+from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 
 
@@ -71,6 +73,8 @@ def decode_window(
             k, bound = left, "outputs"
         sum_c += r.num_computed
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
+    if kv.eviction is not None and not kv.keeps_all(reqs, k):
+        return _evicting_decode_window(reqs, kv, k, bound, avail, may_evict)
     need = kv.blocks_needed_through(reqs, k - 1)
     if need > avail:
         lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
@@ -83,6 +87,83 @@ def decode_window(
         k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
         need = kv.blocks_needed_through(reqs, lo)
     return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound, need)
+
+
+def _evicting_decode_window(
+    reqs: list[Request], kv: KVCacheManager, k: int, bound: str, avail: int, may_evict: bool
+) -> DecodeWindow:
+    """`decode_window` with token eviction on: resident tokens and blocks per step in closed form
+    (`KVCacheManager.decode_plan`); the window also ends with the first step after which a request
+    trims (``eviction``: it reaches its budget, the pressure trigger fires, or hybrid pages switch to
+    physical release), that step included: the trim is applied when the window ends, as stepping
+    applies it when that step ends."""
+    c0, capped, resident, blocks = kv.decode_plan(reqs, k)
+    new = blocks.sum(axis=0) - blocks[:, 0].sum()  # blocks taken by steps 1..j together
+    if new[-1] > avail:
+        k, bound = (
+            int(np.searchsorted(new, avail, side="right")),
+            "free_blocks" if may_evict else "empty_blocks",
+        )
+    pool = kv.pool
+    ev = kv.eviction
+    assert ev is not None
+    j = first_trim(
+        ev,
+        c0,
+        capped,
+        resident[:, :k],
+        blocks[:, :k],
+        pool.num_used,
+        new,
+        pool.num_blocks,
+        kv.block_size,
+    )
+    if j < k:
+        k, bound = j, "eviction"
+    sum_ctx = resident[:, :k].sum(axis=0)
+    return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]))
+
+
+def _evicting_mixed_window(
+    out: SchedulerOutput, kv: KVCacheManager, k: int, bound: str, avail: int, may_evict: bool
+) -> MixedWindow | None:
+    """`mixed_window` with token eviction on, from its bounds so far: the decodes' resident tokens
+    and blocks in closed form (`KVCacheManager.decode_plan`), the prefilling request's blocks as
+    its chunks fill them, and the window ending with the first step after which a decode trims
+    (`first_trim`); the prefill, which evicts only once its prompt is done, samples at the last."""
+    ev = kv.eviction
+    assert ev is not None
+    p = out.prefill_reqs[0]
+    decs = out.decode_reqs
+    m = len(decs)
+    chunk = out.prefill_new[0]
+    c_p = out.prefill_ctx[0]
+    bs = kv.block_size
+    steps = np.arange(k, dtype=np.int64)
+    p_blocks = np.maximum(p.num_blocks, -(-(c_p + (steps + 1) * chunk) // bs))
+    new = p_blocks - p_blocks[0]
+    if m:
+        c0, capped, resident, blocks = kv.decode_plan(decs, k)
+        new = new + (blocks.sum(axis=0) - blocks[:, 0].sum())
+    if new[-1] > avail:
+        k, bound = (
+            int(np.searchsorted(new, avail, side="right")),
+            "free_blocks" if may_evict else "empty_blocks",
+        )
+    if m:
+        j = first_trim(
+            ev, c0, capped, resident[:, :k], blocks[:, :k], kv.pool.num_used, new, kv.pool.num_blocks, bs
+        )
+        if j < k:
+            k, bound = j, "eviction"
+    if k < 2:
+        return None
+    steps = steps[:k]
+    dec = resident[:, :k].sum(axis=0) if m else np.zeros(k, dtype=np.int64)
+    sampling = np.full(k, m, dtype=np.int64)
+    if c_p + k * chunk == p.num_tokens:
+        sampling[-1] += 1
+    return MixedWindow(k, m, chunk, dec, c_p + steps * chunk, sampling, bound, int(new[k - 1]))
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
@@ -99,6 +180,7 @@ class MixedWindow:
     prefill_ctx: np.ndarray  # (num_steps,) int64: cached tokens of the prefilling request before step j
     num_sampling: np.ndarray  # (num_steps,) int64: LM-head rows (the prefill samples at its last chunk)
     bound: str
+    new_blocks: int = -1  # with eviction on: blocks its steps after the first take (-1: not computed)
 
 
 def mixed_window(
@@ -140,6 +222,8 @@ def mixed_window(
     if k < 2:
         return None
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
+    if kv.eviction is not None:
+        return _evicting_mixed_window(out, kv, k, bound, avail, may_evict)
     if kv.blocks_needed_through(reqs, k - 1, chunk) > avail:
         lo, hi = 0, k - 1
         while lo < hi:

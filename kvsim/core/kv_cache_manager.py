@@ -30,11 +30,13 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate, chain
+from math import ceil
 
 import numpy as np
 
 from kvsim.core.block_hash import private_key
 from kvsim.core.block_pool import BlockPool
+from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork, PagePolicy, blocks_for, decode_steps
 from kvsim.core.request import Request
 
 
@@ -60,6 +62,16 @@ class KVCacheManager:
         self.enable_caching = enable_caching  # prefix caching on: released full blocks stay cached
         self.peak_used_blocks = 0  # referenced by some request
         self.peak_occupied_blocks = 0  # referenced or cached-but-free
+        # Token eviction (`kvsim.core.eviction`), set by `set_eviction`; None: every token stays.
+        self.eviction: Eviction | None = None
+        self.evict_active = False  # the trigger's state after the last step
+        self.tokens_evicted = 0
+        self.trims = 0
+        self.blocks_released = 0  # freed by physical release
+        self.blocks_copied = 0  # shared prefix blocks a trimmed sequence copied to own them
+        self.entries_uncached = 0  # cache entries rewritten by their only holder: no longer hits
+        self._work = EvictionWork()
+        self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -117,9 +129,161 @@ class KVCacheManager:
         return runs
 
     def num_resident_tokens(self, req: Request) -> int:
-        return req.num_computed
+        return req.num_computed - req.evicted
 
     # ---- mutations --------------------------------------------------------------------------------
+    def set_eviction(self, ev: Eviction | None) -> None:
+        self.eviction = ev
+
+    def take_eviction_work(self) -> EvictionWork:
+        """The trims since the last call, for pricing; resets."""
+        work, self._work = self._work, EvictionWork()
+        return work
+
+    def apply_evictions(self, reqs: list[Request], steps: int = 1) -> None:
+        """At the end of a step: every decoding request of `reqs` keeps `Eviction.kept` of its
+        tokens while the trigger is active, and under physical release frees the blocks it no longer
+        needs. Evicting the one token a step added beyond the budget of a request that evicted
+        before is steady (its slot is reused; priced with the step); any other eviction is a trim.
+        After a fast-forward window of `steps` steps, a request at its budget when the window began
+        first evicts steadily for the steps but the last (the window's bounds guarantee that
+        stepping did so at each of their ends); the last step then ends as above."""
+        ev = self.eviction
+        if ev is None:
+            return
+        pool = self.pool
+        used, num = pool.num_used, pool.num_blocks
+        prev = self.evict_active
+        active = ev.active(used, num)
+        release = ev.releases(used, num)
+        self.evict_active = active
+        bs = self.block_size
+        short = ev.keeps_all_up_to
+        kept = ev.kept
+        evicted = 0
+        # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
+        # decoding request at every step end)
+        streaming = ev.kind is EvictionKind.STREAMING
+        window, rec, ratio, cap = (
+            ev.sink_tokens + ev.recent_tokens,
+            ev.recent_tokens,
+            ev.heavy_ratio,
+            ev.budget_tokens,
+        )
+        for r in reqs:
+            c = r.num_computed
+            if r.num_tokens - c != 1 or not r.num_generated:
+                continue  # still prefilling (or recomputing): eviction starts after the prompt
+            if c <= short and not r.evicted:
+                continue  # it keeps every token and holds no block beyond them: nothing to do
+            res = c - r.evicted
+            if steps > 1 and prev and r.evicted and res - steps == kept(c - steps):  # at its budget
+                if active and (not release or ev.pages is PagePolicy.PHYSICAL):
+                    # Steady to the end, the common case (under physical release a sequence at its
+                    # budget holds no block beyond what its kept tokens need): one look-up.
+                    if streaming:
+                        kc = c if c < window else window
+                    else:
+                        kc = rec + ceil(ratio * c)
+                        if cap and kc > cap:
+                            kc = cap
+                        if kc > c:
+                            kc = c
+                    evicted += res - kc
+                    r.evicted += res - kc
+                    continue
+                m = (res - 1) - kept(c - 1)  # the window's steady evictions
+                r.evicted += m
+                evicted += m
+                res -= m
+            if not active:
+                kc = res
+            elif streaming:
+                kc = c if c < window else window
+            else:
+                kc = rec + ceil(ratio * c)
+                if cap and kc > cap:
+                    kc = cap
+                if kc > c:
+                    kc = c
+            target = res if res < kc else kc
+            surplus = release and r.num_blocks > -(-(target + 1) // bs)
+            if target == res and not surplus:
+                continue
+            if not surplus and res - target == 1 and r.evicted and not r.held_keys:
+                r.evicted += 1
+                evicted += 1
+                continue
+            self._trim(r, target, release)
+        self.tokens_evicted += evicted
+
+    def settle_window(self, reqs: list[Request], steps: int) -> None:
+        """The steady evictions of the steps but the last of a window (`apply_evictions`), for
+        requests that finish at its last step (freed before that step's evictions): only the count
+        of `tokens_evicted` matters for them, as stepping counts it."""
+        ev = self.eviction
+        if ev is None or steps < 2 or not self.evict_active:
+            return
+        kept = ev.kept
+        for r in reqs:
+            c = r.num_computed
+            res = c - r.evicted
+            if r.evicted and res - steps == kept(c - steps):
+                self.tokens_evicted += (res - 1) - kept(c - 1)
+
+    def _trim(self, r: Request, target: int, release: bool) -> bool:
+        """Evict `r` down to `target` resident tokens. Its cache entries are given up first: one
+        only it references is rewritten in place and leaves the cache (a block with evicted tokens
+        is no prefix hit for others); one others share is copied into a private block. Under
+        physical release the kept tokens are compacted and blocks beyond what the next token needs
+        are freed. False (nothing changed) when the copies do not fit; it is retried next step."""
+        pool = self.pool
+        bs = self.block_size
+        cum = r.key_cum
+        own = r.num_private
+        shared = 0
+        in_place: list[int] = []
+        others: list[int] = []
+        for i, k in enumerate(r.held_keys):
+            size = cum[i + 1] - cum[i]
+            if pool.refs[k] == 1:
+                in_place.append(k)
+                own += size
+            else:
+                others.append(k)
+                shared += size
+        held = own + shared
+        final = min(blocks_for(target, bs), held) if release else held
+        copies = max(0, final - own)
+        if copies > pool.free + pool.lru_blocks:
+            return False
+        for k in in_place:
+            pool.uncache(k)
+        for k in others:
+            pool.drop_ref(k)
+        if copies:
+            pool.allocate(copies)
+            self.note_peak()
+        freed = own + copies - final
+        if freed:
+            pool.release(freed, [])
+        res = r.num_computed - r.evicted
+        w = self._work
+        w.trims += 1
+        w.select_tokens += res if self.eviction is not None and self.eviction.scores() else 0
+        w.moved_tokens += (target if freed else 0) + copies * bs
+        w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
+        self.trims += 1
+        self.tokens_evicted += res - target
+        self.blocks_released += freed
+        self.blocks_copied += copies
+        self.entries_uncached += len(in_place)
+        r.held_keys = []
+        r.num_private = final
+        r.num_blocks = final
+        r.evicted += res - target
+        return True
+
     def set_step(self, step: int) -> None:
         """The scheduler's step count: the stamp of what the pool touches from now on."""
         self.pool.stamp = step
@@ -218,7 +382,8 @@ class KVCacheManager:
         extra = 0
         last = len(reqs) - 1
         for i, r in enumerate(reqs):
-            n = -(-(r.num_computed + (chunk if chunk and i == last else 1)) // bs) - r.num_blocks
+            resident = r.num_computed - r.evicted
+            n = -(-(resident + (chunk if chunk and i == last else 1)) // bs) - r.num_blocks
             if n > 0:
                 r.num_private += n
                 r.num_blocks += n
@@ -251,6 +416,12 @@ class KVCacheManager:
         advanced: one token per step, the last request `chunk` if given; blocks held before cover
         the first of those steps, as scheduling it took them). Returns (num_steps,) int64: the new
         blocks stepping would have taken at each step (entry 0 is 0)."""
+        if self.eviction is not None:
+            # (counts already advanced by the window's steps; a mixed window's prefill, last, evicts
+            # nothing before its prompt is done)
+            if not self.keeps_all(reqs[:-1] if chunk else reqs, 0):
+                return self._grow_decode_evicting(reqs, num_steps, chunk)
+            self._plan = None
         bs = self.block_size
         extra = 0
         pool = self.pool
@@ -299,6 +470,81 @@ class KVCacheManager:
         self.note_peak()
         return taken
 
+    def keeps_all(self, reqs: list[Request], k: int) -> bool:
+        """Whether eviction cannot touch `k` decode steps of `reqs`: none has evicted and none grows
+        past the length up to which every token is kept (then the plain closed forms hold)."""
+        ev = self.eviction
+        if ev is None:
+            return True
+        short = ev.keeps_all_up_to - k
+        return all(not r.evicted and r.num_computed <= short for r in reqs)
+
+    def decode_plan(
+        self, reqs: list[Request], k: int, advanced: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """With eviction on: (c0, capped, resident, blocks) of `k` decode steps of `reqs` from where
+        they stood `advanced` steps ago (`kvsim.core.eviction.decode_steps`; resident and blocks are
+        (n, k)). A request is capped when it sits at its budget with the trigger active."""
+        ev = self.eviction
+        assert ev is not None
+        n = len(reqs)
+        rows = [(r.num_computed, r.evicted, r.num_blocks) for r in reqs]
+        state = np.array(rows, dtype=np.int64).reshape(n, 3)
+        c0 = state[:, 0] - advanced if advanced else state[:, 0]
+        capped, resident, blocks = decode_steps(
+            ev, c0, state[:, 1], state[:, 2], self.evict_active, k, self.block_size
+        )
+        if not advanced:  # a window's plan: its first part's `grow_decode` reuses it
+            self._plan = (reqs, blocks)
+        return c0, capped, resident, blocks
+
+    def _grow_decode_evicting(
+        self, reqs: list[Request], num_steps: int, chunk: int = 0
+    ) -> list[int] | np.ndarray:
+        """`grow_decode` with eviction on: the decodes' blocks from the closed form of `decode_plan`
+        (the one the window was planned with, where nothing has moved since), a mixed window's
+        prefilling request's (last, `chunk` tokens a step) as its chunks fill them."""
+        decs = reqs[:-1] if chunk else reqs
+        plan, self._plan = self._plan, None
+        taken = np.zeros(num_steps, dtype=np.int64)
+        extra = 0
+        if decs:
+            same = plan is not None and (
+                plan[0] is decs
+                or (len(plan[0]) == len(decs) and all(a is b for a, b in zip(plan[0], decs, strict=True)))
+            )
+            if plan is not None and same and plan[1].shape[1] >= num_steps:
+                blocks = plan[1][:, :num_steps]
+            else:
+                _, _, _, blocks = self.decode_plan(decs, num_steps, advanced=num_steps)
+                self._plan = None
+            total = blocks.sum(axis=0)
+            taken[1:] = total[1:] - total[:-1]
+            extra = int(total[-1] - total[0])
+            for r, b in zip(decs, blocks[:, -1].tolist(), strict=True):
+                grow = b - r.num_blocks
+                if grow > 0:
+                    r.num_private += grow
+                    r.num_blocks += grow
+        if chunk:
+            p = reqs[-1]
+            bs = self.block_size
+            n = -(-p.num_computed // bs) - p.num_blocks
+            if n > 0:
+                c0 = p.num_computed - num_steps * chunk
+                b = np.arange(p.num_blocks, p.num_blocks + n, dtype=np.int64)
+                taken += np.bincount((b * bs - c0) // chunk, minlength=num_steps)
+                p.num_private += n
+                p.num_blocks += n
+                extra += n
+        pool = self.pool
+        if extra > pool.free and pool.sizes and pool.lru and self.peak_occupied_blocks < pool.num_blocks:
+            self._note_stepwise_peak(taken, extra)
+        if extra:
+            pool.allocate(extra)
+        self.note_peak()
+        return taken.tolist() if num_steps <= 64 else taken
+
     def _note_stepwise_peak(self, taken: list[int] | np.ndarray, total: int) -> None:
         """The occupancy peak stepping would see while a window's allocations evict cached entries.
 
@@ -332,9 +578,10 @@ class KVCacheManager:
         them, else under keys of the request's own), so a recompute or a later turn can hit them.
         Only once every prompt entry is held: a request preempted while still recomputing its
         prompt has no answer blocks past them to cache."""
-        if self.enable_caching and len(req.held_keys) == len(req.keys):
-            self._cache_generated(req)
+        if self.enable_caching and len(req.held_keys) == len(req.keys) and not req.evicted:
+            self._cache_generated(req)  # (a request that evicted tokens caches nothing: no hit)
         self.pool.release(req.num_private, req.held_keys)
         req.held_keys = []
         req.num_private = 0
         req.num_blocks = 0
+        req.evicted = 0

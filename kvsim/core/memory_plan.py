@@ -59,7 +59,7 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
         else estimate_activation_reserve(sc)
     )
     kv_bytes = usable - weights - reserve
-    per_token = m.kv_bytes_per_token(sc.kv.format) * m.kv_share(tp)
+    per_token = m.kv_bytes_per_token(sc.kv.format, sc.kv.format_mix) * m.kv_share(tp)
     block = per_token * sc.kv.block_size
     if kv_bytes <= block:
         raise KvsimError(

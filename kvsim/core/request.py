@@ -29,6 +29,7 @@ class Request:
 
     __slots__ = (
         "arrival_s",
+        "evicted",
         "finish_s",
         "first_scheduled_s",
         "first_token_s",
@@ -75,7 +76,8 @@ class Request:
         self.out_keys = out_keys or []
         self.num_blocks = 0  # blocks held: the entries' blocks plus private ones
         self.num_tokens = prompt_len  # prompt + generated so far
-        self.num_computed = 0  # tokens whose KV is in the cache
+        self.num_computed = 0  # tokens whose KV is in the cache (positions; evicted ones included)
+        self.evicted = 0  # of them, tokens evicted (kvsim.core.eviction): resident = computed - evicted
         self.num_generated = 0
         self.held_keys: list[int] = []  # cached entries referenced, in block order (a prefix)
         self.num_private = 0  # unhashed blocks after them

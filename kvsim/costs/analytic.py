@@ -31,6 +31,16 @@ On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
   on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
+- quantize-on-write of new tokens (lossy formats): 50% of HBM peak for its bytes (estimate: a
+  short elementwise kernel over a few MB per step, no measurement on file), its vector operations
+  at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
+- mixed formats per head: each part's decode attention at its own speed-up, weighted by its share
+  of the cached vectors.
+- token eviction (`kvsim.core.eviction`): H2O's per-step score accumulation and selection priced
+  per attended token like decode attention (its bytes at the decode efficiency, its QK^T FLOPs at
+  the prefill efficiency), a prompt's scores as the QK^T half of its prefill attention; a trim's
+  top-k, compaction and block-table writes at the quantize-on-write rates, plus 3 kernel launches
+  of 5 us each (estimate, no measurement on file; `kernels/h2o.py` has the kernels to measure).
 - per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
@@ -41,10 +51,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.core.eviction import Eviction, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
-from kvsim.costs.work import ModelWork, decode_tokens_read
-from kvsim.spec.formats import KVFormat
+from kvsim.costs.work import ModelWork, decode_tokens_read, format_parts
+from kvsim.spec.formats import FormatMix, KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 from kvsim.spec.topology import Link, Topology
@@ -54,6 +65,8 @@ from kvsim.spec.topology import Link, Topology
 class Efficiencies:
     """What the kernel tables do not measure (the per-op efficiencies are `OpFits`)."""
 
+    kv_write_bw: float = 0.50  # quantize-on-write and trims, of HBM bandwidth (estimate)
+    vector_flops_fraction: float = 1 / 15  # FP32 vector rate / dense BF16 (H100 SXM datasheet)
     step_overhead_s: float = 1e-3
     allreduce_latency_s: float = 10e-6
     format_decode_speedup: dict[str, float] = field(
@@ -66,6 +79,10 @@ class Efficiencies:
             "kvquant4": 1.7,
         }
     )
+
+
+TRIM_LAUNCHES = 3  # top-k, compaction, block-table update
+TRIM_LAUNCH_S = 5e-6  # estimate of one small kernel's launch and tail
 
 
 class AnalyticCostModel(StepCostModel):
@@ -84,8 +101,11 @@ class AnalyticCostModel(StepCostModel):
         topology: Topology,
         eff: Efficiencies | None = None,
         ops: OpFits | None = None,
+        mix: FormatMix | None = None,
+        eviction: Eviction | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.mix = mix
         self.eff = eff or Efficiencies()
         self.fit = fit_for(gpu) if ops is None else None
         self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
@@ -95,7 +115,7 @@ class AnalyticCostModel(StepCostModel):
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
         self.bw = gpu.hbm_bw_bytes_per_s
-        self.work = w = ModelWork.of(m, tp, fmt)
+        self.work = w = ModelWork.of(m, tp, fmt, mix)
         g, d, p = self.ops.gemm, self.ops.decode_attn, self.ops.prefill_attn
         layers = m.num_layers
         # Launch times: per layer four GEMMs (qkv, o, gate_up, down; MoE layers counted alike), the
@@ -105,11 +125,31 @@ class AnalyticCostModel(StepCostModel):
         self.decode_launch_s = layers * d.t0_s
         self.decode_per_seq_s = layers * w.kv_heads * d.t_item_s
         self.prefill_launch_s = layers * p.t0_s
-        speedup = self.eff.format_decode_speedup.get(fmt.kind.value, 1.0)
         # Decode attention: bf16-equivalent bytes at the bf16 efficiency, divided by the format's
-        # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest).
-        self.decode_attn_s_per_token = w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speedup
+        # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest); a mix of
+        # formats runs each part at its own speed-up.
+        self.decode_attn_s_per_token = sum(
+            share
+            * (
+                w.kv_bytes_per_token_bf16
+                / (self.bw * d.e_max)
+                / self.eff.format_decode_speedup.get(f.kind.value, 1.0)
+            )
+            for f, share in format_parts(fmt, mix)
+        )
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
+        self.eviction = eviction
+        self.score_s_per_token = 0.0  # H2O score accumulation + selection per attended token
+        self.prefill_score = 0.0  # share of prefill attention added for the prompt's H2O scores
+        if eviction is not None and eviction.scores():
+            sb, sf = w.h2o_score_work_per_token()
+            self.score_s_per_token = max(sb / (self.bw * d.e_max), sf / (gpu.bf16_flops * p.e_max))
+            self.prefill_score = 0.5
+        e = self.eff
+        self.write_s_per_token = max(
+            w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
+            w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
+        )
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
@@ -126,21 +166,53 @@ class AnalyticCostModel(StepCostModel):
             return 0.0
         return calls * self.eff.allreduce_latency_s + self.work.allreduce_bytes(num_tokens) / self.link_bw
 
+    def _write_time(self, num_tokens: int) -> float:
+        return num_tokens * self.write_s_per_token
+
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
+        if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
+            per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+            out: np.ndarray = fixed + tokens * (per_token + self.score_s_per_token)
+            return out
         return fixed + np.maximum(
             tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
         )
 
+    def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:
+        """H2O score accumulation and selection over ``tokens`` attended tokens (0 without H2O)."""
+        out: np.ndarray = tokens * self.score_s_per_token
+        return out
+
+    def prefill_score_time(self, n: int, ctx: int) -> float:
+        """H2O scores of a prefill chunk: the QK^T half of its attention FLOPs (0 without H2O)."""
+        if not self.prefill_score:
+            return 0.0
+        flops = self.prefill_score * self.work.prefill_attn_flops(n, ctx)
+        return flops / (self.gpu.bf16_flops * self.ops.prefill_attn.e_max)
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        nbytes, flops = self.work.trim_work(work.select_tokens, work.moved_tokens, work.table_entries)
+        e = self.eff
+        return TRIM_LAUNCHES * TRIM_LAUNCH_S + max(
+            nbytes / (self.bw * e.kv_write_bw), flops / (self.gpu.bf16_flops * e.vector_flops_fraction)
+        )
+
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         p = self.ops.prefill_attn
-        return float(
+        flops = self.work.prefill_attn_flops(n, ctx)
+        if self.work.mla_upproj_flops_per_token and ctx:
+            flops += self.work.mla_upproj_flops(ctx)  # the cached prefix's latents up-projected
+        t = float(
             max(
-                self.work.prefill_attn_flops(n, ctx) * (1.0 + p.n_half / n) / (self.gpu.bf16_flops * p.e_max),
+                flops * (1.0 + p.n_half / n) / (self.gpu.bf16_flops * p.e_max),
                 self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
             )
         )
+        if self.prefill_score:
+            t += self.prefill_score_time(n, ctx)
+        return t
 
     # ---- interface --------------------------------------------------------------------------------
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvsim.core.eviction import EvictionWork
 from kvsim.core.sched.output import SeqKind  # re-exported: the batch is the scheduler's
 from kvsim.spec.topology import Link
 
@@ -117,6 +118,10 @@ class CostModel(Protocol):
         """Seconds to move ``nbytes`` over ``link`` in ``num_calls`` copies."""
         ...
 
+    def eviction_time(self, work: EvictionWork) -> float:
+        """Seconds of the token-eviction trims after a step (top-k, compaction, block tables)."""
+        ...
+
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         """The model's notes, and one line per off-grid flag in ``ran`` (what the engine ran)."""
         ...
@@ -132,8 +137,9 @@ def transfer_time(nbytes: float, link: Link, num_calls: int = 1) -> float:
 
 
 class StepCostModel:
-    """A step as parts run one after another: overhead + GEMMs + all-reduces + prefill attention
-    (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
+    """A step as parts run one after another: overhead + GEMMs + all-reduces + quantize-on-write
+    of the new tokens + prefill attention (per prefilling or verifying sequence) + decode attention
+    (all decoding sequences together).
     Subclasses price the parts; `price` and `decode_step_times` share this one decomposition, so a
     decode-only step costs the same whichever is asked (fast-forward relies on it)."""
 
@@ -152,6 +158,10 @@ class StepCostModel:
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _write_time(self, num_tokens: int) -> float:
+        """Quantize-on-write of the step's new tokens (0 for a bf16/fp16 cache)."""
+        return 0.0
 
     def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
         """Flags of a step's parts: GEMMs over ``tokens`` with ``rows`` sampled, attention of the
@@ -177,7 +187,13 @@ class StepCostModel:
                 chunks.append((n, c))
                 dec_ctx -= c
         assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"
-        t = self.overhead_s + self._gemm_time(total, batch.num_sampling) + self._comm_time(total) + prefill
+        t = (
+            self.overhead_s
+            + self._gemm_time(total, batch.num_sampling)
+            + self._comm_time(total)
+            + self._write_time(total)
+            + prefill
+        )
         ctx = _NO_DECODE
         if dec_n:
             ctx = np.array([dec_ctx], dtype=np.float64)
@@ -188,7 +204,12 @@ class StepCostModel:
         return self.price(batch).seconds
 
     def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        fixed = self.overhead_s + self._gemm_time(num_seqs, num_seqs) + self._comm_time(num_seqs)
+        fixed = (
+            self.overhead_s
+            + self._gemm_time(num_seqs, num_seqs)
+            + self._comm_time(num_seqs)
+            + self._write_time(num_seqs)
+        )
         return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
@@ -207,10 +228,15 @@ class StepCostModel:
         # The same operations in the same order as `price`, one step per element.
         total = num_decode + chunk
         comm = self._comm_time(total)
+        write = self._write_time(total)
         gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
         t = np.array(
             [
-                self.overhead_s + gemm[s] + comm + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
+                self.overhead_s
+                + gemm[s]
+                + comm
+                + write
+                + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
                 for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
             ],
             dtype=np.float64,
@@ -234,6 +260,9 @@ class StepCostModel:
         for rows in sorted(set(num_sampling.tolist())):
             flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec)
         return flags
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        raise NotImplementedError
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.core.eviction import EvictionWork, eviction_from_config
 from kvsim.costs.analytic import AnalyticCostModel, Efficiencies
 from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
@@ -40,11 +41,12 @@ from kvsim.costs.work import (
     attn_flops_per_pair_layer,
     causal_pairs,
     decode_tokens_read,
+    format_parts,
     gemm_flops,
     kv_bytes_per_token_layer_gpu,
 )
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import KVFormat
+from kvsim.spec.formats import FormatMix, KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
 from kvsim.spec.topology import Link
 
@@ -122,6 +124,8 @@ class ProfileCostModel(StepCostModel):
         *,
         source: str,
         label: str,
+        mix: FormatMix | None = None,
+        force: bool = False,
     ) -> None:
         if model.is_moe or model.attention is Attention.MLA:
             raise KvsimError(
@@ -132,6 +136,7 @@ class ProfileCostModel(StepCostModel):
         self.name = f"profile:{label}"
         self.source = source
         self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
+        self.mix, self.force = mix, force
         self.overhead_s = Efficiencies().step_overhead_s
         self._notes: list[str] = []  # about the profile itself, known at construction
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
@@ -153,10 +158,30 @@ class ProfileCostModel(StepCostModel):
             self._gemm[layer] = RateTable.build(
                 "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
             )
-        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp)
         self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(m, tp)
-        self._decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes")
-        self._prefill = self._by_format(ops, "chunked_prefill", ("chunk", "prefix_plus_1"), "flops")
+        # One (format, share of cached vectors) part per format of the cache (two with a mix), each
+        # priced at its own measured rates.
+        parts = format_parts(fmt, mix)
+        self._shares = [share for _, share in parts]
+        self._part_bytes_layer = [share * kv_bytes_per_token_layer_gpu(m, f, tp) for f, share in parts]
+        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp, mix)
+        self._decodes = [
+            self._by_format(ops, "paged_decode", ("batch", "context"), "bytes", f) for f, _ in parts
+        ]
+        self._prefills = [
+            self._by_format(ops, "chunked_prefill", ("chunk", "prefix_plus_1"), "flops", f) for f, _ in parts
+        ]
+        self._decode = self._decodes[0]
+        self._prefill = self._prefills[0]
+        if analytic.eviction is not None:
+            self._notes.append(
+                "profile: token-eviction work (H2O scores, top-k, compaction) is not measured; "
+                "analytic estimate used"
+            )
+        if analytic.work.quant_write_bytes_per_token:
+            self._notes.append(
+                "profile: the quantize-on-write kernel is not measured; analytic estimate used"
+            )
         self._copy: dict[str, RateTable] = {}
         if "copy" in ops:
             links = sorted({p.get("link") for p in ops["copy"]["points"]})
@@ -168,17 +193,29 @@ class ProfileCostModel(StepCostModel):
         if tp > 1:
             self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
 
-    def _by_format(self, ops: dict[str, Any], op: str, axes: tuple[str, ...], work: str) -> RateTable:
+    def _by_format(
+        self, ops: dict[str, Any], op: str, axes: tuple[str, ...], work: str, fmt: KVFormat
+    ) -> RateTable:
+        """The op's rates for `fmt`: its own points, else those of the same kind (fp8 per-head from
+        per-tensor); a format the profile has no points for is refused unless ``cost_model.force``
+        (then another format's rates are scaled by bytes, with a note)."""
         pts = ops[op]["points"]
-        want = self.fmt.name
+        want = fmt.name
         have = sorted({str(p.get("format")) for p in pts})
-        kind = self.fmt.kind.value
+        kind = fmt.kind.value
         pick = next(
             (f for f in have if f == want),
             next((f for f in have if f.split("/")[0] == kind), None),
         )
         if pick is None:
             pick = next((f for f in ("bf16", "fp16") if f in have), have[0])
+            if not self.force:
+                raise KvsimError(
+                    f"this profile has no {op} points for KV format {want} (it has {', '.join(have)}); "
+                    f"calibrate that format, or set cost_model.force: true to scale {pick} rates by bytes",
+                    source=self.source,
+                    path=f"ops.{op}",
+                )
             self._notes.append(
                 f"profile: {op} was not measured for KV format {want}; using {pick} rates scaled by bytes"
             )
@@ -221,40 +258,66 @@ class ProfileCostModel(StepCostModel):
             t += gemm_flops(num_sampling, n, k) / float(rate[0])
         return t, outside
 
-    def _decode_row(self, num_seqs: int) -> tuple[np.ndarray, bool]:
+    def _decode_row(self, num_seqs: int, part: int = 0) -> tuple[np.ndarray, bool]:
         """log(rate) over the context axis at this batch size, and whether the batch is off-grid."""
-        hit = self._decode_rows.get(num_seqs)
+        key = num_seqs if not part else -num_seqs
+        hit = self._decode_rows.get(key)
         if hit is None:
-            tab = self._decode
+            tab = self._decodes[part]
             i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
             lo = int(i[0])
             hi = min(lo + 1, len(tab.axes[0]) - 1)
             row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
-            hit = self._decode_rows[num_seqs] = (row, bool(out[0]))
+            hit = self._decode_rows[key] = (row, bool(out[0]))
         return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
-        nbytes = tokens * self.kv_bytes_per_token_layer
-        row, _ = self._decode_row(num_seqs)
-        rate = np.exp(np.interp(np.log(tokens / num_seqs), self._decode.axes[1], row))
-        out: np.ndarray = self.model.num_layers * nbytes / rate
-        return out
+        x = np.log(tokens / num_seqs)
+        if len(self._decodes) == 1:
+            nbytes = tokens * self.kv_bytes_per_token_layer
+            row, _ = self._decode_row(num_seqs)
+            rate = np.exp(np.interp(x, self._decode.axes[1], row))
+            out: np.ndarray = self.model.num_layers * nbytes / rate
+            if self.analytic.score_s_per_token:
+                out = out + self.analytic.decode_score_time(tokens)
+            return out
+        t = np.zeros(tokens.shape)
+        for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
+            row, _ = self._decode_row(num_seqs, part)
+            t = t + self.model.num_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
+        if self.analytic.score_s_per_token:
+            t = t + self.analytic.decode_score_time(tokens)
+        return t
 
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
         """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""
-        _, batch_outside = self._decode_row(num_seqs)
-        axis = self._decode.axes[1]
         x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)  # contexts grow along a run
-        return batch_outside or bool(x[0] < axis[0]) or bool(x[-1] > axis[-1])
+        for part, tab in enumerate(self._decodes):
+            _, batch_outside = self._decode_row(num_seqs, part)
+            axis = tab.axes[1]
+            if batch_outside or bool(x[0] < axis[0]) or bool(x[-1] > axis[-1]):
+                return True
+        return False
 
     def _prefill_entry(self, n: int, ctx: int) -> tuple[float, bool]:
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
             flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
-            rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-            hit = self._prefill_cache[key] = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
+            if len(self._prefills) == 1:
+                rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
+                hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
+            else:  # each part's share of the heads at its own measured rate
+                t, outside = 0.0, False
+                for tab, share in zip(self._prefills, self._shares, strict=True):
+                    rate, out = tab(np.array([float(n)]), np.array([float(ctx) + 1.0]))
+                    t += self.model.num_layers * share * flops / float(rate[0])
+                    outside = outside or bool(out[0])
+                hit = (t, outside)
+            if self.analytic.prefill_score:
+                hit = (hit[0] + self.analytic.prefill_score_time(n, ctx), hit[1])
+            self._prefill_cache[key] = hit
         return hit
 
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
@@ -273,6 +336,12 @@ class ProfileCostModel(StepCostModel):
     # ---- interface --------------------------------------------------------------------------------
     def _comm_time(self, num_tokens: int) -> float:
         return self.analytic._comm_time(num_tokens)  # all-reduces are not measured
+
+    def eviction_time(self, work: EvictionWork) -> float:
+        return self.analytic.eviction_time(work)  # the h2o ops are not in the profile schema yet
+
+    def _write_time(self, num_tokens: int) -> float:
+        return self.analytic._write_time(num_tokens)  # the quantize-on-write kernel is not measured
 
     def transfer_price(self, nbytes: float, link: Link, num_calls: int = 1) -> StepPrice:
         """``num_calls`` copies of ``nbytes / num_calls`` each at the rate measured for that size (a
@@ -336,7 +405,18 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         notes.append("cpu profile: timings are from a CPU, not a GPU")
     if not prof["complete"]:
         notes.append("profile is incomplete (calibration was interrupted)")
-    analytic = AnalyticCostModel(sc.model, sc.cluster.gpu, tp, sc.kv.format, sc.cluster.topology)
-    model = ProfileCostModel(prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name)
+    mix = sc.kv.format_mix
+    analytic = AnalyticCostModel(
+        sc.model,
+        sc.cluster.gpu,
+        tp,
+        sc.kv.format,
+        sc.cluster.topology,
+        mix=mix,
+        eviction=eviction_from_config(sc.kv.eviction),
+    )
+    model = ProfileCostModel(
+        prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force
+    )
     model._notes[:0] = notes
     return model

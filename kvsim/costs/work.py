@@ -18,6 +18,16 @@ same arithmetic.
   prefix and writes its own tokens.
 - All-reduce: two per layer (attention output, MLP output) under TP > 1, ring algorithm:
   2 (tp - 1) / tp of the bf16 activations per token cross the link.
+- Quantize-on-write (vLLM's ``reshape_and_cache`` with a quantizing ``kv_cache_dtype``;
+  ``kernels/kv_write.py``): every new token's K and V are read in bf16 and written in the cache's
+  format, with `QUANT_FLOPS_PER_ELEMENT` vector operations per element. Only lossy parts of the
+  cache count: a bf16 cache's plain copy is left inside the attention and overhead terms, as before.
+- MLA prefill over a cached prefix (vLLM's chunked-context MLA prefill): the prefix's latents are
+  up-projected to per-head K (nope part) and V before attention, 2 x ctx x kv_lora_rank x heads x
+  (qk_nope_head_dim + v_head_dim) FLOPs per layer (`mla_upproj_flops`); new tokens' up-projection
+  is in the GEMMs (``kv_b_proj``). Decode runs absorbed, with no up-projection.
+- Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
+  each part's share of the cached vectors so a model can price each part at its own rate.
 
 Left out: sampling, the embedding lookup, pipeline parallelism, expert parallelism.
 """
@@ -30,12 +40,24 @@ from typing import overload
 
 import numpy as np
 
-from kvsim.spec.formats import FormatKind, KVFormat
+from kvsim.spec.formats import FormatKind, FormatMix, KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
 
 BF16 = KVFormat(kind=FormatKind.BF16)
 ACT_BYTES = 2  # bf16 activations
 Size = int | float | np.ndarray  # a count, or counts element by element
+# Vector operations per element to quantize one new K/V element on write (estimates from the
+# kernels' arithmetic in kernels/kv_write.py, not measured): fp8 scale and convert; int8/int4 the
+# group's min and max, scale, round and pack; kvquant4 the nearest of 16 codebook entries (a
+# subtract and a compare each) plus the scale, the outlier selection left out.
+QUANT_FLOPS_PER_ELEMENT: dict[FormatKind, int] = {
+    FormatKind.FP16: 0,
+    FormatKind.BF16: 0,
+    FormatKind.FP8_E4M3: 2,
+    FormatKind.INT8: 5,
+    FormatKind.INT4: 6,
+    FormatKind.KVQUANT4: 34,
+}
 
 
 @overload
@@ -52,14 +74,41 @@ def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
     return sum_ctx + num_seqs
 
 
-def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None) -> float:
     """Bytes one token adds to one GPU's cache, all layers."""
-    return model.kv_bytes_per_token(fmt) * model.kv_share(tp)
+    return model.kv_bytes_per_token(fmt, mix) * model.kv_share(tp)
 
 
-def kv_bytes_per_token_layer_gpu(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+def kv_bytes_per_token_layer_gpu(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None
+) -> float:
     """Bytes one token adds to one GPU's cache in one layer."""
-    return model.kv_bytes_per_token_layer(fmt) * model.kv_share(tp)
+    return model.kv_bytes_per_token_layer(fmt, mix) * model.kv_share(tp)
+
+
+def format_parts(fmt: KVFormat, mix: FormatMix | None) -> list[tuple[KVFormat, float]]:
+    """The cache's formats with the share of cached vectors each stores (one part without a mix)."""
+    if mix is None or not mix.heads:
+        return [(fmt, 1.0)]
+    if mix.heads == mix.num_kv_heads:
+        return [(mix.format, 1.0)]
+    return [(fmt, 1.0 - mix.fraction), (mix.format, mix.fraction)]
+
+
+def quant_write_work_per_token(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None
+) -> tuple[float, float]:
+    """(bytes, vector FLOPs) of quantizing one new token's K/V on write, one GPU, all layers: the
+    lossy parts' bf16 input read and quantized output written (see the module docstring)."""
+    nbytes = 0.0
+    flops = 0.0
+    elements = model.kv_layers * model.kv_vectors_per_layer * model.kv_vector_dim * model.kv_share(tp)
+    for f, share in format_parts(fmt, mix):
+        if not f.lossy:
+            continue
+        nbytes += share * (kv_bytes_per_token_gpu(model, BF16, tp) + kv_bytes_per_token_gpu(model, f, tp))
+        flops += share * elements * QUANT_FLOPS_PER_ELEMENT[f.kind]
+    return nbytes, flops
 
 
 def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
@@ -123,9 +172,12 @@ class ModelWork:
     moe_expert_bytes: float  # all routed experts, per GPU; a step reads the share it touches
     allreduce_calls: int
     allreduce_bytes_per_token: float
+    mla_upproj_flops_per_token: float = 0.0  # MLA: up-projecting one cached latent, all layers
+    quant_write_bytes_per_token: float = 0.0  # quantize-on-write, lossy parts only
+    quant_write_flops_per_token: float = 0.0
 
     @staticmethod
-    def of(model: ModelSpec, tp: int, fmt: KVFormat) -> ModelWork:
+    def of(model: ModelSpec, tp: int, fmt: KVFormat, mix: FormatMix | None = None) -> ModelWork:
         m = model
         lm_head = m.vocab_size * m.hidden_size
         bpp = m.weight_bytes_per_param
@@ -136,11 +188,16 @@ class ModelWork:
             moe_expert_bytes = moe_layers * m.num_experts * expert_params * bpp / tp
         # The input embedding is a lookup of a few rows, not streamed; a tied one is read as LM head.
         embedding = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size * bpp / tp
+        qbytes, qflops = quant_write_work_per_token(m, fmt, tp, mix)
+        upproj = 0.0
+        if m.attention is Attention.MLA:
+            heads = TPShapes.of(m, tp).heads
+            upproj = 2.0 * m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * m.num_layers
         return ModelWork(
             model=m,
             tp=tp,
-            kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp),
-            kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp),
+            kv_bytes_per_token=kv_bytes_per_token_gpu(m, fmt, tp, mix),
+            kv_bytes_per_token_layer=kv_bytes_per_token_layer_gpu(m, fmt, tp, mix),
             kv_bytes_per_token_bf16=kv_bytes_per_token_gpu(m, BF16, tp),
             kv_heads=1 if m.attention is Attention.MLA else math.ceil(m.num_kv_heads / tp),
             attn_flops_per_pair=attn_flops_per_pair_layer(m, tp) * m.num_layers,
@@ -151,6 +208,9 @@ class ModelWork:
             moe_expert_bytes=moe_expert_bytes,
             allreduce_calls=allreduce_calls(m, tp),
             allreduce_bytes_per_token=allreduce_bytes_per_token(m, tp),
+            mla_upproj_flops_per_token=upproj,
+            quant_write_bytes_per_token=qbytes,
+            quant_write_flops_per_token=qflops,
         )
 
     def gemm_flops(self, num_tokens: int, num_sampling: int) -> float:
@@ -170,9 +230,33 @@ class ModelWork:
         """Attention FLOPs of a chunk of ``n`` new tokens over ``ctx`` cached ones, all layers."""
         return self.attn_flops_per_pair * causal_pairs(n, ctx)
 
+    def mla_upproj_flops(self, ctx: int) -> float:
+        """FLOPs of up-projecting a prefill chunk's ``ctx`` cached latents (0 unless MLA)."""
+        return self.mla_upproj_flops_per_token * ctx
+
     def prefill_kv_bytes(self, n: int, ctx: int) -> float:
         """KV bytes a prefill chunk touches: its prefix read and its own tokens, all layers."""
         return (ctx + n) * self.kv_bytes_per_token
+
+    def h2o_score_work_per_token(self) -> tuple[float, float]:
+        """(bytes, FLOPs) per attended token of one decode step's H2O score accumulation and
+        selection (``kernels/h2o.py``: `h2o_accumulate` re-reads the token's K, in the cache's format,
+        and adds its softmax probability to an fp32 score per KV head; the selection reads the
+        scores), all layers, one GPU: half the KV bytes, 12 bytes of scores per KV head and layer, and
+        the QK^T half of the decode attention FLOPs."""
+        m = self.model
+        heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
+        return self.kv_bytes_per_token / 2 + 12 * heads, self.decode_attn_flops_per_pair / 2
+
+    def trim_work(self, select_tokens: int, moved_tokens: int, table_entries: int) -> tuple[float, float]:
+        """(bytes, FLOPs) of trims: the selected tokens' fp32 scores read and ranked (a sort,
+        about log2(n) compares per score), the moved tokens' KV read and written, int32 block-table
+        entries written; all layers, one GPU."""
+        m = self.model
+        heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
+        nbytes = 4 * heads * select_tokens + 2 * moved_tokens * self.kv_bytes_per_token + 4 * table_entries
+        flops = heads * select_tokens * max(1.0, np.log2(max(select_tokens, 2)))
+        return nbytes, float(flops)
 
     def allreduce_bytes(self, num_tokens: int) -> float:
         """Bytes one GPU sends over a step's all-reduces."""

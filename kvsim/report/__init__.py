@@ -33,6 +33,7 @@ from kvsim.report.outputs import check_output_dir
 from kvsim.report.tables import (
     _accuracy_section,
     _config_section,
+    _eviction_section,
     _extras_section,
     _get,
     _headline_section,
@@ -95,6 +96,7 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         charts,
         _rejections_section(s),
         _accuracy_section(s),
+        _eviction_section(s),
         _config_section(s),
         _extras_section(s),
     ]

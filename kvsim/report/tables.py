@@ -112,7 +112,7 @@ _KNOWN_KEYS = frozenset(
     hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
     preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
     accuracy tokens cost_usd sim_speed_x schema version replicas offload swap global_pool links
-    sessions""".split()
+    sessions eviction""".split()
 )
 
 
@@ -388,6 +388,43 @@ def _accuracy_section(s: dict[str, Any]) -> str:
     if isinstance(lit, list) and lit:
         cited = [(_plain(_get(x, "claim")), _plain(_get(x, "source"))) for x in lit if isinstance(x, dict)]
         out.append(_table(cited, header=("claim (cited)", "source")))
+    return "\n".join(out)
+
+
+def _eviction_section(s: dict[str, Any]) -> str:
+    ev = s.get("eviction")
+    if not isinstance(ev, dict):
+        return ""
+    keys = (
+        ("policy", "policy"),
+        ("trigger", "trigger"),
+        ("pages", "page policy"),
+        ("heavy_ratio", "heavy-hitter ratio"),
+        ("recent_tokens", "recent tokens"),
+        ("sink_tokens", "sink tokens"),
+        ("budget_tokens", "token budget (0: none)"),
+        ("tokens_evicted", "tokens evicted"),
+        ("trims", "trims"),
+        ("blocks_released", "blocks released (physical)"),
+        ("blocks_copied", "shared blocks copied"),
+        ("cache_entries_invalidated", "prefix-cache entries invalidated"),
+        ("trim_s", "seconds of trims"),
+    )
+    rows = [(label, _plain(ev.get(k))) for k, label in keys if k in ev]
+    out = ["<h2>Token eviction</h2>", _table(rows, cls="kv")]
+    acc = ev.get("accuracy")
+    if isinstance(acc, dict):
+        out.append(
+            f'<p class="note">Accuracy (estimate, not measured by the simulator) for {_plain(acc.get("format"))}'
+            + (f": {_plain(acc.get('note'))}" if acc.get("note") else "")
+            + "</p>"
+        )
+        lit = acc.get("literature")
+        if isinstance(lit, list) and lit:
+            cited = [
+                (_plain(_get(x, "claim")), _plain(_get(x, "source"))) for x in lit if isinstance(x, dict)
+            ]
+            out.append(_table(cited, header=("claim (cited)", "source")))
     return "\n".join(out)
 
 

@@ -204,6 +204,27 @@ class AccuracyNote:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvictionRecord:
+    """What token eviction (``kv.eviction``) did, all replicas together; absent when it is off."""
+
+    policy: str
+    trigger: str
+    pages: str
+    heavy_ratio: float | None
+    recent_tokens: int
+    sink_tokens: int
+    budget_tokens: int
+    tokens_evicted: int
+    trims: int  # evictions beyond the steady one-out-per-token-in (after a prompt, when pressure starts)
+    blocks_released: int  # freed by physical release (compaction)
+    blocks_copied: int  # shared prefix blocks a trimmed sequence copied before rewriting them
+    cache_entries_invalidated: int  # prefix-cache entries rewritten in place: no longer hits
+    trim_s: float  # simulated seconds of trims (top-k, compaction, block tables) between steps
+    accuracy: AccuracyNote | None = None  # the cited accuracy estimate of the policy
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """What was simulated, as the summary shows it (the scenario file is the full statement)."""
 
@@ -232,6 +253,7 @@ class RunConfig:
     clip_to_context: bool = False
     scenario_path: str = ""  # the scenario file the run was loaded from ("" before it was recorded)
     profile: str = ""  # the measured profile priced with ("" for the analytic model)
+    kv_format_mix: str = ""  # kv.format_mix: "H/N heads FORMAT" ("" without a mix)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -324,6 +346,7 @@ class RunSummary:
     global_pool: GlobalPoolRecord | None = None  # kv.prefix_cache.scope global
     links: tuple[LinkRecord, ...] = ()  # every link that moved bytes (offload, swap)
     sessions: SessionRecord | None = None  # agent workloads only
+    eviction: EvictionRecord | None = None  # kv.eviction's effect (None when off)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

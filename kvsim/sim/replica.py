@@ -45,6 +45,7 @@ class ReplicaStats:
     # the per-replica mean KV use in the summary. Summed step by step in the same order with and
     # without fast-forward, so both give the same number.
     kv_block_s: float = 0.0
+    eviction_s: float = 0.0  # simulated seconds of trims (top-k, compaction, block tables) after steps
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -250,6 +251,10 @@ class Replica:
                     seq.finish_s = t_end
                 if done and self.on_finish is not None:
                     self.on_finish(done)
+                pause = self._eviction_pause()
+                if pause:
+                    yield env.timeout(max(0.0, self.clock + pause - env.now))
+                    self.clock += pause
             else:
                 for seq in plan.admitted:
                     if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
@@ -279,10 +284,28 @@ class Replica:
                     seq.finish_s = t_end
                 if done and self.on_finish is not None:
                     self.on_finish(done)
+                pause = self._eviction_pause()
+                if pause:
+                    yield env.timeout(max(0.0, self.clock + pause - env.now))
+                    self.clock += pause
             self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
             self.stats.busy_s = self.clock - self.stats.idle_s
+
+    def _eviction_pause(self) -> float:
+        """Seconds of the trims the last step(s) made (token eviction), run before the next step;
+        their blocks in use x seconds are added. 0 when nothing was trimmed."""
+        kv = self.sched.kv
+        if kv.eviction is None:
+            return 0.0
+        work = kv.take_eviction_work()
+        if not work:
+            return 0.0
+        dt = self.cost.eviction_time(work)
+        self.stats.eviction_s += dt
+        self.stats.kv_block_s += kv.pool.num_used * dt
+        return dt
 
     def _window(self, plan: SchedulerOutput) -> _Window | None:
         """The fast-forward window starting with the scheduled step, or None to run it alone.
@@ -328,7 +351,12 @@ class Replica:
 
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
-            evicts = kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk) > kv.num_empty_blocks
+            need = (
+                mw.new_blocks
+                if mw.new_blocks >= 0
+                else kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk)
+            )
+            evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         # Only steps that end strictly before the next outside event; always at least one.

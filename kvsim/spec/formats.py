@@ -191,3 +191,26 @@ def format_from_name(name: str) -> KVFormat:
             f"bad KV format {name!r}: {exc}; expected e.g. 'fp16', 'bf16', 'fp8_e4m3/per_tensor', "
             "'fp8_e4m3/per_head', 'int8/g64', 'int4/g32', 'kvquant4/1.0%'"
         ) from None
+
+
+@dataclass(frozen=True)
+class FormatMix:
+    """Some KV heads stored in a second format (``kv.format_mix``): the design documents' "sensitive
+    heads in INT8, the rest INT4" (000, section 3.3). ``heads`` of the model's KV heads (the
+    requested ``share`` rounded to whole heads) use ``format``; the others use the cache's main
+    format. Under tensor parallelism every GPU is assumed to hold the same split (its bytes per token
+    are the model's mixed bytes times its share of heads)."""
+
+    format: KVFormat
+    share: float  # the requested share of KV heads, in [0, 1]
+    heads: int  # KV heads in `format`, of the model's num_kv_heads
+    num_kv_heads: int
+
+    @property
+    def fraction(self) -> float:
+        """Share of KV heads (hence of cached vectors) in ``format``, after rounding to heads."""
+        return self.heads / self.num_kv_heads
+
+    @property
+    def name(self) -> str:
+        return f"{self.heads}/{self.num_kv_heads} heads {self.format.name}"

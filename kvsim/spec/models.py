@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import KVFormat
+from kvsim.spec.formats import FormatMix, KVFormat
 from kvsim.spec.jsonfile import JsonError
 from kvsim.spec.jsonfile import loads as json_loads
 from kvsim.spec.schema import shorten, show
@@ -103,12 +103,18 @@ class ModelSpec:
         return 1 if self.attention is Attention.MLA else 2 * self.num_kv_heads
 
     # ---- KV bytes -------------------------------------------------------------------------------
-    def kv_bytes_per_token_layer(self, fmt: KVFormat) -> int:
-        return self.kv_vectors_per_layer * fmt.bytes_per_vector(self.kv_vector_dim)
+    def kv_bytes_per_token_layer(self, fmt: KVFormat, mix: FormatMix | None = None) -> int:
+        """Bytes one token adds to one layer's cache; with a `FormatMix`, ``mix.heads`` KV heads'
+        K and V vectors in ``mix.format`` and the others in `fmt`."""
+        d = self.kv_vector_dim
+        if mix is None or not mix.heads:
+            return self.kv_vectors_per_layer * fmt.bytes_per_vector(d)
+        rest = self.num_kv_heads - mix.heads
+        return 2 * rest * fmt.bytes_per_vector(d) + 2 * mix.heads * mix.format.bytes_per_vector(d)
 
-    def kv_bytes_per_token(self, fmt: KVFormat) -> int:
+    def kv_bytes_per_token(self, fmt: KVFormat, mix: FormatMix | None = None) -> int:
         """Bytes one token adds to the cache across all layers (no window cap applied)."""
-        return self.kv_layers * self.kv_bytes_per_token_layer(fmt)
+        return self.kv_layers * self.kv_bytes_per_token_layer(fmt, mix)
 
     def kv_share(self, tp: int) -> float:
         """Share of each token's KV that one GPU of a tensor-parallel group holds: its

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import KVFormat, make_format
+from kvsim.spec.formats import FormatMix, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
-from kvsim.spec.models import ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
 from kvsim.spec.offload import CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.schema import Section, shorten, show
@@ -67,6 +67,17 @@ class PreemptionMode(Choice):
     AUTO = "auto"  # per victim, the cheaper of the two by the cost model
 
 
+class EvictionTrigger(Choice):
+    ALWAYS = "always"
+    PRESSURE = "pressure"  # only while referenced blocks reach pressure_threshold of the pool
+
+
+class PagePolicy(Choice):
+    SOFT_MARK = "soft_mark"  # evicted slots reused, blocks kept
+    PHYSICAL = "physical"  # kept tokens compacted, blocks freed
+    HYBRID = "hybrid"  # soft-mark, physical under pressure (vLLM, TensorRT-LLM: documents 000, 4.3)
+
+
 class CostModelKind(Choice):
     ANALYTIC = "analytic"
     PROFILE = "profile"
@@ -106,10 +117,16 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class EvictionConfig:
+    """``kv.eviction``; the policies themselves are `kvsim.core.eviction`."""
+
     policy: EvictionPolicy = EvictionPolicy.NONE
-    budget_tokens: int = 0  # tokens kept per sequence (sinks + recent + heavy hitters)
-    sink_tokens: int = 4
-    recent_tokens: int = 0
+    budget_tokens: int = 0  # h2o: a cap on tokens kept per sequence (0: none); streaming: >= sinks + recent
+    sink_tokens: int = 4  # streaming: attention sinks (StreamingLLM keeps 4)
+    recent_tokens: int = 0  # the recent window kept
+    heavy_ratio: float = 0.2  # h2o: heavy hitters / sequence length (documents 000, 7.3: start at 20%)
+    trigger: EvictionTrigger = EvictionTrigger.ALWAYS
+    pressure_threshold: float = 0.9  # share of the pool referenced that counts as pressure (estimate)
+    pages: PagePolicy = PagePolicy.HYBRID
 
 
 @dataclass(frozen=True)
@@ -130,10 +147,11 @@ class KVConfig:
     eviction: EvictionConfig
     offload: OffloadConfig
     global_pool: GlobalPoolConfig = field(default_factory=GlobalPoolConfig)
-    # Prompt segments whose cached blocks are never evicted (agent workloads: system, tools), and
+    # Prompt segments whose cached blocks are evicted last (agent workloads: system, tools), and
     # the share of a replica's blocks they may hold at most.
     pin_segments: tuple[str, ...] = ()
     pin_max_share: float = 0.25
+    format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
 
 
 @dataclass(frozen=True)
@@ -307,7 +325,29 @@ def _read_cluster(root: Section) -> ClusterConfig:
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
 
-def _read_kv(root: Section) -> KVConfig:
+def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix | None:
+    """``kv.format_mix``: {format, share, and the format's own group_size / scale / outlier_fraction}."""
+    if s.raw("format_mix", None) is None:
+        return None
+    x = s.section("format_mix")
+    name = x.raw("format", None)
+    if not isinstance(name, str):
+        raise x.err("format", f"expected a format name, got {show(name)}")
+    share = x.float("share", lo=0.0, hi=1.0)
+    group = x.int("group_size", main.group_size or 64, lo=1, hi=4096)
+    scale = x.choice("scale", ("per_tensor", "per_head"), main.scale.value)
+    out_frac = x.float("outlier_fraction", main.outlier_fraction or 0.01, lo=0.0, hi=0.5)
+    try:
+        fmt, _ = make_format(name, group_size=group, scale=scale, outlier_fraction=out_frac)
+    except KvsimError as exc:
+        raise x.err("format", shorten(exc.message, 200)) from None
+    x.done()
+    if model.attention is Attention.MLA:
+        raise x.err("format", f"{model.name} caches one MLA latent per token: there are no KV heads to split")
+    return FormatMix(fmt, share, round(share * model.num_kv_heads), model.num_kv_heads)
+
+
+def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     s = root.section("kv")
     bs = s.int("block_size", 16, lo=1, hi=4096)
     if not _pow2(bs):
@@ -350,21 +390,37 @@ def _read_kv(root: Section) -> KVConfig:
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
     sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
-    if policy != "none" and budget <= sinks:
-        raise ev.err("budget_tokens", f"must exceed sink_tokens ({sinks}) when policy is {policy}")
+    ratio = ev.float("heavy_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True)
+    trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
+    threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
+    pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
+    if policy == "h2o" and budget and recent > budget:
+        raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
+    if policy == "streaming":
+        if recent < 1:
+            raise ev.err(
+                "recent_tokens", "streaming keeps sinks plus a recent window: give recent_tokens >= 1"
+            )
+        if budget and sinks + recent > budget:
+            raise ev.err(
+                "budget_tokens",
+                f"sink_tokens + recent_tokens ({sinks} + {recent}) exceed budget_tokens ({budget})",
+            )
     ev.done()
     offload = _read_offload(s.section("offload"))
+    mix = _read_format_mix(s, model, fmt)
     s.done()
     return KVConfig(
         bs,
         fmt,
         note,
         scope,
-        EvictionConfig(policy, budget, sinks, recent),
+        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages),
         offload,
         gpool,
         pin_segments=pin,
         pin_max_share=pin_share,
+        format_mix=mix,
     )
 
 
@@ -667,7 +723,7 @@ def scenario_from_dict(
     else:
         model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
     cluster = _read_cluster(root)
-    kv = _read_kv(root)
+    kv = _read_kv(root, model)
     scheduler = _read_scheduler(root)
     workload = _read_workload(root, base_dir)
     slo = _read_slo(root)

@@ -128,6 +128,7 @@ class Scheduler:
             c = req.num_computed
             num_new = req.num_tokens - c
             if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
+                c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
                     add_dec(req)
                     add_dec_ctx(c)
@@ -276,6 +277,8 @@ class Scheduler:
                 _sample(req, first, done)
         if done:
             self._finish(done)
+        if self.kv.eviction is not None:
+            self.kv.apply_evictions(self.running)
         return first, done
 
     def _finish(self, done: list[Request]) -> None:
@@ -314,7 +317,11 @@ class Scheduler:
         if p.num_computed == p.num_tokens:  # its last full chunk: it samples
             _sample(p, first, done)
         if done:
+            if kv.eviction is not None:
+                kv.settle_window(done, k)
             self._finish(done)
+        if kv.eviction is not None:
+            kv.apply_evictions(self.running, k)
         return first, done
 
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
@@ -333,7 +340,11 @@ class Scheduler:
         self.num_steps += k
         self.outstanding_tokens -= k * len(reqs)
         if done:
+            if self.kv.eviction is not None:
+                self.kv.settle_window(done, k)
             self._finish(done)
+        if self.kv.eviction is not None:
+            self.kv.apply_evictions(self.running, k)
         return done
 
 

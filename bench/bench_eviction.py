@@ -1,0 +1,109 @@
+"""Token eviction's cost to the simulator: a scenario with H2O on against the same without it.
+
+Each case runs alternately without and with ``kv.eviction`` (H2O, 20% heavy hitters + 128 recent,
+hybrid pages), each run in a fresh process; prints medians of wall time, engine events and steps,
+and the ratio of the medians (target: H2O on within 1.5x). Usage:
+
+    python bench/bench_eviction.py [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = """
+import json, sys, time
+from kvsim.spec.scenario import load_scenario
+from kvsim.run import run_scenario
+sc = load_scenario(sys.argv[1], sys.argv[2:])
+t, c = time.perf_counter(), time.process_time()
+s = run_scenario(sc).summary
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
+                  "events": s["engine_events"], "steps": s["steps"], "completed": s["requests"]["completed"],
+                  "preemptions": s["preemptions"], "simulated_s": s["simulated_s"]}))
+"""
+
+
+def run_child(tree: Path, scenario: Path, *overrides: str) -> dict[str, float]:
+    """One run in a fresh process: wall and CPU seconds (CPU time is steadier on a shared machine)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(scenario), *overrides],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+ROOT = Path(__file__).resolve().parent.parent
+H2O = ("kv.eviction.policy=h2o", "kv.eviction.heavy_ratio=0.2", "kv.eviction.recent_tokens=128")
+CASES: dict[str, tuple[str, ...]] = {
+    "azure-conv-8b-1xh100": ("scenarios/default.yaml",),
+    "azure-a100-llama2-7b-overloaded": ("bench/scenarios/azure_a100_overloaded.yaml",),
+}
+EXTRA: dict[str, tuple[str, ...]] = {
+    "azure-conv-8b-1xh100-physical": ("scenarios/default.yaml", "kv.eviction.pages=physical"),
+    "azure-conv-8b-1xh100-pressure": (
+        "scenarios/default.yaml",
+        "kv.eviction.trigger=pressure",
+        "kv.eviction.pressure_threshold=0.5",
+    ),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows = []
+    cases = {
+        **{k: (v[0], (), v[1:]) for k, v in CASES.items()},
+        **{k: (v[0], (), v[1:]) for k, v in EXTRA.items()},
+    }
+    for name, (scenario, base, extra) in cases.items():
+        off, on = [], []
+        for _ in range(args.repeats):
+            off.append(run_child(ROOT, ROOT / scenario, *base))
+            on.append(run_child(ROOT, ROOT / scenario, *base, *H2O, *extra))
+        w_off = statistics.median(r["wall_s"] for r in off)
+        w_on = statistics.median(r["wall_s"] for r in on)
+        c_off = statistics.median(r["cpu_s"] for r in off)
+        c_on = statistics.median(r["cpu_s"] for r in on)
+        row = {
+            "case": name,
+            "off_wall_s": w_off,
+            "on_wall_s": w_on,
+            "ratio": w_on / w_off,
+            "off_cpu_s": c_off,
+            "on_cpu_s": c_on,
+            "cpu_ratio": c_on / c_off,
+            "preemptions": (off[0]["preemptions"], on[0]["preemptions"]),
+            "off_events": off[0]["events"],
+            "on_events": on[0]["events"],
+            "off_steps": off[0]["steps"],
+            "on_steps": on[0]["steps"],
+            "completed": (off[0]["completed"], on[0]["completed"]),
+        }
+        rows.append(row)
+        print(
+            f"{name}: off {w_off:.2f} s ({row['off_events']:,} events, {row['off_steps']:,} steps), "
+            f"H2O {w_on:.2f} s ({row['on_events']:,} events, {row['on_steps']:,} steps): {row['ratio']:.2f}x; "
+            f"CPU {c_off:.2f} s vs {c_on:.2f} s: {row['cpu_ratio']:.2f}x",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

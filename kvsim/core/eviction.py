@@ -1,0 +1,241 @@
+"""Token eviction per sequence, as closed-form functions of position (no state, no clock).
+
+A sequence that evicts keeps ``kept(p)`` of its ``p`` computed tokens once its prompt is computed:
+
+- H2O (Zhang et al., 2023): the ``recent_tokens`` newest plus the heavy hitters, a share
+  ``heavy_ratio`` of the sequence (the design documents' "heavy-hitter ratio": active tokens kept /
+  sequence length, 15-25% suggested, 000 section 4.2), capped at ``budget_tokens`` when one is given:
+  ``kept(p) = min(p, recent + ceil(heavy_ratio * p), budget)``;
+- StreamingLLM (Xiao et al., 2023): ``sink_tokens`` attention sinks plus a window of
+  ``recent_tokens``: ``kept(p) = min(p, sinks + recent)``.
+
+``kept`` grows by at most one token per token computed, so a sequence at its budget evicts exactly
+what it adds beyond it, every step: its resident tokens are ``kept(position)`` and the blocks it
+needs for the step at ``p`` are ``ceil((kept(p) + 1) / block_size)`` (the new token's slot: an evicted
+token's slot is reused, on every page policy). What differs between page policies is the trim, when
+a sequence first drops many tokens (at the end of its prompt, or when pressure starts):
+
+- ``soft_mark``: tokens are masked, blocks kept (peak memory does not fall);
+- ``physical``: kept tokens are compacted to the front of the sequence's blocks and the rest freed
+  down to what the next token needs (a compaction cost);
+- ``hybrid``: soft-mark, and physical whenever the pool is under pressure (000 section 4.3: what
+  vLLM and TensorRT-LLM do).
+
+Trigger: ``always``, or ``pressure``: only while the blocks requests reference reach
+``pressure_threshold`` of the pool (000 section 7.3: "evict only near the memory threshold"). The
+same threshold switches ``hybrid`` to physical release.
+
+Left out: attention-entropy eviction, per-head and per-layer budgets (all heads keep the same
+tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores need the prompt's
+attention first, so eviction starts with the first decode step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from kvsim.spec.scenario import EvictionConfig
+
+
+class EvictionKind(str, Enum):
+    H2O = "h2o"
+    STREAMING = "streaming"
+
+
+class Trigger(str, Enum):
+    ALWAYS = "always"
+    PRESSURE = "pressure"
+
+
+class PagePolicy(str, Enum):
+    SOFT_MARK = "soft_mark"
+    PHYSICAL = "physical"
+    HYBRID = "hybrid"
+
+
+@dataclass(frozen=True)
+class Eviction:
+    kind: EvictionKind
+    heavy_ratio: float = 0.2  # h2o: heavy hitters kept / sequence length (000 section 7.3: start at 20%)
+    recent_tokens: int = 0
+    sink_tokens: int = 0  # streaming
+    budget_tokens: int = 0  # h2o: a cap on tokens kept (0: none)
+    trigger: Trigger = Trigger.ALWAYS
+    pressure_threshold: float = 0.9
+    pages: PagePolicy = PagePolicy.HYBRID
+    keeps_all_up_to: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        # The longest sequence that keeps every token (kept(p) == p up to it, p - kept(p) never
+        # falls): the engine skips shorter sequences without evaluating `kept`.
+        lo, hi = 0, 1 << 31
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.kept(mid) == mid:
+                lo = mid
+            else:
+                hi = mid - 1
+        object.__setattr__(self, "keeps_all_up_to", lo)
+
+    def kept(self, pos: int) -> int:
+        """Tokens a sequence at its budget keeps of ``pos`` computed ones."""
+        if self.kind is EvictionKind.STREAMING:
+            return min(pos, self.sink_tokens + self.recent_tokens)
+        k = self.recent_tokens + math.ceil(self.heavy_ratio * pos)
+        if self.budget_tokens and k > self.budget_tokens:
+            k = self.budget_tokens
+        return pos if pos < k else k
+
+    def kept_array(self, pos: np.ndarray) -> np.ndarray:
+        """`kept` element by element (int64)."""
+        out: np.ndarray
+        if self.kind is EvictionKind.STREAMING:
+            out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
+            return out
+        out = np.ceil(self.heavy_ratio * pos).astype(np.int64)
+        out += self.recent_tokens
+        if self.budget_tokens:
+            np.minimum(out, self.budget_tokens, out=out)
+        np.minimum(pos, out, out=out)
+        return out
+
+    def under_pressure(self, used_blocks: int, num_blocks: int) -> bool:
+        return used_blocks >= self.pressure_threshold * num_blocks
+
+    def active(self, used_blocks: int, num_blocks: int) -> bool:
+        """Whether sequences evict after a step that leaves ``used_blocks`` referenced."""
+        return self.trigger is Trigger.ALWAYS or self.under_pressure(used_blocks, num_blocks)
+
+    def releases(self, used_blocks: int, num_blocks: int) -> bool:
+        """Whether a trim frees blocks (physical release) at this occupancy."""
+        if self.pages is PagePolicy.PHYSICAL:
+            return True
+        return self.pages is PagePolicy.HYBRID and self.under_pressure(used_blocks, num_blocks)
+
+    def scores(self) -> bool:
+        """Whether every decode step accumulates attention scores (H2O) or eviction is positional."""
+        return self.kind is EvictionKind.H2O
+
+
+def blocks_for(resident: int, block_size: int) -> int:
+    """Blocks a sequence of ``resident`` tokens needs to write its next token."""
+    return -(-(resident + 1) // block_size)
+
+
+@dataclass
+class EvictionWork:
+    """What the trims after one step did, for the cost model to price (`CostModel.eviction_time`):
+    ``select_tokens`` scored tokens ranked for top-k (H2O), ``moved_tokens`` tokens of KV moved
+    (compaction on physical release, and copies of shared prefix blocks a trimmed sequence must own
+    before rewriting them), ``table_entries`` block-table entries rewritten. The steady eviction of
+    a sequence at its budget (one token out per token in, its slot reused) is priced with the step
+    instead (score accumulation and selection per attended token)."""
+
+    trims: int = 0
+    select_tokens: int = 0
+    moved_tokens: int = 0
+    table_entries: int = 0
+
+    def __bool__(self) -> bool:
+        return self.trims > 0
+
+
+def decode_steps(
+    ev: Eviction,
+    c0: np.ndarray,
+    ev0: np.ndarray,
+    held0: np.ndarray,
+    active: bool,
+    k: int,
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Resident tokens attended and blocks held at each of `k` decode steps, per sequence, closed form,
+    from positions ``c0``, evicted counts ``ev0`` and blocks held ``held0``: a sequence at its budget
+    (``capped``: it evicted before, stands at ``kept(c0)`` and the trigger is ``active``) holds
+    ``kept(position)``; the others grow one token a step. Returns (capped (n,), resident (n, k),
+    blocks (n, k)), int64 but for the mask."""
+    j = np.arange(k, dtype=np.int64)
+    res0 = c0 - ev0
+    if active and ev0.any():
+        kept = ev.kept_array(c0[:, None] + j)
+        capped = (ev0 > 0) & (res0 == kept[:, 0])
+        if capped.all():
+            resident = kept
+        elif capped.any():
+            resident = np.where(capped[:, None], kept, res0[:, None] + j)
+        else:
+            resident = res0[:, None] + j
+    else:
+        capped = np.zeros(len(c0), dtype=bool)
+        resident = res0[:, None] + j
+    blocks = (resident + block_size) // block_size  # ceil((resident + 1) / block_size)
+    np.maximum(blocks, held0[:, None], out=blocks)
+    return capped, resident, blocks
+
+
+def first_trim(
+    ev: Eviction,
+    c0: np.ndarray,
+    capped: np.ndarray,
+    resident: np.ndarray,
+    blocks: np.ndarray,
+    used0: int,
+    new: np.ndarray,
+    num_blocks: int,
+    block_size: int,
+) -> int:
+    """How many steps of a decode run of `k` may run as one window, given the blocks referenced after
+    each step (``used``): up to and including the first step after which some sequence trims
+    (evicts more than its steady token, or frees blocks), and only up to the first step after which
+    the pressure trigger no longer holds while a sequence at its budget relies on it."""
+    k = int(resident.shape[1])
+    pressure_free = (
+        ev.pages is not PagePolicy.HYBRID or used0 + new[k - 1] < ev.pressure_threshold * num_blocks
+    )
+    if ev.trigger is Trigger.ALWAYS and pressure_free and capped.all():
+        # Every sequence at its budget, the trigger always on and hybrid pages (if any) never under
+        # pressure (blocks referenced only grow inside a run): no trim, since a capped sequence
+        # under physical release holds no block beyond what its kept tokens need.
+        return k
+    used = used0 + new[:k]
+    j = np.arange(k, dtype=np.int64)
+    kept1 = ev.kept_array(c0[:, None] + j + 1)
+    if ev.trigger is Trigger.ALWAYS:
+        active = np.ones(k, dtype=bool)
+    else:
+        active = used >= ev.pressure_threshold * num_blocks
+    if ev.pages is PagePolicy.PHYSICAL:
+        release = np.ones(k, dtype=bool)
+    elif ev.pages is PagePolicy.HYBRID:
+        release = used >= ev.pressure_threshold * num_blocks
+    else:
+        release = np.zeros(k, dtype=bool)
+    grown = resident + 1
+    evicts = active[None, :] & (grown > kept1)
+    target = np.where(evicts, kept1, grown)
+    event = (evicts & ~capped[:, None]) | (release[None, :] & (blocks > -(-(target + 1) // block_size)))
+    hit = event.any(axis=0)
+    n = int(np.argmax(hit)) + 1 if hit.any() else k
+    if capped.any() and not active.all():
+        n = min(n, max(1, int(np.argmin(active))))
+    return n
+
+
+def eviction_from_config(cfg: EvictionConfig) -> Eviction | None:
+    """The scenario's ``kv.eviction`` as a policy (None for ``policy: none``)."""
+    if cfg.policy == "none":
+        return None
+    return Eviction(
+        kind=EvictionKind(cfg.policy.value),
+        heavy_ratio=cfg.heavy_ratio,
+        recent_tokens=cfg.recent_tokens,
+        sink_tokens=cfg.sink_tokens,
+        budget_tokens=cfg.budget_tokens,
+        trigger=Trigger(cfg.trigger.value),
+        pressure_threshold=cfg.pressure_threshold,
+        pages=PagePolicy(cfg.pages.value),
+    )
