@@ -30,6 +30,7 @@ from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
 MAX_FF_STEPS = 2048
@@ -45,6 +46,7 @@ class ReplicaStats:
     # the per-replica mean KV use in the summary. Summed step by step in the same order with and
     # without fast-forward, so both give the same number.
     kv_block_s: float = 0.0
+    draft_s: float = 0.0  # simulated seconds of speculative decoding's draft passes (in busy_s)
     eviction_s: float = 0.0  # simulated seconds of trims (top-k, compaction, block tables) after steps
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
@@ -61,6 +63,7 @@ class Replica:
         next_outside_event: Callable[[], float],
         sample_every_s: float,
         offload: OffloadPort | None = None,
+        draft: DraftCost | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -75,6 +78,7 @@ class Replica:
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
+        self.draft = draft  # speculative decoding's draft cost (None: off, or free)
         self.offload = offload  # host-DRAM tier and its links (None: off)
         if offload is not None:
             offload.on_arrival = self.poke
@@ -261,15 +265,30 @@ class Replica:
                         seq.first_scheduled_s = self.clock
                 # -- cost: price the step that runs, and record its off-grid flags --
                 m = len(plan.decode_reqs)
-                batch = ForwardBatch(
-                    (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                    (1,) * m + tuple(plan.prefill_new),
-                    tuple(plan.decode_ctx + plan.prefill_ctx),
-                    plan.num_sampling,
-                )
+                if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
+                    v = len(plan.verify_reqs)
+                    batch = ForwardBatch(
+                        (SeqKind.DECODE,) * m
+                        + (SeqKind.VERIFY,) * v
+                        + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
+                        (1,) * m + tuple(d + 1 for d in plan.verify_drafts) + tuple(plan.prefill_new),
+                        tuple(plan.decode_ctx + plan.verify_ctx + plan.prefill_ctx),
+                        plan.num_sampling,
+                    )
+                else:
+                    batch = ForwardBatch(
+                        (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
+                        (1,) * m + tuple(plan.prefill_new),
+                        tuple(plan.decode_ctx + plan.prefill_ctx),
+                        plan.num_sampling,
+                    )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
                 dt = price.seconds
+                if plan.verify_reqs and self.draft is not None:
+                    draft_s = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
+                    self.stats.draft_s += draft_s
+                    dt += draft_s
                 t_end = self.clock + dt
                 # -- end cost --
                 used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
@@ -314,6 +333,10 @@ class Replica:
         with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
         sched = self.sched
         kv = sched.kv
+        if sched.spec is not None and (plan.decode_reqs or plan.verify_reqs):
+            # Speculative decoding: a step with decoding requests runs alone (one step per event),
+            # its emitted tokens drawn as it completes. Correct by construction; not yet fast.
+            return None
         if self.offload is not None and self.offload.tier_changed and sched.waiting:
             return None  # the host tier changed at this schedule: the next may admit differently
         if plan.decode_only:

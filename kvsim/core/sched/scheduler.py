@@ -47,6 +47,7 @@ import numpy as np
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import TierLookup
 
 
@@ -79,6 +80,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()  # swapped out, KV in host memory, to swap back in
         self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
         # (request, blocks, out: True for a swap-out, False for a swap-in)
+        self.spec: SpecDecoder | None = None  # speculative decoding's acceptance (None: off)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -121,13 +123,22 @@ class Scheduler:
         add_pre, add_new, add_ctx = out.prefill_reqs.append, out.prefill_new.append, out.prefill_ctx.append
         add_smp = out.prefill_sampling.append
         bs = self.block_size
+        spec = self.spec
         last_is_prefill = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
             num_new = req.num_tokens - c
-            if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
+            drafts = 0
+            if num_new == 1 and req.num_generated > 0 and spec is not None:
+                # A verify step: its last token plus drafts, no more than its output or budget needs.
+                drafts = min(spec.k, req.output_len - req.num_generated - 1, budget - 1)
+            if drafts > 0:
+                decoding = False
+                num_new = 1 + drafts
+                need = -(-(c + num_new) // bs) - req.num_blocks
+            elif num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
                 c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
                     add_dec(req)
@@ -160,6 +171,11 @@ class Scheduler:
             if decoding:
                 add_dec(req)
                 add_dec_ctx(c)
+            elif drafts:
+                out.verify_reqs.append(req)
+                out.verify_drafts.append(drafts)
+                out.verify_ctx.append(c)
+                decoding = True  # not a prefill row
             else:
                 if len(req.held_keys) < len(req.keys):
                     kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
@@ -271,6 +287,20 @@ class Scheduler:
             req.num_tokens += 1
             if req.num_generated >= req.output_len:
                 done.append(req)
+        if out.verify_reqs:
+            spec = self.spec
+            assert spec is not None
+            for req, d in zip(out.verify_reqs, out.verify_drafts, strict=True):
+                # Its last token and the accepted drafts keep their KV; the rejected drafts' slots
+                # are rolled back (num_computed rewound, blocks kept: vLLM v1).
+                e = spec.verify(req.id, req.spec_steps, d) + 1
+                req.spec_steps += 1
+                req.num_computed += e
+                req.num_generated += e
+                req.num_tokens += e
+                self.outstanding_tokens -= e
+                if req.num_generated >= req.output_len:
+                    done.append(req)
         for req, n, sampled in zip(out.prefill_reqs, out.prefill_new, out.prefill_sampling, strict=True):
             req.num_computed += n
             if sampled:
