@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.core.spec_decode import SpecDecoder, accepted_drafts, uniform
 from kvsim.core.request import Request
+from kvsim.core.spec_decode import SpecDecoder, accepted_drafts, uniform
 from kvsim.costs.base import ForwardBatch, SeqKind
 from kvsim.costs.draft import DraftCost
 from kvsim.run import make_cost_model, run_scenario
