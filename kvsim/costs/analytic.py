@@ -17,8 +17,9 @@ GPUs keep the published figures below. The model's ``name`` says which applies.
 Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
 (`kvsim.spec.topology`).
 
-Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost, speculative
-decoding; decode and prefill attention are priced as separate kernel calls.
+Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost; decode and
+prefill attention are priced as separate kernel calls. (Speculative decoding's verify row is priced
+as a chunk of k+1 tokens, its draft passes by `kvsim.costs.draft`.)
 
 Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 (../shared/REFERENCE.md unless noted):

@@ -32,7 +32,7 @@ class ForwardBatch:
     Sequence i is of kind ``kinds[i]`` and computes ``num_new[i]`` tokens on top of
     ``ctx_before[i]`` cached ones (a decode computes exactly one; a verify one plus its drafts).
     ``num_sampling`` rows go through the LM head (sequences that produce a token; a verify samples
-    at every position). Nothing produces verify steps yet (no draft model is simulated).
+    at every position). Verify rows come from speculative decoding (`kvsim.core.spec_decode`).
     """
 
     kinds: tuple[SeqKind, ...]

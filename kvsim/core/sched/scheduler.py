@@ -34,6 +34,11 @@ copied to host memory: `new_swaps` tells the engine, which queues the copy) and 
 readmitted with blocks for all its computed tokens, once its next step's blocks and 1% of the
 pool stay free beside them, waits for KV while they are copied back, and
 resumes where it stopped. A victim the decider refuses is recomputed as above.
+
+Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
+plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
+draws its accepted drafts and advances it by accepted + 1 tokens, the rejected drafts' slots rolled
+back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends).
 """
 
 from __future__ import annotations
