@@ -174,3 +174,32 @@ def test_rollback_rewinds_computed_tokens_and_keeps_the_blocks():
         sched.complete(sched.schedule())
     assert req.num_generated == 20 and req.num_computed == 29 and sched.outstanding_tokens == 0
     assert sched.kv.pool.num_used == 0
+
+
+def test_verify_steps_fast_forward_in_windows_and_equal_stepping():
+    # Two replicas, the router reading outstanding tokens mid-window, arrivals cutting windows.
+    wl = make_workload(
+        [0.0, 0.0, 0.02, 0.05, 0.3, 0.31, 0.9],
+        [300, 40, 900, 120, 64, 500, 33],
+        [400, 300, 64, 150, 250, 90, 12],
+    )
+    runs = []
+    for ff in (True, False):
+        sc = small_scenario(
+            scheduler={
+                "spec_decode": {
+                    "k": 4,
+                    "acceptance": {"dist": "beta", "mean": 0.7, "concentration": 4},
+                    "draft": {"kind": "mtp"},
+                }
+            },
+            cluster={"gpus_per_node": 2, "router": "least_outstanding_tokens"},
+            sim={"seed": 5, "fast_forward": ff},
+        )
+        runs.append(run_scenario(sc, workload=wl))
+    a, b = runs
+    assert records(a) == records(b)
+    for key in ("spec_decode", "replicas", "kv_peak_used_blocks", "tpot_s", "steps"):
+        assert a.summary[key] == b.summary[key], key
+    assert b.summary["engine_events"] == b.summary["steps"]
+    assert a.summary["engine_events"] < a.summary["steps"] / 3  # windows of verify steps

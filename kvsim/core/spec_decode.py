@@ -85,12 +85,20 @@ class SpecDecoder:
             r = self._rates[req_id] = float(rng.beta(self.mean * c, (1.0 - self.mean) * c))
         return r
 
+    def draw(self, req_id: int, step: int, d: int) -> int:
+        """Accepted drafts of the request's verify step number `step` with `d` drafts (no tally)."""
+        return accepted_drafts(self.rate(req_id), uniform(self.seed, req_id, step), d)
+
     def verify(self, req_id: int, step: int, d: int) -> int:
-        """Accepted drafts of the request's verify step number `step` with `d` drafts; tallied."""
-        a = accepted_drafts(self.rate(req_id), uniform(self.seed, req_id, step), d)
+        """`draw`, tallied: the step ran."""
+        a = self.draw(req_id, step, d)
+        self.tally(d, a)
+        return a
+
+    def tally(self, d: int, a: int) -> None:
+        """Count a verify row that ran: `d` drafts, `a` of them accepted."""
         self.verify_rows += 1
         self.accepted_hist[a] += 1
         self.drafted_tokens += d
         self.accepted_tokens += a
         self.discarded_tokens += d - a
-        return a

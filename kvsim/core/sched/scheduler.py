@@ -359,6 +359,45 @@ class Scheduler:
             kv.apply_evictions(self.running, k)
         return first, done
 
+    def advance_verify(
+        self, reqs: list[Request], drafts: list[list[int]], accepted: list[list[int]], first: int, n: int
+    ) -> tuple[list[int], list[Request]]:
+        """Apply steps ``first .. first + n - 1`` of a speculative-decoding window
+        (`kvsim.core.horizon.verify_window`) to `reqs`, as stepping would: each step's blocks taken
+        (step 0's are held already), then its drafts verified. Returns (blocks in use during each
+        step, finished); every part but the window's last finishes nobody."""
+        kv, spec, bs = self.kv, self.spec, self.block_size
+        assert spec is not None
+        used: list[int] = []
+        done: list[Request] = []
+        for j in range(first, first + n):
+            d_row = drafts[j]
+            if j:
+                kv.set_step(self.num_steps)
+                for req, d in zip(reqs, d_row, strict=True):
+                    need = -(-(req.num_computed + 1 + d) // bs) - req.num_blocks
+                    if need > 0:
+                        ok = kv.allocate_slots(req, need)
+                        assert ok, "a verify window takes only blocks that are empty"
+                kv.note_peak()
+            used.append(kv.pool.num_used)
+            self.num_steps += 1
+            for req, d, a in zip(reqs, d_row, accepted[j], strict=True):
+                e = 1
+                if d:  # the window drew it (the same pure draw as `SpecDecoder.verify`)
+                    spec.tally(d, a)
+                    e += a
+                    req.spec_steps += 1
+                req.num_computed += e
+                req.num_generated += e
+                req.num_tokens += e
+                self.outstanding_tokens -= e
+                if req.num_generated >= req.output_len:
+                    done.append(req)
+        if done:
+            self._finish(done)
+        return used, done
+
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
         A window may be applied in parts (the router reading the replica mid-window): every part but
