@@ -39,7 +39,7 @@ from kvsim.sim.offload import OffloadPort
 MAX_FF_STEPS = 2048
 # A speculative-decoding window is built step by step (each priced alone), and an arrival cuts it
 # where it lands: a shorter cap wastes less of that work under load.
-MAX_VERIFY_FF_STEPS = 128
+MAX_VERIFY_FF_STEPS = 32
 MIN_VERIFY_FF_STEPS = 4  # the cap after a cut window; doubled after each window that ran whole
 
 
