@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvsim.costs.base import CostModel, ForwardBatch
 
 
@@ -31,8 +33,21 @@ class DraftCost:
         self.kind = kind
 
     def seconds(self, ctx: Sequence[int], drafts: Sequence[int]) -> float:
+        dmax = max(drafts, default=0)
+        if not dmax:
+            return 0.0
+        if min(drafts) == dmax:  # every row drafts alike (the common case): the passes in one call
+            n, s0 = len(ctx), sum(ctx)
+            sums = np.array([s0 + j * n for j in range(dmax)], dtype=np.int64)
+            times = self.cost.decode_step_times(n, sums).tolist()  # equal to `price`, element-wise
+        else:
+            times = [
+                self.cost.step_time(
+                    ForwardBatch.decode(tuple(c + j for c, d in zip(ctx, drafts, strict=True) if d > j))
+                )
+                for j in range(dmax)
+            ]
         t = 0.0
-        for j in range(max(drafts, default=0)):
-            rows = tuple(c + j for c, d in zip(ctx, drafts, strict=True) if d > j)
-            t += self.scale * max(0.0, self.cost.step_time(ForwardBatch.decode(rows)) - self.overhead_s)
+        for x in times:
+            t += self.scale * max(0.0, x - self.overhead_s)
         return t
