@@ -338,6 +338,14 @@ def run_scenario(
                 "model sees; the simulator cannot tell their effect on answers, and the design documents "
                 "(003) recommend them without a figure"
             )
+    sd = sc.scheduler.spec_decode
+    if sd is not None and sd.draft_model is not None:
+        if sd.draft_model.num_active_params >= sc.model.num_active_params:
+            warnings.append(
+                f"the draft model {sd.draft_model.name} is not smaller than {sc.model.name}: "
+                "each draft pass costs about a decode step, so speculative decoding cannot pay off"
+            )
+        warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)

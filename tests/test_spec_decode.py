@@ -207,3 +207,12 @@ def test_verify_steps_fast_forward_in_windows_and_equal_stepping():
         assert a.summary[key] == b.summary[key], key
     assert b.summary["engine_events"] == b.summary["steps"]
     assert a.summary["engine_events"] < a.summary["steps"] / 3  # windows of verify steps
+
+
+def test_a_draft_model_not_smaller_than_the_target_is_warned_about():
+    big = _one(0.8, draft={"kind": "model", "model": "llama-3.1-70b"}).summary["warnings"]
+    small = _one(0.8, draft={"kind": "model", "model": "llama-3.1-8b"}).summary["warnings"]
+    mtp = _one(0.8).summary["warnings"]
+    assert any("llama-3.1-70b is not smaller than llama-3.1-8b" in w for w in big)
+    assert any("not smaller" in w for w in small)  # the same model: no smaller either
+    assert not any("draft model" in w for w in mtp)
