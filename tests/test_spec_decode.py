@@ -216,3 +216,15 @@ def test_a_draft_model_not_smaller_than_the_target_is_warned_about():
     assert any("llama-3.1-70b is not smaller than llama-3.1-8b" in w for w in big)
     assert any("not smaller" in w for w in small)  # the same model: no smaller either
     assert not any("draft model" in w for w in mtp)
+
+
+def test_a_step_cut_by_max_time_counts_no_draft_time_in_either_mode():
+    wl = make_workload([0.0, 0.1], [300, 500], [4000, 3000])
+    out = []
+    for ff in (True, False):
+        sc = small_scenario(
+            scheduler={"spec_decode": {"k": 3, "acceptance": {"mean": 0.6}, "draft": {"kind": "mtp"}}},
+            sim={"seed": 1, "fast_forward": ff, "max_time": "1.2345s"},
+        )
+        out.append(run_scenario(sc, workload=wl).summary)
+    assert out[0]["spec_decode"] == out[1]["spec_decode"] and out[0]["requests"]["unfinished"] == 2

@@ -314,9 +314,9 @@ class Replica:
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
                 dt = price.seconds
+                draft_s = 0.0
                 if plan.verify_reqs and self.draft is not None:
                     draft_s = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
-                    self.stats.draft_s += draft_s
                     dt += draft_s
                 t_end = self.clock + dt
                 # -- end cost --
@@ -324,6 +324,8 @@ class Replica:
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
                 self.stats.kv_block_s += used * dt
+                if draft_s:  # counted once the step ran, as a window counts its steps
+                    self.stats.draft_s += draft_s
                 first, done = sched.complete(plan)
                 self.stats.steps += 1
                 for seq in first:
