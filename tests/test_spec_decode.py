@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvsim.core.horizon import verify_window
 from kvsim.core.request import Request
 from kvsim.core.spec_decode import SpecDecoder, accepted_drafts, uniform
 from kvsim.costs.base import ForwardBatch, SeqKind
@@ -228,3 +229,33 @@ def test_a_step_cut_by_max_time_counts_no_draft_time_in_either_mode():
         )
         out.append(run_scenario(sc, workload=wl).summary)
     assert out[0]["spec_decode"] == out[1]["spec_decode"] and out[0]["requests"]["unfinished"] == 2
+
+
+def _two_request_scheduler():  # type: ignore[no-untyped-def]
+    sched = make_pool_and_scheduler(16, 16, 4, 256, True)
+    sched.spec = SpecDecoder(1, mean=1.0, concentration=None, seed=1)
+    a, b = Request(0, 0.0, 10, 5, [], []), Request(1, 0.0, 10, 4, [], [])
+    sched.add(a)
+    sched.add(b)
+    sched.complete(sched.schedule())  # both prefill and sample: 4 and 3 tokens left
+    return sched, a, b
+
+
+def test_a_verify_window_finishes_requests_in_steppings_order():
+    # Step 2: a verifies its last two tokens, b decodes its last one; both finish. Stepping lists
+    # plain decode rows first (the order of their releases, and of closed-loop turns they trigger).
+    sched, a, b = _two_request_scheduler()
+    step = sched.schedule()
+    assert step.verify_drafts == [1, 1]
+    sched.complete(step)
+    last = sched.schedule()
+    assert last.verify_reqs == [a] and last.decode_reqs == [b]
+    _, stepped = sched.complete(last)
+    assert stepped == [b, a]
+
+    sched, a, b = _two_request_scheduler()
+    out = sched.schedule()
+    vw = verify_window(out, sched.kv, sched.spec, sched.running, 8, 256, False)
+    assert vw is not None and vw.num_steps == 2 and vw.drafts == [[1, 1], [1, 0]]
+    _, windowed = sched.advance_verify(sched.running[:], vw.drafts, vw.accepted, 0, 2)
+    assert windowed == [b, a]

@@ -369,7 +369,8 @@ class Scheduler:
         kv, spec, bs = self.kv, self.spec, self.block_size
         assert spec is not None
         used: list[int] = []
-        done: list[Request] = []
+        done: list[Request] = []  # in `complete`'s order: plain decode rows, then verify rows
+        done_verify: list[Request] = []
         for j in range(first, first + n):
             d_row = drafts[j]
             if j:
@@ -393,7 +394,8 @@ class Scheduler:
                 req.num_tokens += e
                 self.outstanding_tokens -= e
                 if req.num_generated >= req.output_len:
-                    done.append(req)
+                    (done_verify if d else done).append(req)
+        done += done_verify
         if done:
             self._finish(done)
         return used, done
