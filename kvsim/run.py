@@ -24,9 +24,11 @@ from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
+from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
+from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
 from kvsim.results.io import write_links_csv, write_requests_csv, write_tiers_csv, write_timeseries_csv
 from kvsim.results.record import (
@@ -42,6 +44,7 @@ from kvsim.results.record import (
     RunConfig,
     RunSummary,
     SessionRecord,
+    SpecDecodeRecord,
     SwapRecord,
     WorkloadRecord,
     part_from_dict,
@@ -82,6 +85,24 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
     which the host tiers' write-back, the global pool's index and swap do not follow yet."""
     kv = sc.kv
+    if sc.scheduler.spec_decode is not None:
+        other = [
+            name
+            for name, on in (
+                ("kv.eviction", kv.eviction.policy != "none"),
+                ("kv.offload", kv.offload.enabled),
+                ("a global prefix pool", kv.prefix_cache == "global"),
+                (f"scheduler.preemption: {sc.scheduler.preemption}", sc.scheduler.preemption != "recompute"),
+            )
+            if on
+        ]
+        if other:
+            raise KvsimError(
+                f"speculative decoding is not simulated together with {' and '.join(other)} yet; "
+                "turn one of them off",
+                source=sc.source,
+                path="scheduler.spec_decode",
+            )
     if kv.eviction.policy == "none":
         return
     other = [
@@ -186,6 +207,7 @@ def run_scenario(
     )
     offload = _Offload(sc, plan, env, cost) if uses_host else None
     evictor = eviction_from_config(sc.kv.eviction)
+    spec, draft = _spec_decode(sc, cost)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -196,6 +218,7 @@ def run_scenario(
             caching,
         )
         sched.kv.set_eviction(evictor)
+        sched.spec = spec
         replicas.append(
             Replica(
                 env,
@@ -206,6 +229,7 @@ def run_scenario(
                 next_outside_event=lambda: end_s,
                 sample_every_s=sample_every,
                 offload=None if offload is None else offload.port(i, sched),
+                draft=draft,
             )
         )
     if sc.kv.pin_segments:
@@ -314,6 +338,14 @@ def run_scenario(
                 "model sees; the simulator cannot tell their effect on answers, and the design documents "
                 "(003) recommend them without a figure"
             )
+    sd = sc.scheduler.spec_decode
+    if sd is not None and sd.draft_model is not None:
+        if sd.draft_model.num_active_params >= sc.model.num_active_params:
+            warnings.append(
+                f"the draft model {sd.draft_model.name} is not smaller than {sc.model.name}: "
+                "each draft pass costs about a decode step, so speculative decoding cannot pay off"
+            )
+        warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
@@ -360,6 +392,7 @@ def run_scenario(
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
+        spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
     )
     return RunResult(
         sc,
@@ -783,6 +816,50 @@ def _session_record(
         prompt_share_by_segment={k: float(v) / total for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
         pinned_segments=tuple(sc.kv.pin_segments),
         pinned_blocks_peak=max(r.sched.kv.pool.pinned_peak for r in replicas),
+    )
+
+
+def _spec_decode(sc: Scenario, cost: CostModel) -> tuple[SpecDecoder | None, DraftCost | None]:
+    """Speculative decoding's acceptance model and draft cost (None, None when off)."""
+    cfg = sc.scheduler.spec_decode
+    if cfg is None:
+        return None, None
+    spec = SpecDecoder(cfg.k, mean=cfg.mean, concentration=cfg.concentration, seed=sc.sim.seed)
+    c = sc.cluster
+    if cfg.draft_model is not None:  # the draft model on the same GPUs, by the analytic model
+        dm = AnalyticCostModel(cfg.draft_model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+        return spec, DraftCost(dm, dm.overhead_s, kind="model")
+    overhead = float(getattr(cost, "overhead_s", 0.0))
+    return spec, DraftCost(cost, overhead, scale=cfg.layer_fraction / sc.model.num_layers, kind="mtp")
+
+
+def _spec_record(
+    sc: Scenario, spec: SpecDecoder, replicas: list[Replica], plan: MemoryPlan
+) -> SpecDecodeRecord:
+    cfg = sc.scheduler.spec_decode
+    assert cfg is not None
+    rows = spec.verify_rows
+    hist = spec.accepted_hist
+    return SpecDecodeRecord(
+        k=cfg.k,
+        acceptance="constant" if cfg.concentration is None else "beta",
+        acceptance_mean=cfg.mean,
+        acceptance_concentration=cfg.concentration,
+        draft=cfg.draft_kind,
+        draft_model=None if cfg.draft_model is None else cfg.draft_model.name,
+        layer_fraction=cfg.layer_fraction if cfg.draft_model is None else None,
+        verify_rows=rows,
+        drafted_tokens=spec.drafted_tokens,
+        accepted_tokens=spec.accepted_tokens,
+        accepted_per_step_mean=spec.accepted_tokens / rows if rows else None,
+        tokens_per_step_mean=(spec.accepted_tokens + rows) / rows if rows else None,
+        accepted_per_step_hist=tuple(hist),
+        acceptance_rate_observed=spec.accepted_tokens / spec.drafted_tokens if spec.drafted_tokens else None,
+        kv_discarded_tokens=spec.discarded_tokens,
+        kv_discarded_bytes=int(spec.discarded_tokens * plan.block_bytes_per_gpu / sc.kv.block_size),
+        lookahead_slots_per_request=cfg.k,
+        draft_s=sum(r.stats.draft_s for r in replicas),
+        rollback="vllm_v1: num_computed rewound, blocks kept until the request ends",
     )
 
 

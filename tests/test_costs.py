@@ -23,12 +23,13 @@ def test_a_one_token_prefill_chunk_is_priced_as_prefill_not_decode():
     prefill = cm.prefill_launch_s + cm._prefill_attn_time(1, 4096)
     assert cm.step_time(one) == cm.overhead_s + cm._gemm_time(1, 1) + cm._write_time(1) + prefill
     assert cm.step_time(one) != cm.step_time(dec)
-    # A verify step (speculative decoding: the last token plus 3 drafts) prices its 4 query tokens
-    # causally over the cache, as a chunk, with 4 sampling rows.
+    # A verify step (speculative decoding: the last token plus 3 drafts) prices its GEMMs over 4
+    # tokens with 4 sampling rows, and its 4 queries' attention reading the cache once, as a decode
+    # does (the prefill fit's ramp would price 4 queries as a long chunk).
     verify = ForwardBatch((SeqKind.VERIFY,), (4,), (4096,), 4)
-    verify_attn = cm.prefill_launch_s + cm._prefill_attn_time(4, 4096)
+    verify_attn = cm.prefill_launch_s + cm._verify_attn_time(4, 4096)
     assert cm.step_time(verify) == cm.overhead_s + cm._gemm_time(4, 4) + cm._write_time(4) + verify_attn
-    assert cm.step_time(verify) > cm.step_time(one)
+    assert cm.step_time(dec) < cm.step_time(verify) < cm.step_time(one)
 
 
 def test_a_decode_computes_exactly_one_token():

@@ -92,7 +92,7 @@ def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_p
 
 
 @st.composite
-def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
+def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-untyped-def]
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -170,7 +170,7 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
     )
     # Token eviction: H2O and StreamingLLM, every trigger and page policy.
     # (Not with the host tiers, the global pool or swap: `kvsim run` refuses those combinations.)
-    policy = "none" if offload else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
+    policy = "none" if offload or spec else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
     if policy != "none":
         ev = {
             "policy": policy,
@@ -187,6 +187,16 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
         else:
             ev["sink_tokens"] = draw(st.sampled_from([0, 4]))
         kv["eviction"] = ev
+    # Speculative decoding (not with eviction or the host tiers: `kvsim run` refuses those).
+    if policy == "none" and not offload and (spec or draw(st.integers(0, 3)) == 0):
+        acc: dict = {"mean": draw(st.sampled_from([0.0, 0.4, 0.8, 1.0]))}
+        if draw(st.booleans()):
+            acc = {"dist": "beta", "mean": draw(st.sampled_from([0.3, 0.7])), "concentration": 2.0}
+        scheduler["spec_decode"] = {
+            "k": draw(st.sampled_from([1, 2, 4, 7])),
+            "acceptance": acc,
+            "draft": draw(st.sampled_from([{"kind": "mtp"}, {"kind": "model", "model": "qwen2.5-7b"}])),
+        }
     sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 
@@ -207,6 +217,18 @@ def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
     assert a.summary["swap"] == b.summary["swap"]
     assert a.summary["links"] == b.summary["links"]
     assert a.summary["global_pool"] == b.summary["global_pool"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(spec=True))
+def test_invariants_and_fast_forward_equality_with_spec_decode(case):
+    """As above with `scheduler.spec_decode` on: blocks cover the verify slots, every request emits
+    exactly its output, and fast-forward equals stepping (acceptance drawn per (request, step))."""
+    a, b = _check_invariants_and_fast_forward(case)
+    sa, sb = a.summary["spec_decode"], b.summary["spec_decode"]
+    assert sa == sb
+    assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
+    assert sum(sa["accepted_per_step_hist"]) == sa["verify_rows"]
 
 
 def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]

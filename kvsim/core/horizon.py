@@ -27,6 +27,10 @@ reads its prefix cache, and a key it would register that is cached already (shar
 mid-window) ends the window before that step (``shared_key``). `mixed_window` returns the per-step
 contexts that `CostModel.mixed_step_times` prices.
 
+Verify windows (speculative decoding, `verify_window`): the accepted drafts of each request's step
+are a pure function of (seed, request, step index), so each step's drafts, contexts and blocks are
+known in advance; see `verify_window` for its bounds.
+
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.
 A window returns its per-step work (the cached tokens the batch attends before each step), which
 the cost model prices in one call (`CostModel.decode_step_times`, `CostModel.mixed_step_times`).
@@ -43,6 +47,7 @@ from kvsim.core.eviction import first_trim
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.spec_decode import SpecDecoder
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,102 @@ def _evicting_mixed_window(
     if c_p + k * chunk == p.num_tokens:
         sampling[-1] += 1
     return MixedWindow(k, m, chunk, dec, c_p + steps * chunk, sampling, bound, int(new[k - 1]))
+
+
+@dataclass(frozen=True)
+class VerifyWindow:
+    """A run of speculative-decoding steps (`verify_window`): per step, each running request's
+    cached tokens and drafts (0: a plain decode of its last token), in running order."""
+
+    num_steps: int
+    ctx: list[list[int]]  # [step][row] cached tokens before the step
+    drafts: list[list[int]]  # [step][row] draft tokens (0: a plain decode row)
+    accepted: list[list[int]]  # [step][row] accepted drafts (`SpecDecoder.draw`)
+    tokens: list[int]  # [step] tokens whose KV is kept, all rows: the outstanding count's fall
+    bound: str
+
+
+def verify_window(
+    out: SchedulerOutput,
+    kv: KVCacheManager,
+    spec: SpecDecoder,
+    running: list[Request],
+    max_steps: int,
+    max_batched_tokens: int,
+    steady_budget: bool,
+) -> VerifyWindow | None:
+    """The longest run of verify steps, the scheduled one first, that stepping would schedule alike,
+    or None. Each request's emitted tokens per step are known in advance (`SpecDecoder.draw` is a
+    pure function of request and step), so its contexts, drafts and blocks are too.
+
+    Bounds: the first finish (that step included); before the first step whose new blocks exceed
+    the empty ones (so no cache entry is evicted, and every allocation succeeds as it would one step
+    at a time); `max_steps`; with `steady_budget` (a request waits that the running cap does not
+    hold back: a step's leftover budget decides whether it is admitted), before the first step whose
+    tokens differ from the first's. The window exists only while the token budget never limits a
+    request's drafts (all rows' k + 1 fit), every running request is scheduled, and no row is a
+    prefill."""
+    reqs = out.verify_reqs
+    if out.prefill_reqs or out.decode_reqs or len(reqs) != len(running) or out.admitted or out.preempted:
+        return None
+    k, bs = spec.k, kv.block_size
+    left = [r.output_len - r.num_generated for r in reqs]
+    drafts0 = [min(k, n - 1) for n in left]
+    if drafts0 != out.verify_drafts or len(reqs) + sum(drafts0) > max_batched_tokens:
+        return None
+    comp = [r.num_computed for r in reqs]
+    nb = [r.num_blocks for r in reqs]
+    sidx = [r.spec_steps for r in reqs]
+    ids = [r.id for r in reqs]
+    avail = kv.num_empty_blocks
+    taken = 0
+    ctx_s: list[list[int]] = []
+    drafts_s: list[list[int]] = []
+    tokens: list[int] = []
+    accepted_s: list[list[int]] = []
+    total0 = len(reqs) + sum(drafts0)
+    bound = "max_steps"
+    m = len(reqs)
+    for j in range(max_steps):
+        d = [min(k, n - 1) for n in left]
+        if j:
+            if steady_budget and m + sum(d) != total0:
+                bound = "budget"
+                break
+            new = 0
+            for i in range(m):
+                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
+                if need > 0:
+                    new += need
+            if taken + new > avail:
+                bound = "empty_blocks"
+                break
+            taken += new
+            for i in range(m):
+                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
+                if need > 0:
+                    nb[i] += need
+        ctx_s.append(list(comp))
+        drafts_s.append(d)
+        emitted = 0
+        finished = False
+        acc = [0] * m
+        for i in range(m):
+            e = 1
+            if d[i]:
+                acc[i] = spec.draw(ids[i], sidx[i], d[i])
+                e += acc[i]
+                sidx[i] += 1
+            comp[i] += e
+            left[i] -= e
+            emitted += e
+            finished = finished or left[i] <= 0
+        tokens.append(emitted)
+        accepted_s.append(acc)
+        if finished:
+            bound = "outputs"
+            break
+    return VerifyWindow(len(tokens), ctx_s, drafts_s, accepted_s, tokens, bound)
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:

@@ -49,6 +49,7 @@ class Request:
         "prompt_len",
         "reason",
         "replica",
+        "spec_steps",
         "status",
     )
 
@@ -86,6 +87,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.reason = ""
         self.replica = -1
+        self.spec_steps = 0  # verify steps run (speculative decoding): the acceptance draw's counter
         self.first_scheduled_s = float("nan")
         self.first_token_s = float("nan")
         self.finish_s = float("nan")

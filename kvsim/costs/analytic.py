@@ -17,8 +17,11 @@ GPUs keep the published figures below. The model's ``name`` says which applies.
 Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
 (`kvsim.spec.topology`).
 
-Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost, speculative
-decoding; decode and prefill attention are priced as separate kernel calls.
+Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost; decode and
+prefill attention are priced as separate kernel calls. Speculative decoding's verify row: GEMMs
+and LM head over its k+1 tokens, its attention as decode attention's bytes or k+1 queries' FLOPs at
+the decode rates (estimate: the kernel reads the cache once at such query lengths; no measurement
+on file), launched with the step's prefill call; its draft passes are `kvsim.costs.draft`.
 
 Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 (../shared/REFERENCE.md unless noted):
@@ -178,6 +181,16 @@ class AnalyticCostModel(StepCostModel):
             return out
         return fixed + np.maximum(
             tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
+        )
+
+    def _verify_attn_time(self, n: int, ctx: int) -> float:
+        # A verify row's n = k + 1 queries read the cache once, like a decode (at k + 1 <= 33 the
+        # arithmetic intensity stays below the ridge point): decode attention's bytes, or its FLOPs
+        # for n queries if larger, plus its per-sequence time. Estimate: the prefill fit's ramp
+        # (n_half) is fitted to chunks of hundreds of tokens and would price 5 queries like 1,000.
+        tokens = ctx + n
+        return self.decode_per_seq_s + max(
+            tokens * self.decode_attn_s_per_token, n * tokens * self.decode_attn_flops_s_per_token
         )
 
     def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ class ForwardBatch:
     Sequence i is of kind ``kinds[i]`` and computes ``num_new[i]`` tokens on top of
     ``ctx_before[i]`` cached ones (a decode computes exactly one; a verify one plus its drafts).
     ``num_sampling`` rows go through the LM head (sequences that produce a token; a verify samples
-    at every position). Nothing produces verify steps yet (no draft model is simulated).
+    at every position). Verify rows come from speculative decoding (`kvsim.core.spec_decode`).
     """
 
     kinds: tuple[SeqKind, ...]
@@ -159,6 +159,11 @@ class StepCostModel:
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def _verify_attn_time(self, n: int, ctx: int) -> float:
+        """Attention of a speculative-decoding verify row: `n` queries (its last token and drafts)
+        over `ctx` cached keys. By default a prefill chunk's (a measured profile's prefill table)."""
+        return self._prefill_attn_time(n, ctx)
+
     def _write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of the step's new tokens (0 for a bf16/fp16 cache)."""
         return 0.0
@@ -181,9 +186,13 @@ class StepCostModel:
         i = len(kinds)
         while len(chunks) < len(kinds) - dec_n:
             i -= 1
-            if kinds[i] is not SeqKind.DECODE:  # n queries attending causally over c cached keys
+            kind = kinds[i]
+            if kind is not SeqKind.DECODE:  # n queries attending causally over c cached keys
                 n, c = num_new[i], ctx_before[i]
-                prefill += self._prefill_attn_time(n, c)
+                if kind is SeqKind.VERIFY:
+                    prefill += self._verify_attn_time(n, c)
+                else:
+                    prefill += self._prefill_attn_time(n, c)
                 chunks.append((n, c))
                 dec_ctx -= c
         assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"

@@ -225,6 +225,34 @@ class EvictionRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpecDecodeRecord:
+    """What speculative decoding (``scheduler.spec_decode``) did, all replicas together; absent when
+    it is off. Its effect on TPOT is the summary's ``tpot_s`` against a run without it; on memory,
+    ``kv_peak_used_blocks`` (each running request holds up to k look-ahead slots)."""
+
+    k: int
+    acceptance: str  # constant | beta
+    acceptance_mean: float
+    acceptance_concentration: float | None
+    draft: str  # model | mtp
+    draft_model: str | None
+    layer_fraction: float | None
+    verify_rows: int  # requests' verify steps (a step verifies many requests)
+    drafted_tokens: int
+    accepted_tokens: int
+    accepted_per_step_mean: float | None
+    tokens_per_step_mean: float | None  # emitted per verify step: accepted + 1
+    accepted_per_step_hist: tuple[int, ...]  # verify steps by accepted drafts, 0..k
+    acceptance_rate_observed: float | None  # accepted / drafted
+    kv_discarded_tokens: int  # KV slots written for rejected drafts, then rolled back
+    kv_discarded_bytes: int  # their bytes, per GPU
+    lookahead_slots_per_request: int
+    draft_s: float  # simulated seconds of draft passes (inside the steps' time)
+    rollback: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """What was simulated, as the summary shows it (the scenario file is the full statement)."""
 
@@ -347,6 +375,7 @@ class RunSummary:
     links: tuple[LinkRecord, ...] = ()  # every link that moved bytes (offload, swap)
     sessions: SessionRecord | None = None  # agent workloads only
     eviction: EvictionRecord | None = None  # kv.eviction's effect (None when off)
+    spec_decode: SpecDecodeRecord | None = None  # scheduler.spec_decode's effect (None when off)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

@@ -15,6 +15,9 @@ the steps that ended and takes the blocks of the step in flight (`_apply_ended_s
 has. Arrivals come first at an instant shared with a step's end (`kvsim.sim.cluster`), in both
 modes. So engine events grow with the requests, not with requests x replicas.
 Only the occupancy time series, sampled once per event, is sparser than stepping's.
+Speculative decoding's verify steps run in windows of their own (`kvsim.core.horizon.verify_window`),
+each step priced with `CostModel.price` and its draft passes, the router reading per-step token
+counts.
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.core.horizon import decode_window, mixed_window, steps_before
+from kvsim.core.horizon import VerifyWindow, decode_window, mixed_window, steps_before, verify_window
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
 MAX_FF_STEPS = 2048
+# A speculative-decoding window is built step by step (each priced alone), and an arrival cuts it
+# where it lands: a shorter cap wastes less of that work under load.
+MAX_VERIFY_FF_STEPS = 32
+MIN_VERIFY_FF_STEPS = 4  # the cap after a cut window; doubled after each window that ran whole
 
 
 @dataclass
@@ -45,6 +53,7 @@ class ReplicaStats:
     # the per-replica mean KV use in the summary. Summed step by step in the same order with and
     # without fast-forward, so both give the same number.
     kv_block_s: float = 0.0
+    draft_s: float = 0.0  # simulated seconds of speculative decoding's draft passes (in busy_s)
     eviction_s: float = 0.0  # simulated seconds of trims (top-k, compaction, block tables) after steps
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
@@ -61,6 +70,7 @@ class Replica:
         next_outside_event: Callable[[], float],
         sample_every_s: float,
         offload: OffloadPort | None = None,
+        draft: DraftCost | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -75,6 +85,8 @@ class Replica:
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
+        self._verify_cap = MIN_VERIFY_FF_STEPS  # steps a speculative-decoding window may plan
+        self.draft = draft  # speculative decoding's draft cost (None: off, or free)
         self.offload = offload  # host-DRAM tier and its links (None: off)
         if offload is not None:
             offload.on_arrival = self.poke
@@ -91,6 +103,10 @@ class Replica:
         if win is None:
             return self.sched.outstanding_tokens
         done = steps_before(win.ends, t, win.k) - win.applied
+        if win.tokens_cum is not None:  # speculative decoding: steps keep different token counts
+            return self.sched.outstanding_tokens - (
+                win.tokens_cum[win.applied + done] - win.tokens_cum[win.applied]
+            )
         return self.sched.outstanding_tokens - win.tokens_per_step * done
 
     @property
@@ -169,6 +185,18 @@ class Replica:
         """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
         stepping's order. Returns (sampled their first token, finished)."""
         sched = self.sched
+        if win.verify is not None:
+            a = win.applied
+            used, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
+            acc, dsum = self.stats.kv_block_s, self.stats.draft_s
+            for u, d_j, ds in zip(
+                used, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
+            ):
+                dsum += ds
+                acc += u * d_j
+            self.stats.kv_block_s, self.stats.draft_s = acc, dsum
+            win.applied += n
+            return [], done
         used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
         if win.chunk:
             first, done = sched.advance_mixed(win.plan, n)
@@ -240,6 +268,11 @@ class Replica:
                         continue
                 self._win = None
                 k = win.k
+                if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
+                    whole = k == len(win.verify.tokens)
+                    self._verify_cap = (
+                        min(2 * self._verify_cap, MAX_VERIFY_FF_STEPS) if whole else MIN_VERIFY_FF_STEPS
+                    )
                 t_end = win.ends[k - 1]
                 self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
                 self.clock = t_end
@@ -261,21 +294,38 @@ class Replica:
                         seq.first_scheduled_s = self.clock
                 # -- cost: price the step that runs, and record its off-grid flags --
                 m = len(plan.decode_reqs)
-                batch = ForwardBatch(
-                    (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                    (1,) * m + tuple(plan.prefill_new),
-                    tuple(plan.decode_ctx + plan.prefill_ctx),
-                    plan.num_sampling,
-                )
+                if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
+                    v = len(plan.verify_reqs)
+                    batch = ForwardBatch(
+                        (SeqKind.DECODE,) * m
+                        + (SeqKind.VERIFY,) * v
+                        + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
+                        (1,) * m + tuple(d + 1 for d in plan.verify_drafts) + tuple(plan.prefill_new),
+                        tuple(plan.decode_ctx + plan.verify_ctx + plan.prefill_ctx),
+                        plan.num_sampling,
+                    )
+                else:
+                    batch = ForwardBatch(
+                        (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
+                        (1,) * m + tuple(plan.prefill_new),
+                        tuple(plan.decode_ctx + plan.prefill_ctx),
+                        plan.num_sampling,
+                    )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
                 dt = price.seconds
+                draft_s = 0.0
+                if plan.verify_reqs and self.draft is not None:
+                    draft_s = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
+                    dt += draft_s
                 t_end = self.clock + dt
                 # -- end cost --
                 used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
                 yield env.timeout(max(0.0, t_end - env.now))
                 self.clock = t_end
                 self.stats.kv_block_s += used * dt
+                if draft_s:  # counted once the step ran, as a window counts its steps
+                    self.stats.draft_s += draft_s
                 first, done = sched.complete(plan)
                 self.stats.steps += 1
                 for seq in first:
@@ -314,6 +364,8 @@ class Replica:
         with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
         sched = self.sched
         kv = sched.kv
+        if sched.spec is not None and (plan.decode_reqs or plan.verify_reqs):
+            return self._verify_window(plan)
         if self.offload is not None and self.offload.tier_changed and sched.waiting:
             return None  # the host tier changed at this schedule: the next may admit differently
         if plan.decode_only:
@@ -370,6 +422,54 @@ class Replica:
                 k = max(1, cold)
         return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
 
+    def _verify_window(self, plan: SchedulerOutput) -> _Window | None:
+        """A window of speculative-decoding steps (`kvsim.core.horizon.verify_window`), each priced
+        with `CostModel.price` of the batch stepping would build, plus its draft passes: so its
+        durations are stepping's, float for float."""
+        sched = self.sched
+        assert sched.spec is not None
+        steady = bool(sched.waiting) and len(sched.running) < sched.max_num_seqs
+        vw = verify_window(
+            plan, sched.kv, sched.spec, sched.running, self._verify_cap, sched.max_batched_tokens, steady
+        )
+        if vw is None or vw.num_steps == 1:
+            return None
+        durations: list[float] = []
+        drafts_s: list[float] = []
+        flags: list[frozenset[str]] = []
+        for ctx, drafts in zip(vw.ctx, vw.drafts, strict=True):
+            dec = [c for c, d in zip(ctx, drafts, strict=True) if not d]
+            ver = [(c, d) for c, d in zip(ctx, drafts, strict=True) if d]
+            v_ctx, v_d = [c for c, _ in ver], [d for _, d in ver]
+            m, v = len(dec), len(ver)
+            batch = ForwardBatch(
+                (SeqKind.DECODE,) * m + (SeqKind.VERIFY,) * v,
+                (1,) * m + tuple(d + 1 for d in v_d),
+                tuple(dec + v_ctx),
+                m + v + sum(v_d),
+            )
+            price = self.cost.price(batch)
+            dt = price.seconds
+            ds = 0.0
+            if v and self.draft is not None:
+                ds = self.draft.seconds(v_ctx, v_d)
+                dt += ds
+            durations.append(dt)
+            drafts_s.append(ds)
+            flags.append(price.off_grid)
+        d_arr = np.array(durations, dtype=np.float64)
+        ends = np.cumsum(np.concatenate(([self.clock], d_arr)))[1:].tolist()
+        k = max(1, steps_before(ends, self.next_outside_event()))
+        cum = np.cumsum([0, *vw.tokens]).tolist()
+
+        def off_grid(n: int) -> frozenset[str]:
+            return frozenset().union(*flags[:n])
+
+        reqs = list(plan.verify_reqs)
+        win = _Window(plan, reqs, ends[:k], k, 0, 0, False, d_arr[:k], off_grid)
+        win.verify, win.tokens_cum, win.draft_s = vw, cum, drafts_s
+        return win
+
 
 @dataclass
 class _Window:
@@ -385,3 +485,6 @@ class _Window:
     durations: np.ndarray  # (len(ends),) seconds of each step
     off_grid: Callable[[int], frozenset[str]]  # the cost model's flags of its first k steps
     applied: int = 0  # steps already applied (the router read this replica mid-window)
+    verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
+    tokens_cum: list[int] | None = None  # verify window: tokens computed by its first j steps
+    draft_s: list[float] = field(default_factory=list)  # verify window: draft seconds per step

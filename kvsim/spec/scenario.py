@@ -154,6 +154,22 @@ class KVConfig:
     format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
 
 
+MAX_DRAFT_TOKENS = 32  # k's bound: vLLM's examples use 1-10, EAGLE trees up to ~60 nodes but
+# chains of <= 8; at any acceptance below 0.9 a 33rd draft is kept less than 3% of the time
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    """``scheduler.spec_decode``: speculative decoding (`kvsim.core.spec_decode`)."""
+
+    k: int  # draft tokens per verify step
+    mean: float  # acceptance rate per draft token (the Beta's mean when `concentration` is set)
+    concentration: float | None  # Beta(mean*c, (1-mean)*c) per request; None: a constant rate
+    draft_kind: str  # model | mtp
+    draft_model: ModelSpec | None  # kind model: the draft model, priced by the same cost model
+    layer_fraction: float  # kind mtp: the head's cost as a share of one target layer
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int
@@ -162,6 +178,7 @@ class SchedulerConfig:
     preemption: PreemptionMode = field(default_factory=lambda: PreemptionMode.RECOMPUTE)
     # Host memory per GPU for swapped-out KV: vLLM v0's --swap-space default, 4 GiB per GPU.
     swap_space_bytes: int = 4 * 2**30
+    spec_decode: SpecDecodeConfig | None = None  # None: off
 
 
 @dataclass(frozen=True)
@@ -499,18 +516,59 @@ def _read_pin(raw: object) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _read_scheduler(root: Section) -> SchedulerConfig:
+def _read_scheduler(root: Section, base_dir: Path) -> SchedulerConfig:
     # Defaults: vLLM EngineArgs (max_num_seqs 256; max_num_batched_tokens 8192 for the V1 server).
     s = root.section("scheduler")
+    max_batched = s.int("max_batched_tokens", 8192, lo=1, hi=1 << 24)
     cfg = SchedulerConfig(
         max_num_seqs=s.int("max_num_seqs", 256, lo=1, hi=1 << 20),
-        max_batched_tokens=s.int("max_batched_tokens", 8192, lo=1, hi=1 << 24),
+        max_batched_tokens=max_batched,
         chunked_prefill=s.bool("chunked_prefill", True),
         preemption=_choice(s, "preemption", PreemptionMode, PreemptionMode.RECOMPUTE),
         swap_space_bytes=s.parsed("swap_space", parse_size, 4 * 2**30),
+        spec_decode=_read_spec_decode(s, base_dir, max_batched),
     )
     s.done()
     return cfg
+
+
+def _read_spec_decode(s: Section, base_dir: Path, max_batched: int) -> SpecDecodeConfig | None:
+    raw = s.raw("spec_decode", None)
+    if raw is None:
+        return None
+    sd = Section(raw, source=s.source, path=s._p("spec_decode"))
+    k = sd.int("k", lo=1, hi=MAX_DRAFT_TOKENS)
+    if k + 1 > max_batched:
+        raise sd.err(
+            "k", f"a verify step of k + 1 = {k + 1} tokens exceeds max_batched_tokens ({max_batched})"
+        )
+    acc = sd.section("acceptance", required=True)
+    dist = acc.choice("dist", ("constant", "beta"), "constant")
+    mean = acc.float("mean", lo=0.0, hi=1.0)
+    conc: float | None = None
+    if dist == "beta":
+        conc = acc.float("concentration", lo=0.0, lo_open=True)
+        if not 0.0 < mean < 1.0:
+            raise acc.err("mean", f"a Beta's mean must lie in (0, 1), got {mean}")
+    elif acc.raw("concentration", None) is not None:
+        raise acc.err("concentration", "only with dist: beta")
+    acc.done()
+    dr = sd.section("draft", required=True)
+    kind = dr.choice("kind", ("model", "mtp"))
+    draft_model: ModelSpec | None = None
+    frac = 1.0
+    if kind == "model":
+        draft_model = dr.parsed("model", lambda v: load_model(v, base_dir=base_dir))
+        if dr.raw("layer_fraction", None) is not None:
+            raise dr.err("layer_fraction", "only with kind: mtp")
+    else:
+        # One layer by default: DeepSeek-V3's MTP module and EAGLE's draft head are one layer each.
+        frac = dr.float("layer_fraction", 1.0, lo=0.0, hi=4.0, lo_open=True)
+        if dr.raw("model", None) is not None:
+            raise dr.err("model", "only with kind: model")
+    dr.done()
+    sd.done()
+    return SpecDecodeConfig(k, mean, conc, kind, draft_model, frac)
 
 
 def _read_length(parent: Section, key: str, default: dict[str, Any]) -> LengthDist:
@@ -724,7 +782,7 @@ def scenario_from_dict(
         model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
     cluster = _read_cluster(root)
     kv = _read_kv(root, model)
-    scheduler = _read_scheduler(root)
+    scheduler = _read_scheduler(root, base_dir)
     workload = _read_workload(root, base_dir)
     slo = _read_slo(root)
     notes: list[str] = []

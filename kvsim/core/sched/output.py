@@ -28,6 +28,12 @@ class SeqKind(str, Enum):
 class SchedulerOutput:
     decode_reqs: list[Request] = field(default_factory=list)
     decode_ctx: list[int] = field(default_factory=list)
+    # Verify rows (speculative decoding, `kvsim.core.spec_decode`): the last sampled token plus
+    # ``verify_drafts[i]`` draft tokens on top of ``verify_ctx[i]`` cached ones; they sample at
+    # every position.
+    verify_reqs: list[Request] = field(default_factory=list)
+    verify_drafts: list[int] = field(default_factory=list)
+    verify_ctx: list[int] = field(default_factory=list)
     prefill_reqs: list[Request] = field(default_factory=list)
     prefill_new: list[int] = field(default_factory=list)
     prefill_ctx: list[int] = field(default_factory=list)
@@ -38,13 +44,18 @@ class SchedulerOutput:
 
     @property
     def empty(self) -> bool:
-        return not self.decode_reqs and not self.prefill_reqs
+        return not self.decode_reqs and not self.prefill_reqs and not self.verify_reqs
 
     @property
     def decode_only(self) -> bool:
         """Every scheduled request is decoding one token and nothing joined or left."""
-        return not self.prefill_reqs and not self.admitted and not self.preempted
+        return not self.prefill_reqs and not self.verify_reqs and not self.admitted and not self.preempted
 
     @property
     def num_sampling(self) -> int:
-        return len(self.decode_reqs) + sum(self.prefill_sampling)
+        return (
+            len(self.decode_reqs)
+            + sum(self.prefill_sampling)
+            + len(self.verify_reqs)
+            + sum(self.verify_drafts)
+        )

@@ -34,6 +34,11 @@ copied to host memory: `new_swaps` tells the engine, which queues the copy) and 
 readmitted with blocks for all its computed tokens, once its next step's blocks and 1% of the
 pool stay free beside them, waits for KV while they are copied back, and
 resumes where it stopped. A victim the decider refuses is recomputed as above.
+
+Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
+plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
+draws its accepted drafts and advances it by accepted + 1 tokens, the rejected drafts' slots rolled
+back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import numpy as np
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import TierLookup
 
 
@@ -79,6 +85,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()  # swapped out, KV in host memory, to swap back in
         self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
         # (request, blocks, out: True for a swap-out, False for a swap-in)
+        self.spec: SpecDecoder | None = None  # speculative decoding's acceptance (None: off)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -121,13 +128,22 @@ class Scheduler:
         add_pre, add_new, add_ctx = out.prefill_reqs.append, out.prefill_new.append, out.prefill_ctx.append
         add_smp = out.prefill_sampling.append
         bs = self.block_size
+        spec = self.spec
         last_is_prefill = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
             num_new = req.num_tokens - c
-            if num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
+            drafts = 0
+            if num_new == 1 and req.num_generated > 0 and spec is not None:
+                # A verify step: its last token plus drafts, no more than its output or budget needs.
+                drafts = min(spec.k, req.output_len - req.num_generated - 1, budget - 1)
+            if drafts > 0:
+                decoding = False
+                num_new = 1 + drafts
+                need = -(-(c + num_new) // bs) - req.num_blocks
+            elif num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
                 c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
                     add_dec(req)
@@ -160,6 +176,11 @@ class Scheduler:
             if decoding:
                 add_dec(req)
                 add_dec_ctx(c)
+            elif drafts:
+                out.verify_reqs.append(req)
+                out.verify_drafts.append(drafts)
+                out.verify_ctx.append(c)
+                decoding = True  # not a prefill row
             else:
                 if len(req.held_keys) < len(req.keys):
                     kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
@@ -271,6 +292,20 @@ class Scheduler:
             req.num_tokens += 1
             if req.num_generated >= req.output_len:
                 done.append(req)
+        if out.verify_reqs:
+            spec = self.spec
+            assert spec is not None
+            for req, d in zip(out.verify_reqs, out.verify_drafts, strict=True):
+                # Its last token and the accepted drafts keep their KV; the rejected drafts' slots
+                # are rolled back (num_computed rewound, blocks kept: vLLM v1).
+                e = spec.verify(req.id, req.spec_steps, d) + 1
+                req.spec_steps += 1
+                req.num_computed += e
+                req.num_generated += e
+                req.num_tokens += e
+                self.outstanding_tokens -= e
+                if req.num_generated >= req.output_len:
+                    done.append(req)
         for req, n, sampled in zip(out.prefill_reqs, out.prefill_new, out.prefill_sampling, strict=True):
             req.num_computed += n
             if sampled:
@@ -323,6 +358,47 @@ class Scheduler:
         if kv.eviction is not None:
             kv.apply_evictions(self.running, k)
         return first, done
+
+    def advance_verify(
+        self, reqs: list[Request], drafts: list[list[int]], accepted: list[list[int]], first: int, n: int
+    ) -> tuple[list[int], list[Request]]:
+        """Apply steps ``first .. first + n - 1`` of a speculative-decoding window
+        (`kvsim.core.horizon.verify_window`) to `reqs`, as stepping would: each step's blocks taken
+        (step 0's are held already), then its drafts verified. Returns (blocks in use during each
+        step, finished); every part but the window's last finishes nobody."""
+        kv, spec, bs = self.kv, self.spec, self.block_size
+        assert spec is not None
+        used: list[int] = []
+        done: list[Request] = []  # in `complete`'s order: plain decode rows, then verify rows
+        done_verify: list[Request] = []
+        for j in range(first, first + n):
+            d_row = drafts[j]
+            if j:
+                kv.set_step(self.num_steps)
+                for req, d in zip(reqs, d_row, strict=True):
+                    need = -(-(req.num_computed + 1 + d) // bs) - req.num_blocks
+                    if need > 0:
+                        ok = kv.allocate_slots(req, need)
+                        assert ok, "a verify window takes only blocks that are empty"
+                kv.note_peak()
+            used.append(kv.pool.num_used)
+            self.num_steps += 1
+            for req, d, a in zip(reqs, d_row, accepted[j], strict=True):
+                e = 1
+                if d:  # the window drew it (the same pure draw as `SpecDecoder.verify`)
+                    spec.tally(d, a)
+                    e += a
+                    req.spec_steps += 1
+                req.num_computed += e
+                req.num_generated += e
+                req.num_tokens += e
+                self.outstanding_tokens -= e
+                if req.num_generated >= req.output_len:
+                    (done_verify if d else done).append(req)
+        done += done_verify
+        if done:
+            self._finish(done)
+        return used, done
 
     def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
