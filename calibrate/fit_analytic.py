@@ -16,7 +16,8 @@ log of predicted / measured time, and writes
 
 Points left out of the fit: decode cells the aiconfigurator sweep omits (the importer fills them
 from a neighbour's rate; they are not measurements). What the tables do not hold is not fitted:
-prefill over a cached prefix (the tables have prefix 0 only; the form extends by FLOPs), the fp8 KV
+prefill over a cached prefix (the tables have prefix 0 only; the form extends by FLOPs, the ramp on
+the chunk's own pairs), the fp8 KV
 decode speed-up (the published 1.6x stays), all-reduce, and the per-step overhead (no per-step
 timing in the tables; the 1 ms estimate stays).
 """
@@ -416,8 +417,8 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "version per GPU (in `kvsim/data/analytic_fit.json` with each table's sha256).",
         "- Decode cells the aiconfigurator sweep omits (large batch x long context) are not measurements "
         "and are left out.",
-        "- Not fitted: prefill over a cached prefix (the tables hold prefix 0 only; the form prices a",
-        "  prefix by its FLOPs at the chunk's fitted efficiency), the fp8 KV decode speed-up (the",
+        "- Not fitted: prefill over a cached prefix (the tables hold prefix 0 only; the form prices the",
+        "  pairs with the prefix at e_max and the short-chunk ramp on the chunk's own pairs), the fp8 KV decode speed-up (the",
         "  published 1.6x stays; checked above), all-reduce (the package's comm tables are not read yet),",
         "  and the per-step overhead (1 ms estimate: the tables time kernels, not steps). For scale:",
         "  aiconfigurator-core 0.12.0's own vLLM model adds 0.8 ms per layer to each request's prefill",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import ForwardBatch, SeqKind, StepPrice, transfer_time
 from kvsim.run import make_cost_model, run_scenario
 from kvsim.spec.topology import Link
@@ -25,11 +26,32 @@ def test_a_one_token_prefill_chunk_is_priced_as_prefill_not_decode():
     assert cm.step_time(one) != cm.step_time(dec)
     # A verify step (speculative decoding: the last token plus 3 drafts) prices its GEMMs over 4
     # tokens with 4 sampling rows, and its 4 queries' attention reading the cache once, as a decode
-    # does (the prefill fit's ramp would price 4 queries as a long chunk).
+    # does. Both cost more than the decode of one token over the same cache.
     verify = ForwardBatch((SeqKind.VERIFY,), (4,), (4096,), 4)
     verify_attn = cm.prefill_launch_s + cm._verify_attn_time(4, 4096)
     assert cm.step_time(verify) == cm.overhead_s + cm._gemm_time(4, 4) + cm._write_time(4) + verify_attn
-    assert cm.step_time(dec) < cm.step_time(verify) < cm.step_time(one)
+    assert cm.step_time(dec) < cm.step_time(verify) and cm.step_time(dec) < cm.step_time(one)
+
+
+def test_a_short_chunk_over_a_long_prefix_pays_the_ramp_on_its_own_tokens():
+    """The fitted prefill ramp (short chunks run below e_max) is charged on the chunk's own causal
+    pairs: over a 32K cached prefix a 16-token chunk costs its pairs with the prefix at e_max plus
+    the ramp of a 16-token chunk alone, not n_half queries over the whole prefix."""
+    cm = make_cost_model(small_scenario())  # H100: fitted
+    assert isinstance(cm, AnalyticCostModel)
+    p, w = cm.ops.prefill_attn, cm.work
+    assert p.n_half > 100  # the fit's ramp is long
+    work = w.prefill_attn_flops(16, 32768) + w.prefill_attn_flops(16, 0) * p.n_half / 16
+    compute = work / (cm.gpu.bf16_flops * p.e_max)
+    expect = max(compute, w.prefill_kv_bytes(16, 32768) / (cm.bw * p.e_kv))
+    assert cm._prefill_attn_time(16, 32768) == pytest.approx(expect, rel=1e-12)
+    # At prefix 0 (the tables' points) the form is the fitted F (1 + n_half / n).
+    f0 = w.prefill_attn_flops(512, 0)
+    at0 = max(
+        f0 * (1 + p.n_half / 512) / (cm.gpu.bf16_flops * p.e_max),
+        w.prefill_kv_bytes(512, 0) / (cm.bw * p.e_kv),
+    )
+    assert cm._prefill_attn_time(512, 0) == pytest.approx(at0, rel=1e-12)
 
 
 def test_a_decode_computes_exactly_one_token():

@@ -192,14 +192,15 @@ def test_mla_prefill_over_a_prefix_pays_the_latent_up_projection():
     cm = _analytic_of(sc)
     w = cm.work
     assert w.mla_upproj_flops_per_token == 2.0 * 512 * (128 // 8) * (128 + 128) * 61
-    p = cm.ops.prefill_attn  # the fitted H200 prefill efficiency at a 512-token chunk
-    rate = cm.gpu.bf16_flops * p.e_max / (1.0 + p.n_half / 512)
+    p = cm.ops.prefill_attn  # the fitted H200 prefill: e_max plus the ramp on the chunk's own pairs
+    rate = cm.gpu.bf16_flops * p.e_max
+    ramp = w.prefill_attn_flops(512, 0) * p.n_half / 512
     plain = max(
-        w.prefill_attn_flops(512, 8192) / rate,
+        (w.prefill_attn_flops(512, 8192) + ramp) / rate,
         w.prefill_kv_bytes(512, 8192) / (cm.bw * p.e_kv),
     )
     assert cm._prefill_attn_time(512, 8192) == pytest.approx(
-        (w.prefill_attn_flops(512, 8192) + 8192 * w.mla_upproj_flops_per_token) / rate, rel=1e-12
+        (w.prefill_attn_flops(512, 8192) + 8192 * w.mla_upproj_flops_per_token + ramp) / rate, rel=1e-12
     )
     assert cm._prefill_attn_time(512, 8192) > plain
     assert w.mla_upproj_flops(0) == 0.0

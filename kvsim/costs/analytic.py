@@ -217,9 +217,12 @@ class AnalyticCostModel(StepCostModel):
         flops = self.work.prefill_attn_flops(n, ctx)
         if self.work.mla_upproj_flops_per_token and ctx:
             flops += self.work.mla_upproj_flops(ctx)  # the cached prefix's latents up-projected
+        # The efficiency ramp of short chunks on the chunk's own causal pairs (`PrefillAttnEff`):
+        # the tables measure prefix 0 only, where the two are the same.
+        ramp = (self.work.prefill_attn_flops(n, 0) if ctx else flops) * (p.n_half / n)
         t = float(
             max(
-                flops * (1.0 + p.n_half / n) / (self.gpu.bf16_flops * p.e_max),
+                (flops + ramp) / (self.gpu.bf16_flops * p.e_max),
                 self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
             )
         )

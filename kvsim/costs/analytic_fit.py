@@ -12,8 +12,12 @@ dense bf16 peak, B its HBM bandwidth):
 - ``decode_attn``: ``t0 + b h t_item + max(KV / (B e_max), F / (P e_flops))`` for ``b`` decoding
   sequences over ``h`` KV heads per GPU reading KV bytes: each (sequence, KV head) is a work item
   of the kernel with a fixed cost (the format's decode speed-up divides the bytes term).
-- ``prefill_attn``: ``t0 + max(F (1 + n_half / n) / (P e_max), KV / (B e_kv))`` for a chunk of
-  ``n`` new tokens (F counts the causal pairs over its cached prefix too).
+- ``prefill_attn``: ``t0 + max((F + F0 n_half / n) / (P e_max), KV / (B e_kv))`` for a chunk of
+  ``n`` new tokens: F counts the causal pairs over its cached prefix too, F0 those of the chunk
+  alone (no prefix). The tables hold prefix 0 only (F = F0), where this is ``F (1 + n_half / n)``;
+  the ramp is charged on the chunk's own pairs so that a short chunk over a long cached prefix (a
+  prefix hit's remainder, a one-token recompute) is not priced as ``n_half`` queries over the
+  whole prefix, which no measurement supports.
 
 With ``t0 = t_item = 0``, ``n_half = 0`` and ``q = inf`` the forms are the plain roofline of published
 peaks times one efficiency (`PUBLISHED`). ``python -m calibrate.fit_analytic`` fits the parameters
@@ -86,12 +90,16 @@ class PrefillAttnEff:
     n_half: float  # chunk length at which compute efficiency is half of e_max
     e_kv: float  # of HBM bandwidth, for the KV the chunk reads and writes
 
-    def seconds(self, flops: Any, kv_bytes: Any, n: Any, peak: float, bw: float) -> Any:
-        """One layer's attention of a chunk of ``n`` new tokens (vectorised)."""
-        compute = flops / (peak * self.e_max)
+    def seconds(
+        self, flops: Any, kv_bytes: Any, n: Any, peak: float, bw: float, own_flops: Any = None
+    ) -> Any:
+        """One layer's attention of a chunk of ``n`` new tokens (vectorised); ``own_flops``: the
+        chunk's causal FLOPs without its cached prefix (default ``flops``: no prefix)."""
+        work = flops
         if self.n_half != 0.0:
-            compute = compute * (1.0 + self.n_half / np.maximum(n, 1e-300))
-        return self.t0_s + np.maximum(compute, kv_bytes / (bw * self.e_kv))
+            own = flops if own_flops is None else own_flops
+            work = flops + own * (self.n_half / np.maximum(n, 1e-300))
+        return self.t0_s + np.maximum(work / (peak * self.e_max), kv_bytes / (bw * self.e_kv))
 
 
 @dataclass(frozen=True)
