@@ -10,6 +10,11 @@ trace names none).
 
     python bench/lru_replay.py [--trace scenarios/traces/mooncake/conversation_trace.jsonl]
         [--capacity-blocks N ...] [--capacity-tokens T ...] [--local-nodes K] [--json out.json]
+        [--eviction lru|lfu]
+
+``--eviction lfu`` replays an LFU instead (fewest uses first, the least recently used of those; a
+use is an insert, of a new entry or of one present; a dropped entry's count is forgotten), kept with
+a lazy heap here, independently of the O(1) buckets of kvsim's `kvsim.core.tiers`.
 
 Prints the hit ratio (hit prompt tokens / prompt tokens) per capacity, infinite first. With
 ``--local-nodes K`` it also replays K separate caches of each capacity (the Mooncake paper's
@@ -20,6 +25,7 @@ beyond one trace block, ties and the rest to the next node in turn), beside one 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 from collections import OrderedDict
@@ -83,8 +89,43 @@ class Cache:
             self.used += n
 
 
-def replay(reqs: list[tuple[int, list[int]]], capacity: float, nodes: int = 1) -> dict[str, float]:
-    caches = [Cache(capacity) for _ in range(nodes)]
+class LFUCache(Cache):
+    """One LFU of entries: a heap of (uses, last use, key), stale items skipped when popped."""
+
+    def __init__(self, capacity: float) -> None:
+        super().__init__(capacity)
+        self.uses: dict[int, tuple[int, int]] = {}  # key -> (uses, last use)
+        self.heap: list[tuple[int, int, int]] = []
+        self.clock = 0
+
+    def insert(self, es: list[tuple[int, int]]) -> None:
+        lru, uses, heap = self.lru, self.uses, self.heap
+        for k, n in es:
+            self.clock += 1
+            if k in lru:
+                u = (uses[k][0] + 1, self.clock)
+                uses[k] = u
+                heapq.heappush(heap, (*u, k))
+                continue
+            if n > self.capacity:
+                continue
+            while self.used + n > self.capacity:
+                u0, t0, old = heapq.heappop(heap)
+                if uses.get(old) != (u0, t0):
+                    continue  # stale: the entry was used since, or dropped
+                del uses[old]
+                self.used -= lru.pop(old)
+            lru[k] = n
+            uses[k] = (1, self.clock)
+            heapq.heappush(heap, (1, self.clock, k))
+            self.used += n
+
+
+def replay(
+    reqs: list[tuple[int, list[int]]], capacity: float, nodes: int = 1, eviction: str = "lru"
+) -> dict[str, float]:
+    kind = LFUCache if eviction == "lfu" else Cache
+    caches = [kind(capacity) for _ in range(nodes)]
     turn = 0
     hit_tokens = prompt_tokens = 0
     for prompt, ids in reqs:
@@ -120,15 +161,17 @@ def main() -> None:
     ap.add_argument("--local-nodes", type=int, default=0)
     ap.add_argument("--block-bytes", type=float, default=0.0, help="print capacities in GB of this block")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
     args = ap.parse_args()
     reqs = load(args.trace)
     caps = [math.inf, *args.capacity_blocks, *(t / BLOCK for t in args.capacity_tokens)]
-    rows = [replay(reqs, c) for c in caps]
+    ev = args.eviction
+    rows = [replay(reqs, c, eviction=ev) for c in caps]
     if args.local_nodes:
         k = args.local_nodes
         for c in caps[1:]:
-            rows.append(replay(reqs, c, k))
-            rows.append(replay(reqs, c * k))
+            rows.append(replay(reqs, c, k, eviction=ev))
+            rows.append(replay(reqs, c * k, eviction=ev))
     for r in rows:
         cap = r["capacity_blocks"]
         size = f" ({cap * args.block_bytes / 1e9:,.1f} GB)" if args.block_bytes and math.isfinite(cap) else ""

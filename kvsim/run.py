@@ -384,7 +384,9 @@ class _Offload:
         self.capacity_bytes = 0
         self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled:
-            self.tiers = [HostTier(self._tier_blocks(plan)) for _ in range(c.nodes)]
+            self.tiers = [
+                HostTier(self._tier_blocks(plan), eviction=sc.kv.offload.eviction) for _ in range(c.nodes)
+            ]
         self.ssd: list[SSDSide] | None = None
         ssd_cfg = sc.kv.offload.ssd
         if sc.kv.offload.enabled and ssd_cfg is not None:
@@ -397,7 +399,7 @@ class _Offload:
                 )
             self.ssd = [
                 SSDSide(
-                    HostTier(ssd_blocks, name="ssd"),
+                    HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
                     LinkQueue(
                         Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), label=f"node{n}/ssd_read/0"
                     ),
@@ -444,7 +446,7 @@ class _Offload:
                     source=sc.source,
                     path="kv.prefix_cache.pool_bytes",
                 )
-            self.pool = GlobalPool(blocks)
+            self.pool = GlobalPool(blocks, eviction=gp.eviction)
             self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
@@ -633,6 +635,7 @@ class _Offload:
             published_bytes=sum(p.stats.published_blocks for p in self.ports) * bpg,
             dropped_bytes=pool.stats.dropped_blocks * bpg,
             declined_lookups=sum(p.stats.declined for p in self.ports),
+            eviction=self.sc.kv.global_pool.eviction,
         )
 
     def _queues(self) -> list[LinkQueue]:
@@ -702,6 +705,7 @@ class _Offload:
         tp = self.sc.cluster.tensor_parallel
         return OffloadRecord(
             preset=off.preset,
+            eviction=off.eviction,
             write=off.write.value,
             copy=off.copy.value,
             host_capacity_bytes=self.capacity_bytes,

@@ -142,6 +142,7 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
             "copy": draw(st.sampled_from(["batched", "per_block"])),
             "load": draw(st.sampled_from(["stall", "overlap"])),
             "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
+            "eviction": draw(st.sampled_from(["lru", "lfu"])),  # in DRAM and the SSD
         }
         if draw(st.booleans()):  # an SSD of a few blocks below DRAM: demotions, loads from it
             kv["offload"]["ssd"] = {
@@ -159,6 +160,7 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
                 "scope": "global",
                 "fetch": draw(st.sampled_from(["auto", "always"])),
                 "pool_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,
+                "pool_eviction": draw(st.sampled_from(["lru", "lfu"])),
             }
             cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
     # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import kvsim.run as krun
-from kvsim.core.tiers import HostTier
+from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.base import ForwardBatch, transfer_time
 from kvsim.errors import KvsimError
 from kvsim.sim.links import LinkQueue
@@ -62,6 +62,119 @@ def test_host_tier_is_lru_within_capacity():
     assert t.insert([4], [6]) == []  # larger than the tier: skipped
     assert t.num_prefix_hits([1, 3, 9, 1], 0, 4) == 2
     t.check()
+
+
+def test_lfu_drops_the_least_used_entry_where_lru_drops_the_least_recent():
+    """1 and 2 in, 1 used twice more (3 uses), then 2 once (2 uses, the most recent): LRU drops 1,
+    the least recent; LFU drops 2, the least used."""
+    for eviction, dropped, kept in (("lru", 1, [2, 3]), ("lfu", 2, [1, 3])):
+        t = HostTier(4, eviction=eviction)
+        t.insert([1, 2], [2, 2])
+        assert t.touch([1]) == 2 and t.touch([1]) == 2
+        t.insert([2], [2])  # present: a use, as a touch
+        assert t.insert([3], [2]) == [(3, 2)]
+        assert t.last_dropped == [dropped] and sorted(t.entries) == kept
+        t.check()
+
+
+def test_lfu_breaks_ties_by_recency_and_counts_restart_after_a_drop():
+    t = HostTier(3, eviction="lfu")
+    t.insert([1, 2, 3], [1, 1, 1])  # one use each: 1 is the least recent
+    t.touch([1])  # 1: 2 uses
+    assert t.insert([4], [1]) == [(4, 1)] and t.last_dropped == [2]  # 2 and 3 tie at one use: 2 older
+    assert t.uses == {1: 2, 3: 1, 4: 1}
+    t.insert([5, 6], [1, 1])  # 3 then 4 go (one use each, oldest first)
+    assert t.last_dropped == [3, 4] and sorted(t.entries) == [1, 5, 6]
+    assert t.insert([3], [1]) == [(3, 1)] and t.last_dropped == [5]  # 3 back with one use, not two
+    assert t.uses == {1: 2, 6: 1, 3: 1}
+    assert t.insert([7], [2]) == [(7, 2)] and t.last_dropped == [6, 3]  # a 2-block entry drops two
+    assert t.uses == {1: 2, 7: 1} and t.used_blocks == 3
+    t.check()
+
+
+def test_the_global_pool_evicts_lfu_too():
+    pool = GlobalPool(2, eviction="lfu")
+    pool.publish([1, 2], [1, 1], node=0)
+    pool.touch([1])
+    assert pool.publish([3], [1], node=1) == [(3, 1)] and pool.last_dropped == [2]
+    assert pool.home[3] == 1 and sorted(pool.entries) == [1, 3]
+    pool.check()
+
+
+def test_lfu_matches_a_brute_force_lfu_on_random_operations():
+    """The O(1) buckets against a reference that scans for (fewest uses, least recent use)."""
+    import random
+
+    rng = random.Random(7)
+    t = HostTier(12, eviction="lfu")
+    ref: dict[int, list[int]] = {}  # key -> [uses, last use, blocks]
+    clock = 0
+    for _ in range(3000):
+        clock += 1
+        if ref and rng.random() < 0.4:
+            k = rng.choice(sorted(ref))
+            t.touch([k])
+            ref[k][0] += 1
+            ref[k][1] = clock
+        else:
+            k, size = rng.randrange(40), rng.randrange(1, 5)
+            t.insert([k], [size])
+            if k in ref:
+                ref[k][0] += 1
+                ref[k][1] = clock
+            else:
+                expect = []
+                while sum(v[2] for v in ref.values()) + size > 12:
+                    victim = min(ref, key=lambda x: (ref[x][0], ref[x][1]))
+                    expect.append(victim)
+                    del ref[victim]
+                ref[k] = [1, clock, size]
+                assert t.last_dropped == expect
+        assert {k: v[0] for k, v in ref.items()} == t.uses
+        t.check()
+
+
+H_PREFIX, COLD_1, COLD_2 = list(range(20)), list(range(100, 120)), list(range(200, 220))
+HOT_THEN_SCAN = make_workload(
+    [0.0, 1.0, 2.0, 3.0, 4.0],
+    [320] * 5,
+    [1] * 5,
+    hash_ids=[H_PREFIX, H_PREFIX, COLD_1, COLD_2, H_PREFIX],
+    block_tokens=16,
+)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_an_lfu_pool_keeps_a_hot_prefix_through_a_scan_that_lru_loses_it_to(ff):
+    """Two nodes of one GPU (22 HBM blocks each: a request's 20 blocks evict the one before), a pool
+    of 40 blocks, round robin. The hot prefix H is computed on node 0 (20 entries published, one use
+    each), fetched by node 1 (19 entries touched, then all 20 published again: 2-3 uses); the cold
+    prompts C1 (node 0) and C2 (node 1) fill the pool, and C2's 20 entries must drop 20. LRU drops
+    H's, touched before C1 came in; LFU drops C1's, used once. H again on node 0 (2 of its blocks
+    left in HBM): with LFU the other 17 come from the pool (304 tokens cached); with LRU they are
+    recomputed, and republishing them drops 18 of C1's entries."""
+    got = {}
+    for eviction in ("lru", "lfu"):
+        sc = small_scenario(
+            num_blocks=22,
+            cluster={"nodes": 2, "router": "round_robin"},
+            kv={
+                "prefix_cache": {
+                    "scope": "global",
+                    "fetch": "always",
+                    "pool_bytes": 20 * BLOCK,
+                    "pool_eviction": eviction,
+                }
+            },
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        res = krun.run_scenario(sc, workload=HOT_THEN_SCAN)
+        assert [s.replica for s in res.seqs] == [0, 1, 0, 1, 0]
+        gp = res.summary["global_pool"]
+        assert gp["eviction"] == eviction
+        got[eviction] = ([s.num_cached_tokens for s in res.seqs], gp["dropped_bytes"], gp["hit_rate_global"])
+    assert got["lru"] == ([0, 304, 0, 0, 32], 38 * BLOCK, 304 / 1600)
+    assert got["lfu"] == ([0, 304, 0, 0, 304], 20 * BLOCK, (304 + 272) / 1600)
 
 
 # ---- DRAM as a second-level prefix cache --------------------------------------------------------------

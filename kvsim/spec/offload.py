@@ -23,7 +23,10 @@
   model's price of its first chunk alone, an estimate: in a batch with others it runs longer);
 - ``cold_after_steps``: a cached HBM entry no request has touched for that many steps moves down to
   DRAM (the design documents' cold threshold; running requests touch their blocks every step, so
-  only cached-but-free entries go cold). Off unless given; 0 is an error.
+  only cached-but-free entries go cold). Off unless given; 0 is an error;
+- ``eviction``: ``lru`` (default, what every preset's system does) or ``lfu`` (fewest uses first,
+  the least recently used of those; `kvsim.core.tiers`), in the node's DRAM tier and its SSD tier.
+  The global pool has its own, ``kv.prefix_cache.pool_eviction``.
 
 A preset (``preset: vllm | sglang_hicache | lmcache``) supplies defaults for the fields the scenario
 does not give; each preset's function says where its numbers come from. What the presets cannot
@@ -38,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+EVICTIONS = ("lru", "lfu")  # a lower tier's eviction policies (`kvsim.core.tiers`)
 
 
 class OffloadWrite(str, Enum):
@@ -69,6 +74,7 @@ class OffloadConfig:
     ssd: SSDConfig | None = None
     cold_after_steps: int = 0  # 0: off
     load: str = "stall"  # stall | overlap
+    eviction: str = "lru"  # lru | lfu, in the node's DRAM and SSD tiers (`kvsim.core.tiers`)
 
 
 # A PCIe Gen5 NVMe data-centre SSD: Samsung PM1743, sequential read 13,000 MB/s and write
