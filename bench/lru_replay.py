@@ -10,7 +10,12 @@ trace names none).
 
     python bench/lru_replay.py [--trace scenarios/traces/mooncake/conversation_trace.jsonl]
         [--capacity-blocks N ...] [--capacity-tokens T ...] [--local-nodes K] [--json out.json]
-        [--eviction lru|lfu]
+        [--eviction lru|lfu] [--chunk-tokens C]
+
+``--chunk-tokens C`` (a multiple of 16 dividing 512) stores and hits entries in whole C-token chunks,
+as LMCache does with its 256-token chunks: an entry keeps only its whole chunks (the partial chunk
+at a prompt's end is not stored) and a hit on an entry cut that way ends the prefix there. It
+measures what kvsim's host tier, keyed by whole trace blocks, leaves out of the ``lmcache`` preset.
 
 ``--eviction lfu`` replays an LFU instead (fewest uses first, the least recently used of those; a
 use is an insert, of a new entry or of one present; a dropped entry's count is forgotten), kept with
@@ -45,8 +50,9 @@ def load(path: Path) -> list[tuple[int, list[int]]]:
     return out
 
 
-def entries(prompt: int, ids: list[int]) -> list[tuple[int, int]]:
-    """(key, engine blocks) of the prompt's full engine blocks, one entry per trace block."""
+def entries(prompt: int, ids: list[int], chunk_blocks: int = 1) -> list[tuple[int, int]]:
+    """(key, engine blocks) of the prompt's full engine blocks, one entry per trace block; with
+    `chunk_blocks`, each cut to its whole chunks and the entries after a cut one dropped."""
     full = prompt // BLOCK
     per = TRACE_BLOCK // BLOCK
     out = []
@@ -54,7 +60,11 @@ def entries(prompt: int, ids: list[int]) -> list[tuple[int, int]]:
         n = min(per, full - i * per)
         if n <= 0:
             break
-        out.append((h, n))
+        whole = n // chunk_blocks * chunk_blocks
+        if whole:
+            out.append((h, whole))
+        if whole < n:
+            break
     return out
 
 
@@ -122,14 +132,18 @@ class LFUCache(Cache):
 
 
 def replay(
-    reqs: list[tuple[int, list[int]]], capacity: float, nodes: int = 1, eviction: str = "lru"
+    reqs: list[tuple[int, list[int]]],
+    capacity: float,
+    nodes: int = 1,
+    eviction: str = "lru",
+    chunk_blocks: int = 1,
 ) -> dict[str, float]:
     kind = LFUCache if eviction == "lfu" else Cache
     caches = [kind(capacity) for _ in range(nodes)]
     turn = 0
     hit_tokens = prompt_tokens = 0
     for prompt, ids in reqs:
-        es = entries(prompt, ids)
+        es = entries(prompt, ids, chunk_blocks)
         cover = [c.covered(es) for c in caches]
         best = max(cover)
         # Longest match wins, but a match of one trace block or less (the conversation trace's
@@ -162,16 +176,20 @@ def main() -> None:
     ap.add_argument("--block-bytes", type=float, default=0.0, help="print capacities in GB of this block")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
+    ap.add_argument("--chunk-tokens", type=int, default=BLOCK)
     args = ap.parse_args()
+    if args.chunk_tokens % BLOCK or TRACE_BLOCK % args.chunk_tokens:
+        ap.error(f"--chunk-tokens must be a multiple of {BLOCK} dividing {TRACE_BLOCK}")
+    cb = args.chunk_tokens // BLOCK
     reqs = load(args.trace)
     caps = [math.inf, *args.capacity_blocks, *(t / BLOCK for t in args.capacity_tokens)]
     ev = args.eviction
-    rows = [replay(reqs, c, eviction=ev) for c in caps]
+    rows = [replay(reqs, c, eviction=ev, chunk_blocks=cb) for c in caps]
     if args.local_nodes:
         k = args.local_nodes
         for c in caps[1:]:
-            rows.append(replay(reqs, c, k, eviction=ev))
-            rows.append(replay(reqs, c * k, eviction=ev))
+            rows.append(replay(reqs, c, k, eviction=ev, chunk_blocks=cb))
+            rows.append(replay(reqs, c * k, eviction=ev, chunk_blocks=cb))
     for r in rows:
         cap = r["capacity_blocks"]
         size = f" ({cap * args.block_bytes / 1e9:,.1f} GB)" if args.block_bytes and math.isfinite(cap) else ""
