@@ -177,6 +177,43 @@ def test_an_lfu_pool_keeps_a_hot_prefix_through_a_scan_that_lru_loses_it_to(ff):
     assert got["lfu"] == ([0, 304, 0, 0, 304], 20 * BLOCK, (304 + 272) / 1600)
 
 
+@pytest.mark.parametrize("ff", [True, False])
+def test_an_lfu_host_tier_keeps_a_hot_prefix_through_a_scan_that_lru_loses_it_to(ff):
+    """The same story in one node's DRAM (write-through, 40 blocks), shared by its two replicas (one
+    GPU each, 22 HBM blocks), round robin: H written by replica 0, loaded whole by replica 1 (its 19
+    entries touched, the 20th written again: two uses each), C1 and C2 written; C2's 20 blocks
+    drop H under LRU (last used before C1 came in), C1 under LFU (one use). H again on replica 0:
+    LFU loads 17 entries (2 still in HBM), LRU recomputes and writes 18 again (dropping C1's)."""
+    got = {}
+    for eviction in ("lru", "lfu"):
+        sc = small_scenario(
+            num_blocks=22,
+            cluster={"gpus_per_node": 2, "router": "round_robin"},
+            kv={
+                "offload": {
+                    "enabled": True,
+                    "write": "through",
+                    "host_bytes": 40 * BLOCK,
+                    "eviction": eviction,
+                }
+            },
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        res = krun.run_scenario(sc, workload=HOT_THEN_SCAN)
+        assert [s.replica for s in res.seqs] == [0, 1, 0, 1, 0]
+        off = res.summary["offload"]
+        assert off["eviction"] == eviction
+        got[eviction] = (
+            [s.num_cached_tokens for s in res.seqs],
+            off["loads"],
+            off["loaded_tokens"],
+            off["written_bytes"],
+            off["dropped_bytes"],
+        )
+    assert got["lru"] == ([0, 304, 0, 0, 32], 1, 304, (20 + 20 + 20 + 18) * BLOCK, (20 + 18) * BLOCK)
+    assert got["lfu"] == ([0, 304, 0, 0, 304], 2, 304 + 272, (20 + 20 + 20) * BLOCK, 20 * BLOCK)
+
+
 # ---- DRAM as a second-level prefix cache --------------------------------------------------------------
 IDS_A = list(range(20))
 STORY = make_workload(
