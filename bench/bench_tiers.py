@@ -33,6 +33,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "kv.prefix_cache.scope=global",
         "kv.prefix_cache.pool_eviction=lfu",
     ),
+    "offload+global fair": (
+        "kv.offload.enabled=true",
+        "kv.offload.host_bytes=256GiB",
+        "kv.prefix_cache.scope=global",
+        "cluster.topology.sharing=fair",
+    ),
     "swap": ("scheduler.preemption=swap",),
 }
 

@@ -154,6 +154,10 @@ def cases(draw, offload: bool = False):  # type: ignore[no-untyped-def]
             kv["offload"]["cold_after_steps"] = cold
     if offload:
         cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
+        # Fair-shared links (processor sharing; `load: overlap` is refused with them).
+        cluster["topology"]["sharing"] = draw(st.sampled_from(["fifo", "fair"]))
+        if cluster["topology"]["sharing"] == "fair" and "offload" in kv:
+            kv["offload"]["load"] = "stall"
         if draw(st.booleans()):  # a global pool of a few entries per node, over one or two nodes
             cluster["nodes"] = draw(st.sampled_from([1, 2]))
             kv["prefix_cache"] = {

@@ -42,6 +42,90 @@ def test_second_of_two_simultaneous_transfers_ends_at_twice_the_bytes_time_plus_
     assert q.stats.queued_s == nbytes / 50e9
 
 
+def _fair_run(starts):  # type: ignore[no-untyped-def]
+    """Transfers of (start instant, bytes) on one fair-shared 50 GB/s link with 5 us latency and
+    2 us per call: their arrival instants."""
+    import simpy
+
+    from kvsim.sim.links import FairLinkQueue
+
+    env = simpy.Environment()
+    q = FairLinkQueue(Link("network", 50e9, 5e-6, 2e-6), label="l", env=env)
+    arrivals = []
+
+    def start(t, nbytes):  # type: ignore[no-untyped-def]
+        yield env.timeout(t)
+        arrivals.append(q.submit(t, nbytes))
+
+    for t, nbytes in starts:
+        env.process(start(t, nbytes))
+    env.run()
+    return q, [a.t for a in arrivals]
+
+
+def test_two_simultaneous_equal_transfers_on_a_fair_link_both_end_at_twice_the_single_time():
+    """Processor sharing: each gets half the link, so both arrive at latency + 2 x (overhead + B/bw),
+    where FIFO ends one at latency + overhead + B/bw and the other at latency + 2 x that."""
+    w = 2e-6 + 1e6 / 50e9
+    _, [alone] = _fair_run([(0.0, 1e6)])
+    assert alone == w + 5e-6  # idle: as FIFO's
+    q, [a, b] = _fair_run([(0.0, 1e6), (0.0, 1e6)])
+    assert a == b == 2 * w + 5e-6
+    assert q.stats.transfers == 2 and q.stats.bytes == 2e6 and q.stats.busy_s == 2 * w
+    fifo = LinkQueue(Link("network", 50e9, 5e-6, 2e-6), label="l")
+    assert [fifo.reserve(0.0, 1e6)[1], fifo.reserve(0.0, 1e6)[1]] == [w + 5e-6, 2 * w + 5e-6]
+
+
+def test_a_fair_link_recomputes_a_transfer_end_when_another_starts_and_ends():
+    """A (work 2w) alone from 0; B (work w) starts at w/2: both at half speed until B ends at
+    w/2 + 2w (A has 2w - w/2 - w = w/2 left), then A alone: it ends at 3w."""
+    w = 2e-6 + 1e6 / 50e9
+    nb_a = 2 * 1e6 + 2e-6 * 50e9  # A's work, calls included, is exactly 2w
+    _, [a, b] = _fair_run([(0.0, nb_a), (w / 2, 1e6)])
+    assert b == pytest.approx(w / 2 + 2 * w + 5e-6, rel=1e-12)
+    assert a == pytest.approx(3 * w + 5e-6, rel=1e-12)
+
+
+FAIR_STORY = make_workload(
+    [0.0, 1.0, 10.0, 10.0],
+    [320] * 4,
+    [1] * 4,
+    hash_ids=[list(range(20)), list(range(500, 520)), list(range(500, 520)), list(range(20))],
+    block_tokens=16,
+)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("sharing", ["fifo", "fair"])
+def test_two_loads_at_once_on_a_shared_pcie_switch_share_it_fairly(ff, sharing):
+    """Two replicas of one GPU under one PCIe switch (shared_by 2), write-through: A's prompt on
+    replica 0 and G's on replica 1 are written to the node's DRAM; at t=10 G's prompt again on
+    replica 0 and A's on replica 1, each loading 19 entries from DRAM at the same instant over the
+    one H2D link. FIFO: the first load takes latency + w, the second latency + 2w; fair: both 2w."""
+    sc = small_scenario(
+        num_blocks=40,
+        cluster={
+            "gpus_per_node": 2,
+            "router": "round_robin",
+            "topology": {"sharing": sharing, "pcie": {"shared_by": 2}},
+        },
+        kv={"offload": {"enabled": True, "write": "through"}},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=FAIR_STORY)
+    h2d = sc.cluster.topology.host_h2d
+    w = transfer_time(19 * BLOCK, h2d) - h2d.latency_s  # the bytes' and the call's time
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    g, a = res.seqs[2], res.seqs[3]
+    assert (g.replica, a.replica) == (0, 1) and g.num_cached_tokens == a.num_cached_tokens == 304
+    loads = [1, 2] if sharing == "fifo" else [2, 2]
+    for seq, k in zip((g, a), loads, strict=True):
+        assert seq.first_token_s == pytest.approx(10.0 + h2d.latency_s + k * w + prefill, rel=1e-12)
+    links = {r["name"]: r for r in res.summary["links"]}
+    assert links["node0/host_h2d/0"]["bytes"] == 38 * BLOCK
+    assert links["node0/host_h2d/0"]["transfers"] == 2
+
+
 def test_per_block_copies_pay_the_per_call_overhead_per_block():
     link = Link("host_h2d", 35.2e9, 0.0, 2.3e-6)
     per_block, batched = LinkQueue(link, label="a"), LinkQueue(link, label="b")
