@@ -54,8 +54,8 @@ Fair-shared links (``cluster.topology.sharing: fair``, `kvsim.sim.links.FairLink
 transfer's end is known only when it comes, so the ``ready`` maps hold `Arrival`s instead of
 instants, a load's parts start when the writes they read have arrived (the SSD's second hop when
 its read has), and the request gets its KV at the last part's arrival, an event at URGENT
-priority as above. Its replica's windows stop at once while it waits (`next_event` is the instant
-it asked: a lower bound, the only one known) and the arrival pokes it, so both modes see the load
+priority as above. Its replica's windows stop at a lower bound of its end while it waits (`next_event`: each part's
+work at the whole bandwidth from the instant it asked) and the arrival pokes it, so both modes see the load
 at the same schedule. ``load: overlap`` is refused with it (it needs the end at the start).
 
 Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on that link
@@ -449,7 +449,15 @@ class OffloadPort:
         ends = [now]
         s = self.stats
         s.waits[req.id] = s.waits.get(req.id, 0.0)
-        self.pending[req.id] = (now, req)  # its end is not known yet: no window past now
+        # Its end is not known yet; no part can end before its own work at the whole bandwidth (a
+        # lower bound: sharing and waiting only delay it), so windows may run to there.
+        lb = now
+        for q, nbytes, calls, _, then in parts:
+            t = now + q.occupancy(nbytes, calls) + q.link.latency_s
+            if then is not None:
+                t += then[0].occupancy(then[1], then[2]) + then[0].link.latency_s
+            lb = max(lb, t)
+        self.pending[req.id] = (lb, req)
 
         def arrived(a: Arrival) -> None:
             assert a.t is not None
