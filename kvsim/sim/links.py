@@ -81,8 +81,10 @@ class LinkQueue:
 
 
 class Arrival:
-    """The arrival of a fair-shared transfer's data: `t` is None until then; `waiters` are called
-    (with no argument) at that instant."""
+    """The arrival of a fair-shared transfer's data: `t` is None until its link has computed it;
+    `waiters` are called (with no argument) at that instant. An arrival nobody waits for when its
+    transfer ends gets its instant then (possibly a latency ahead of the clock) and no event: a
+    reader that needs it later waits on the instant itself."""
 
     __slots__ = ("t", "waiters")
 
@@ -148,7 +150,7 @@ class FairLinkQueue(LinkQueue):
         m = min(sh.left for sh in self.active)
         self.next_t = self.last + m * len(self.active)
         v = self.version
-        ev = _urgent(self.env, self.next_t)
+        ev = urgent_at(self.env, self.next_t)
         ev.callbacks.append(lambda _e: self._finish() if v == self.version else None)
 
     def _finish(self) -> None:
@@ -166,7 +168,10 @@ class FairLinkQueue(LinkQueue):
         at = t + self.link.latency_s
         for sh in done:
             arrival = sh.arrival
-            ev = _urgent(self.env, at)
+            if not arrival.waiters:  # nobody waits (a write): its instant is known, no event needed
+                arrival.t = at
+                continue
+            ev = urgent_at(self.env, at)
             ev.callbacks.append(lambda _e, a=arrival: a._arrive(at))
 
     def submit(self, now: float, nbytes: float, num_calls: int = 1) -> Arrival:
@@ -184,7 +189,7 @@ class FairLinkQueue(LinkQueue):
         return arrival
 
 
-def _urgent(env: simpy.Environment, t: float) -> simpy.events.Event:
+def urgent_at(env: simpy.Environment, t: float) -> simpy.events.Event:
     """An event at URGENT priority at `t` (now, if `t` has passed)."""
     ev = simpy.events.Event(env)
     ev._ok = True

@@ -76,7 +76,7 @@ from kvsim.core.block_pool import BlockRemoved, BlockStored
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import GlobalPool, HostTier
-from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue
+from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, urgent_at
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
 
@@ -481,19 +481,29 @@ class OffloadPort:
         for q, nbytes, calls, deps, then in parts:
             self._after(deps, now, lambda t, q=q, nb=nbytes, c=calls, th=then: start(q, nb, c, th, t))
 
-    @staticmethod
-    def _after(deps: list[Arrival], now: float, fn: Callable[[float], None]) -> None:
-        """Call ``fn(t)`` once every arrival in `deps` has happened, `t` the last one's (or `now`)."""
+    def _after(self, deps: list[Arrival], now: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(t)`` at `t`, the instant every arrival in `deps` has happened (`now` at least):
+        at once if that is now, from the last arrival's event if it is that one's, else from an
+        event at `t` (an arrival whose instant is known but ahead)."""
         pend = [d for d in deps if d.t is None]
+        known = max((d.t for d in deps if d.t is not None), default=now)
+
+        def go(t0: float) -> None:
+            if known > t0:
+                ev = urgent_at(self.env, known)
+                ev.callbacks.append(lambda _e: fn(known))
+            else:
+                fn(t0)
+
         if not pend:
-            fn(now)
+            go(now)
             return
         left = [len(pend)]
 
         def one() -> None:
             left[0] -= 1
             if left[0] == 0:
-                fn(max(d.t for d in pend if d.t is not None))
+                go(max(now, *(d.t for d in pend if d.t is not None)))
 
         for d in pend:
             d.waiters.append(one)
