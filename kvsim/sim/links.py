@@ -33,6 +33,7 @@ two links), NUMA.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ class FairLinkQueue(LinkQueue):
                 arrival.t = at
                 continue
             ev = urgent_at(self.env, at)
-            ev.callbacks.append(lambda _e, a=arrival: a._arrive(at))
+            ev.callbacks.append(functools.partial(_arrive_event, arrival, at))
 
     def submit(self, now: float, nbytes: float, num_calls: int = 1) -> Arrival:
         """Start a transfer at `now` (not before the link's last event); returns its arrival."""
@@ -187,6 +188,10 @@ class FairLinkQueue(LinkQueue):
         s.bytes += nbytes
         self._schedule()
         return arrival
+
+
+def _arrive_event(arrival: Arrival, t: float, _ev: simpy.events.Event) -> None:
+    arrival._arrive(t)
 
 
 def urgent_at(env: simpy.Environment, t: float) -> simpy.events.Event:

@@ -65,6 +65,7 @@ replica blocks.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -479,7 +480,7 @@ class OffloadPort:
                 a.waiters.append(lambda: start(*then, None, a.t if a.t is not None else t))
 
         for q, nbytes, calls, deps, then in parts:
-            self._after(deps, now, lambda t, q=q, nb=nbytes, c=calls, th=then: start(q, nb, c, th, t))
+            self._after(deps, now, functools.partial(start, q, nbytes, calls, then))
 
     def _after(self, deps: list[Arrival], now: float, fn: Callable[[float], None]) -> None:
         """Call ``fn(t)`` at `t`, the instant every arrival in `deps` has happened (`now` at least):
