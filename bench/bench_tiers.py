@@ -26,6 +26,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "kv.offload.host_bytes=256GiB",
         "kv.prefix_cache.scope=global",
     ),
+    "offload+global lfu": (
+        "kv.offload.enabled=true",
+        "kv.offload.host_bytes=256GiB",
+        "kv.offload.eviction=lfu",
+        "kv.prefix_cache.scope=global",
+        "kv.prefix_cache.pool_eviction=lfu",
+    ),
+    "offload+global fair": (
+        "kv.offload.enabled=true",
+        "kv.offload.host_bytes=256GiB",
+        "kv.prefix_cache.scope=global",
+        "cluster.topology.sharing=fair",
+    ),
     "swap": ("scheduler.preemption=swap",),
 }
 
@@ -40,7 +53,7 @@ def main() -> None:
         for name, overrides in VARIANTS.items():
             runs[name].append(run_child(ROOT, SCENARIO, *overrides))
     base = statistics.median(r["wall_s"] for r in runs["off"])
-    print(f"{'variant':<16} {'wall (median)':>14} {'x off':>7} {'events':>9} {'rss MiB':>8}")
+    print(f"{'variant':<20} {'wall (median)':>14} {'x off':>7} {'events':>9} {'rss MiB':>8}")
     out = {}
     for name, rs in runs.items():
         wall = statistics.median(r["wall_s"] for r in rs)
@@ -51,7 +64,7 @@ def main() -> None:
             "rss_mib": max(r["rss_mib"] for r in rs),
         }
         print(
-            f"{name:<16} {wall:>12.2f} s {wall / base:>6.2f}x {int(rs[0]['events']):>9,} {out[name]['rss_mib']:>8.0f}"
+            f"{name:<20} {wall:>12.2f} s {wall / base:>6.2f}x {int(rs[0]['events']):>9,} {out[name]['rss_mib']:>8.0f}"
         )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -10,6 +10,16 @@ trace names none).
 
     python bench/lru_replay.py [--trace scenarios/traces/mooncake/conversation_trace.jsonl]
         [--capacity-blocks N ...] [--capacity-tokens T ...] [--local-nodes K] [--json out.json]
+        [--eviction lru|lfu] [--chunk-tokens C]
+
+``--chunk-tokens C`` (a multiple of 16 dividing 512) stores and hits entries in whole C-token chunks,
+as LMCache does with its 256-token chunks: an entry keeps only its whole chunks (the partial chunk
+at a prompt's end is not stored) and a hit on an entry cut that way ends the prefix there. It
+measures what kvsim's host tier, keyed by whole trace blocks, leaves out of the ``lmcache`` preset.
+
+``--eviction lfu`` replays an LFU instead (fewest uses first, the least recently used of those; a
+use is an insert, of a new entry or of one present; a dropped entry's count is forgotten), kept with
+a lazy heap here, independently of the O(1) buckets of kvsim's `kvsim.core.tiers`.
 
 Prints the hit ratio (hit prompt tokens / prompt tokens) per capacity, infinite first. With
 ``--local-nodes K`` it also replays K separate caches of each capacity (the Mooncake paper's
@@ -20,6 +30,7 @@ beyond one trace block, ties and the rest to the next node in turn), beside one 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 from collections import OrderedDict
@@ -39,8 +50,9 @@ def load(path: Path) -> list[tuple[int, list[int]]]:
     return out
 
 
-def entries(prompt: int, ids: list[int]) -> list[tuple[int, int]]:
-    """(key, engine blocks) of the prompt's full engine blocks, one entry per trace block."""
+def entries(prompt: int, ids: list[int], chunk_blocks: int = 1) -> list[tuple[int, int]]:
+    """(key, engine blocks) of the prompt's full engine blocks, one entry per trace block; with
+    `chunk_blocks`, each cut to its whole chunks and the entries after a cut one dropped."""
     full = prompt // BLOCK
     per = TRACE_BLOCK // BLOCK
     out = []
@@ -48,7 +60,11 @@ def entries(prompt: int, ids: list[int]) -> list[tuple[int, int]]:
         n = min(per, full - i * per)
         if n <= 0:
             break
-        out.append((h, n))
+        whole = n // chunk_blocks * chunk_blocks
+        if whole:
+            out.append((h, whole))
+        if whole < n:
+            break
     return out
 
 
@@ -83,12 +99,51 @@ class Cache:
             self.used += n
 
 
-def replay(reqs: list[tuple[int, list[int]]], capacity: float, nodes: int = 1) -> dict[str, float]:
-    caches = [Cache(capacity) for _ in range(nodes)]
+class LFUCache(Cache):
+    """One LFU of entries: a heap of (uses, last use, key), stale items skipped when popped."""
+
+    def __init__(self, capacity: float) -> None:
+        super().__init__(capacity)
+        self.uses: dict[int, tuple[int, int]] = {}  # key -> (uses, last use)
+        self.heap: list[tuple[int, int, int]] = []
+        self.clock = 0
+
+    def insert(self, es: list[tuple[int, int]]) -> None:
+        lru, uses, heap = self.lru, self.uses, self.heap
+        for k, n in es:
+            self.clock += 1
+            if k in lru:
+                u = (uses[k][0] + 1, self.clock)
+                uses[k] = u
+                heapq.heappush(heap, (*u, k))
+                continue
+            if n > self.capacity:
+                continue
+            while self.used + n > self.capacity:
+                u0, t0, old = heapq.heappop(heap)
+                if uses.get(old) != (u0, t0):
+                    continue  # stale: the entry was used since, or dropped
+                del uses[old]
+                self.used -= lru.pop(old)
+            lru[k] = n
+            uses[k] = (1, self.clock)
+            heapq.heappush(heap, (1, self.clock, k))
+            self.used += n
+
+
+def replay(
+    reqs: list[tuple[int, list[int]]],
+    capacity: float,
+    nodes: int = 1,
+    eviction: str = "lru",
+    chunk_blocks: int = 1,
+) -> dict[str, float]:
+    kind = LFUCache if eviction == "lfu" else Cache
+    caches = [kind(capacity) for _ in range(nodes)]
     turn = 0
     hit_tokens = prompt_tokens = 0
     for prompt, ids in reqs:
-        es = entries(prompt, ids)
+        es = entries(prompt, ids, chunk_blocks)
         cover = [c.covered(es) for c in caches]
         best = max(cover)
         # Longest match wins, but a match of one trace block or less (the conversation trace's
@@ -120,15 +175,21 @@ def main() -> None:
     ap.add_argument("--local-nodes", type=int, default=0)
     ap.add_argument("--block-bytes", type=float, default=0.0, help="print capacities in GB of this block")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--eviction", choices=("lru", "lfu"), default="lru")
+    ap.add_argument("--chunk-tokens", type=int, default=BLOCK)
     args = ap.parse_args()
+    if args.chunk_tokens % BLOCK or TRACE_BLOCK % args.chunk_tokens:
+        ap.error(f"--chunk-tokens must be a multiple of {BLOCK} dividing {TRACE_BLOCK}")
+    cb = args.chunk_tokens // BLOCK
     reqs = load(args.trace)
     caps = [math.inf, *args.capacity_blocks, *(t / BLOCK for t in args.capacity_tokens)]
-    rows = [replay(reqs, c) for c in caps]
+    ev = args.eviction
+    rows = [replay(reqs, c, eviction=ev, chunk_blocks=cb) for c in caps]
     if args.local_nodes:
         k = args.local_nodes
         for c in caps[1:]:
-            rows.append(replay(reqs, c, k))
-            rows.append(replay(reqs, c * k))
+            rows.append(replay(reqs, c, k, eviction=ev, chunk_blocks=cb))
+            rows.append(replay(reqs, c * k, eviction=ev, chunk_blocks=cb))
     for r in rows:
         cap = r["capacity_blocks"]
         size = f" ({cap * args.block_bytes / 1e9:,.1f} GB)" if args.block_bytes and math.isfinite(cap) else ""

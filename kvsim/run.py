@@ -52,7 +52,7 @@ from kvsim.results.record import (
 )
 from kvsim.results.summary import dist, summarize
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
-from kvsim.sim.links import LinkQueue
+from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.offload import CopyMode
@@ -416,8 +416,17 @@ class _Offload:
         self.block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # a replica's block, all its GPUs
         self.capacity_bytes = 0
         self.tiers: list[HostTier] | None = None
+        if sc.kv.offload.enabled and sc.kv.offload.load == "overlap" and c.topology.sharing == "fair":
+            raise KvsimError(
+                "load: overlap needs the load's end when it starts, which fair-shared links do not know "
+                "(cluster.topology.sharing: fair); use load: stall",
+                source=sc.source,
+                path="kv.offload.load",
+            )
         if sc.kv.offload.enabled:
-            self.tiers = [HostTier(self._tier_blocks(plan)) for _ in range(c.nodes)]
+            self.tiers = [
+                HostTier(self._tier_blocks(plan), eviction=sc.kv.offload.eviction) for _ in range(c.nodes)
+            ]
         self.ssd: list[SSDSide] | None = None
         ssd_cfg = sc.kv.offload.ssd
         if sc.kv.offload.enabled and ssd_cfg is not None:
@@ -430,13 +439,12 @@ class _Offload:
                 )
             self.ssd = [
                 SSDSide(
-                    HostTier(ssd_blocks, name="ssd"),
-                    LinkQueue(
-                        Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), label=f"node{n}/ssd_read/0"
+                    HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
+                    self._queue(
+                        Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_read/0"
                     ),
-                    LinkQueue(
-                        Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0),
-                        label=f"node{n}/ssd_write/0",
+                    self._queue(
+                        Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_write/0"
                     ),
                     self.block_bytes,
                     {},
@@ -477,7 +485,7 @@ class _Offload:
                     source=sc.source,
                     path="kv.prefix_cache.pool_bytes",
                 )
-            self.pool = GlobalPool(blocks)
+            self.pool = GlobalPool(blocks, eviction=gp.eviction)
             self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
@@ -518,12 +526,18 @@ class _Offload:
         self.capacity_bytes = int(blocks * block_bytes)
         return blocks
 
+    def _queue(self, link: Link, label: str) -> LinkQueue:
+        """A link direction's queue: FIFO, or fair-shared (``cluster.topology.sharing: fair``)."""
+        if self.sc.cluster.topology.sharing == "fair":
+            return FairLinkQueue(link, label=label, env=self.env)
+        return LinkQueue(link, label=label)
+
     def _link(self, node: int, name: str, group: int) -> LinkQueue:
         key = (node, name, group)
         q = self.links.get(key)
         if q is None:
-            q = self.links[key] = LinkQueue(
-                self.sc.cluster.topology.link(name), label=f"node{node}/{name}/{group}"
+            q = self.links[key] = self._queue(
+                self.sc.cluster.topology.link(name), f"node{node}/{name}/{group}"
             )
         return q
 
@@ -666,6 +680,7 @@ class _Offload:
             published_bytes=sum(p.stats.published_blocks for p in self.ports) * bpg,
             dropped_bytes=pool.stats.dropped_blocks * bpg,
             declined_lookups=sum(p.stats.declined for p in self.ports),
+            eviction=self.sc.kv.global_pool.eviction,
         )
 
     def _queues(self) -> list[LinkQueue]:
@@ -735,6 +750,7 @@ class _Offload:
         tp = self.sc.cluster.tensor_parallel
         return OffloadRecord(
             preset=off.preset,
+            eviction=off.eviction,
             write=off.write.value,
             copy=off.copy.value,
             host_capacity_bytes=self.capacity_bytes,

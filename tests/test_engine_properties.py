@@ -142,6 +142,7 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
             "copy": draw(st.sampled_from(["batched", "per_block"])),
             "load": draw(st.sampled_from(["stall", "overlap"])),
             "host_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,  # blocks of 2 MiB
+            "eviction": draw(st.sampled_from(["lru", "lfu"])),  # in DRAM and the SSD
         }
         if draw(st.booleans()):  # an SSD of a few blocks below DRAM: demotions, loads from it
             kv["offload"]["ssd"] = {
@@ -153,12 +154,17 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
             kv["offload"]["cold_after_steps"] = cold
     if offload:
         cluster["topology"] = {"pcie": {"bw": draw(st.sampled_from(["1GB/s", "35GB/s"]))}}
+        # Fair-shared links (processor sharing; `load: overlap` is refused with them).
+        cluster["topology"]["sharing"] = draw(st.sampled_from(["fifo", "fair"]))
+        if cluster["topology"]["sharing"] == "fair" and "offload" in kv:
+            kv["offload"]["load"] = "stall"
         if draw(st.booleans()):  # a global pool of a few entries per node, over one or two nodes
             cluster["nodes"] = draw(st.sampled_from([1, 2]))
             kv["prefix_cache"] = {
                 "scope": "global",
                 "fetch": draw(st.sampled_from(["auto", "always"])),
                 "pool_bytes": draw(st.sampled_from([2, 8, 64])) * 16 * 131072,
+                "pool_eviction": draw(st.sampled_from(["lru", "lfu"])),
             }
             cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
     # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import kvsim.run as krun
-from kvsim.core.tiers import HostTier
+from kvsim.core.tiers import GlobalPool, HostTier
 from kvsim.costs.base import ForwardBatch, transfer_time
 from kvsim.errors import KvsimError
 from kvsim.sim.links import LinkQueue
@@ -42,6 +42,90 @@ def test_second_of_two_simultaneous_transfers_ends_at_twice_the_bytes_time_plus_
     assert q.stats.queued_s == nbytes / 50e9
 
 
+def _fair_run(starts):  # type: ignore[no-untyped-def]
+    """Transfers of (start instant, bytes) on one fair-shared 50 GB/s link with 5 us latency and
+    2 us per call: their arrival instants."""
+    import simpy
+
+    from kvsim.sim.links import FairLinkQueue
+
+    env = simpy.Environment()
+    q = FairLinkQueue(Link("network", 50e9, 5e-6, 2e-6), label="l", env=env)
+    arrivals = []
+
+    def start(t, nbytes):  # type: ignore[no-untyped-def]
+        yield env.timeout(t)
+        arrivals.append(q.submit(t, nbytes))
+
+    for t, nbytes in starts:
+        env.process(start(t, nbytes))
+    env.run()
+    return q, [a.t for a in arrivals]
+
+
+def test_two_simultaneous_equal_transfers_on_a_fair_link_both_end_at_twice_the_single_time():
+    """Processor sharing: each gets half the link, so both arrive at latency + 2 x (overhead + B/bw),
+    where FIFO ends one at latency + overhead + B/bw and the other at latency + 2 x that."""
+    w = 2e-6 + 1e6 / 50e9
+    _, [alone] = _fair_run([(0.0, 1e6)])
+    assert alone == w + 5e-6  # idle: as FIFO's
+    q, [a, b] = _fair_run([(0.0, 1e6), (0.0, 1e6)])
+    assert a == b == 2 * w + 5e-6
+    assert q.stats.transfers == 2 and q.stats.bytes == 2e6 and q.stats.busy_s == 2 * w
+    fifo = LinkQueue(Link("network", 50e9, 5e-6, 2e-6), label="l")
+    assert [fifo.reserve(0.0, 1e6)[1], fifo.reserve(0.0, 1e6)[1]] == [w + 5e-6, 2 * w + 5e-6]
+
+
+def test_a_fair_link_recomputes_a_transfer_end_when_another_starts_and_ends():
+    """A (work 2w) alone from 0; B (work w) starts at w/2: both at half speed until B ends at
+    w/2 + 2w (A has 2w - w/2 - w = w/2 left), then A alone: it ends at 3w."""
+    w = 2e-6 + 1e6 / 50e9
+    nb_a = 2 * 1e6 + 2e-6 * 50e9  # A's work, calls included, is exactly 2w
+    _, [a, b] = _fair_run([(0.0, nb_a), (w / 2, 1e6)])
+    assert b == pytest.approx(w / 2 + 2 * w + 5e-6, rel=1e-12)
+    assert a == pytest.approx(3 * w + 5e-6, rel=1e-12)
+
+
+FAIR_STORY = make_workload(
+    [0.0, 1.0, 10.0, 10.0],
+    [320] * 4,
+    [1] * 4,
+    hash_ids=[list(range(20)), list(range(500, 520)), list(range(500, 520)), list(range(20))],
+    block_tokens=16,
+)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("sharing", ["fifo", "fair"])
+def test_two_loads_at_once_on_a_shared_pcie_switch_share_it_fairly(ff, sharing):
+    """Two replicas of one GPU under one PCIe switch (shared_by 2), write-through: A's prompt on
+    replica 0 and G's on replica 1 are written to the node's DRAM; at t=10 G's prompt again on
+    replica 0 and A's on replica 1, each loading 19 entries from DRAM at the same instant over the
+    one H2D link. FIFO: the first load takes latency + w, the second latency + 2w; fair: both 2w."""
+    sc = small_scenario(
+        num_blocks=40,
+        cluster={
+            "gpus_per_node": 2,
+            "router": "round_robin",
+            "topology": {"sharing": sharing, "pcie": {"shared_by": 2}},
+        },
+        kv={"offload": {"enabled": True, "write": "through"}},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=FAIR_STORY)
+    h2d = sc.cluster.topology.host_h2d
+    w = transfer_time(19 * BLOCK, h2d) - h2d.latency_s  # the bytes' and the call's time
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    g, a = res.seqs[2], res.seqs[3]
+    assert (g.replica, a.replica) == (0, 1) and g.num_cached_tokens == a.num_cached_tokens == 304
+    loads = [1, 2] if sharing == "fifo" else [2, 2]
+    for seq, k in zip((g, a), loads, strict=True):
+        assert seq.first_token_s == pytest.approx(10.0 + h2d.latency_s + k * w + prefill, rel=1e-12)
+    links = {r["name"]: r for r in res.summary["links"]}
+    assert links["node0/host_h2d/0"]["bytes"] == 38 * BLOCK
+    assert links["node0/host_h2d/0"]["transfers"] == 2
+
+
 def test_per_block_copies_pay_the_per_call_overhead_per_block():
     link = Link("host_h2d", 35.2e9, 0.0, 2.3e-6)
     per_block, batched = LinkQueue(link, label="a"), LinkQueue(link, label="b")
@@ -62,6 +146,156 @@ def test_host_tier_is_lru_within_capacity():
     assert t.insert([4], [6]) == []  # larger than the tier: skipped
     assert t.num_prefix_hits([1, 3, 9, 1], 0, 4) == 2
     t.check()
+
+
+def test_lfu_drops_the_least_used_entry_where_lru_drops_the_least_recent():
+    """1 and 2 in, 1 used twice more (3 uses), then 2 once (2 uses, the most recent): LRU drops 1,
+    the least recent; LFU drops 2, the least used."""
+    for eviction, dropped, kept in (("lru", 1, [2, 3]), ("lfu", 2, [1, 3])):
+        t = HostTier(4, eviction=eviction)
+        t.insert([1, 2], [2, 2])
+        assert t.touch([1]) == 2 and t.touch([1]) == 2
+        t.insert([2], [2])  # present: a use, as a touch
+        assert t.insert([3], [2]) == [(3, 2)]
+        assert t.last_dropped == [dropped] and sorted(t.entries) == kept
+        t.check()
+
+
+def test_lfu_breaks_ties_by_recency_and_counts_restart_after_a_drop():
+    t = HostTier(3, eviction="lfu")
+    t.insert([1, 2, 3], [1, 1, 1])  # one use each: 1 is the least recent
+    t.touch([1])  # 1: 2 uses
+    assert t.insert([4], [1]) == [(4, 1)] and t.last_dropped == [2]  # 2 and 3 tie at one use: 2 older
+    assert t.uses == {1: 2, 3: 1, 4: 1}
+    t.insert([5, 6], [1, 1])  # 3 then 4 go (one use each, oldest first)
+    assert t.last_dropped == [3, 4] and sorted(t.entries) == [1, 5, 6]
+    assert t.insert([3], [1]) == [(3, 1)] and t.last_dropped == [5]  # 3 back with one use, not two
+    assert t.uses == {1: 2, 6: 1, 3: 1}
+    assert t.insert([7], [2]) == [(7, 2)] and t.last_dropped == [6, 3]  # a 2-block entry drops two
+    assert t.uses == {1: 2, 7: 1} and t.used_blocks == 3
+    t.check()
+
+
+def test_the_global_pool_evicts_lfu_too():
+    pool = GlobalPool(2, eviction="lfu")
+    pool.publish([1, 2], [1, 1], node=0)
+    pool.touch([1])
+    assert pool.publish([3], [1], node=1) == [(3, 1)] and pool.last_dropped == [2]
+    assert pool.home[3] == 1 and sorted(pool.entries) == [1, 3]
+    pool.check()
+
+
+def test_lfu_matches_a_brute_force_lfu_on_random_operations():
+    """The O(1) buckets against a reference that scans for (fewest uses, least recent use)."""
+    import random
+
+    rng = random.Random(7)
+    t = HostTier(12, eviction="lfu")
+    ref: dict[int, list[int]] = {}  # key -> [uses, last use, blocks]
+    clock = 0
+    for _ in range(3000):
+        clock += 1
+        if ref and rng.random() < 0.4:
+            k = rng.choice(sorted(ref))
+            t.touch([k])
+            ref[k][0] += 1
+            ref[k][1] = clock
+        else:
+            k, size = rng.randrange(40), rng.randrange(1, 5)
+            t.insert([k], [size])
+            if k in ref:
+                ref[k][0] += 1
+                ref[k][1] = clock
+            else:
+                expect = []
+                while sum(v[2] for v in ref.values()) + size > 12:
+                    victim = min(ref, key=lambda x: (ref[x][0], ref[x][1]))
+                    expect.append(victim)
+                    del ref[victim]
+                ref[k] = [1, clock, size]
+                assert t.last_dropped == expect
+        assert {k: v[0] for k, v in ref.items()} == t.uses
+        t.check()
+
+
+H_PREFIX, COLD_1, COLD_2 = list(range(20)), list(range(100, 120)), list(range(200, 220))
+HOT_THEN_SCAN = make_workload(
+    [0.0, 1.0, 2.0, 3.0, 4.0],
+    [320] * 5,
+    [1] * 5,
+    hash_ids=[H_PREFIX, H_PREFIX, COLD_1, COLD_2, H_PREFIX],
+    block_tokens=16,
+)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_an_lfu_pool_keeps_a_hot_prefix_through_a_scan_that_lru_loses_it_to(ff):
+    """Two nodes of one GPU (22 HBM blocks each: a request's 20 blocks evict the one before), a pool
+    of 40 blocks, round robin. The hot prefix H is computed on node 0 (20 entries published, one use
+    each), fetched by node 1 (19 entries touched, then all 20 published again: 2-3 uses); the cold
+    prompts C1 (node 0) and C2 (node 1) fill the pool, and C2's 20 entries must drop 20. LRU drops
+    H's, touched before C1 came in; LFU drops C1's, used once. H again on node 0 (2 of its blocks
+    left in HBM): with LFU the other 17 come from the pool (304 tokens cached); with LRU they are
+    recomputed, and republishing them drops 18 of C1's entries."""
+    got = {}
+    for eviction in ("lru", "lfu"):
+        sc = small_scenario(
+            num_blocks=22,
+            cluster={"nodes": 2, "router": "round_robin"},
+            kv={
+                "prefix_cache": {
+                    "scope": "global",
+                    "fetch": "always",
+                    "pool_bytes": 20 * BLOCK,
+                    "pool_eviction": eviction,
+                }
+            },
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        res = krun.run_scenario(sc, workload=HOT_THEN_SCAN)
+        assert [s.replica for s in res.seqs] == [0, 1, 0, 1, 0]
+        gp = res.summary["global_pool"]
+        assert gp["eviction"] == eviction
+        got[eviction] = ([s.num_cached_tokens for s in res.seqs], gp["dropped_bytes"], gp["hit_rate_global"])
+    assert got["lru"] == ([0, 304, 0, 0, 32], 38 * BLOCK, 304 / 1600)
+    assert got["lfu"] == ([0, 304, 0, 0, 304], 20 * BLOCK, (304 + 272) / 1600)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_an_lfu_host_tier_keeps_a_hot_prefix_through_a_scan_that_lru_loses_it_to(ff):
+    """The same story in one node's DRAM (write-through, 40 blocks), shared by its two replicas (one
+    GPU each, 22 HBM blocks), round robin: H written by replica 0, loaded whole by replica 1 (its 19
+    entries touched, the 20th written again: two uses each), C1 and C2 written; C2's 20 blocks
+    drop H under LRU (last used before C1 came in), C1 under LFU (one use). H again on replica 0:
+    LFU loads 17 entries (2 still in HBM), LRU recomputes and writes 18 again (dropping C1's)."""
+    got = {}
+    for eviction in ("lru", "lfu"):
+        sc = small_scenario(
+            num_blocks=22,
+            cluster={"gpus_per_node": 2, "router": "round_robin"},
+            kv={
+                "offload": {
+                    "enabled": True,
+                    "write": "through",
+                    "host_bytes": 40 * BLOCK,
+                    "eviction": eviction,
+                }
+            },
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        res = krun.run_scenario(sc, workload=HOT_THEN_SCAN)
+        assert [s.replica for s in res.seqs] == [0, 1, 0, 1, 0]
+        off = res.summary["offload"]
+        assert off["eviction"] == eviction
+        got[eviction] = (
+            [s.num_cached_tokens for s in res.seqs],
+            off["loads"],
+            off["loaded_tokens"],
+            off["written_bytes"],
+            off["dropped_bytes"],
+        )
+    assert got["lru"] == ([0, 304, 0, 0, 32], 1, 304, (20 + 20 + 20 + 18) * BLOCK, (20 + 18) * BLOCK)
+    assert got["lfu"] == ([0, 304, 0, 0, 304], 2, 304 + 272, (20 + 20 + 20) * BLOCK, 20 * BLOCK)
 
 
 # ---- DRAM as a second-level prefix cache --------------------------------------------------------------

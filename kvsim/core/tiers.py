@@ -5,13 +5,20 @@ pool's, `kvsim.core.block_pool`) copied to a node's host DRAM, shared by the nod
 (they run the same model with the same tensor-parallel layout, so a block one wrote another can
 load, as LMCache's local CPU backend and SGLang HiCache's host pool share a host). Capacity is in
 blocks of the replicas' layout; an insert that does not fit drops the least recently used
-entries (LRU, as vLLM's offloading manager, SGLang HiCache's host radix tree and LMCache's
-local CPU backend do by default). Entries have copy semantics: an entry loaded back into HBM
+entries (``eviction: lru``, the default, as vLLM's offloading manager, SGLang HiCache's host radix
+tree and LMCache's local CPU backend do), or the least frequently used (``eviction: lfu``: fewest
+uses since the entry came in, the least recently used of those first; the issue's pool eviction
+"LRU, LFU"). A use is the insert that brings an entry in, a lookup that loads it (`touch`) and an
+insert of an entry already present (another write or publication of the same block). An entry
+dropped and inserted again starts from one use: no history of dropped entries is kept, and counts
+do not age (an entry used often long ago outlives newer ones, LFU's known weakness). LFU costs O(1)
+per operation: entries sit in one insertion-ordered bucket per use count, and the counts present
+form a linked list in increasing order, so the victim is the first entry of the first bucket. Entries have copy semantics: an entry loaded back into HBM
 stays here too, so writing it back again when HBM evicts it costs nothing.
 
 A `GlobalPool` is the same store cluster-wide (``kv.prefix_cache.scope: global``, as Mooncake
 Store keeps prefix KV in the DRAM of every node): each entry also knows its home node, whose DRAM
-holds it, so a fetch from another node crosses the network. One LRU over the whole pool.
+holds it, so a fetch from another node crosses the network. One LRU (or LFU) over the whole pool.
 
 The scheduler asks a `TierLookup` (the shell's view of a replica's lower tiers, local DRAM then the
 global pool) how far a prefix continues below HBM.
@@ -48,11 +55,23 @@ class TierStats:
     peak_blocks: int = 0
 
 
+EVICTIONS = ("lru", "lfu")
+
+
 class HostTier:
-    def __init__(self, capacity_blocks: int, *, name: str = "dram") -> None:
+    def __init__(self, capacity_blocks: int, *, name: str = "dram", eviction: str = "lru") -> None:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
         self.name = name
+        self.lfu = eviction == "lfu"
+        # LFU: key -> uses; use count -> its entries, least recently used first; the counts present
+        # as a circular doubly linked list through the sentinel 0, in increasing order.
+        self.uses: dict[int, int] = {}
+        self._bucket: dict[int, OrderedDict[int, None]] = {}
+        self._next: dict[int, int] = {0: 0}
+        self._prev: dict[int, int] = {0: 0}
         self.capacity_blocks = capacity_blocks
         self.used_blocks = 0
         self.entries: OrderedDict[int, int] = OrderedDict()  # key -> blocks, least recent first
@@ -78,13 +97,51 @@ class HostTier:
         entries = self.entries
         blocks = 0
         for k in keys:
-            entries.move_to_end(k)
+            if self.lfu:
+                self._use(k)
+            else:
+                entries.move_to_end(k)
             blocks += entries[k]
         return blocks
+
+    # ---- LFU bookkeeping, O(1) each ----------------------------------------------------------------
+    def _link_after(self, f: int, g: int) -> None:
+        """Put the use count `g` (absent) right after `f` (present) in the list."""
+        n = self._next[f]
+        self._next[f] = g
+        self._prev[g] = f
+        self._next[g] = n
+        self._prev[n] = g
+
+    def _leave(self, k: int, f: int) -> None:
+        """Take `k` out of the bucket of count `f`; a bucket left empty leaves the list."""
+        b = self._bucket[f]
+        del b[k]
+        if not b:
+            del self._bucket[f]
+            p, n = self._prev.pop(f), self._next.pop(f)
+            self._next[p] = n
+            self._prev[n] = p
+
+    def _enter(self, k: int, f: int, after: int) -> None:
+        """Put `k` last into the bucket of count `f`, created right after `after` if absent."""
+        b = self._bucket.get(f)
+        if b is None:
+            b = self._bucket[f] = OrderedDict()
+            self._link_after(after, f)
+        b[k] = None
+        self.uses[k] = f
+
+    def _use(self, k: int) -> None:
+        f = self.uses[k]
+        self._enter(k, f + 1, f)  # before leaving f, so that f is still in the list to link after
+        self._leave(k, f)
 
     def insert(self, keys: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
         """Copy entries in (those present are only touched). Returns (key, blocks) of the entries
         newly inserted, the ones a transfer must move; an entry larger than the tier is skipped."""
+        if self.lfu:
+            return self._insert_lfu(keys, sizes)
         entries = self.entries
         cap = self.capacity_blocks
         new: list[tuple[int, int]] = []
@@ -113,18 +170,77 @@ class HostTier:
                 self.stats.peak_blocks = self.used_blocks
         return new
 
+    def _insert_lfu(self, keys: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
+        """`insert` under LFU: the victim is the oldest entry of the lowest count's bucket; a new
+        entry joins the bucket of count one (the hot paths of `_use` and `_leave` inlined)."""
+        entries, uses, bucket, nxt, prv = self.entries, self.uses, self._bucket, self._next, self._prev
+        cap = self.capacity_blocks
+        used = self.used_blocks
+        new: list[tuple[int, int]] = []
+        dropped: list[int] = []
+        dropped_sizes: list[int] = []
+        self.last_dropped = dropped
+        self.last_dropped_sizes = dropped_sizes
+        for k, s in zip(keys, sizes, strict=True):
+            if k in entries:
+                self._use(k)
+                continue
+            if s > cap:
+                continue
+            while used + s > cap:
+                f = nxt[0]
+                b = bucket[f]
+                old, _ = b.popitem(last=False)
+                if not b:
+                    del bucket[f]
+                    n = nxt.pop(f)
+                    del prv[f]
+                    nxt[0] = n
+                    prv[n] = 0
+                del uses[old]
+                size = entries.pop(old)
+                dropped.append(old)
+                dropped_sizes.append(size)
+                used -= size
+            entries[k] = s
+            uses[k] = 1
+            b1 = bucket.get(1)
+            if b1 is None:
+                b1 = bucket[1] = OrderedDict()
+                self._link_after(0, 1)
+            b1[k] = None
+            used += s
+            new.append((k, s))
+        self.used_blocks = used
+        if dropped_sizes:
+            self.stats.dropped_blocks += sum(dropped_sizes)
+        if new:
+            self.stats.inserted_blocks += sum(s for _, s in new)
+            if used > self.stats.peak_blocks:
+                self.stats.peak_blocks = used
+        return new
+
     def check(self) -> None:
         """Invariants (property tests): within capacity, counts agree, every entry counted once."""
         assert 0 <= self.used_blocks <= self.capacity_blocks
         assert self.used_blocks == sum(self.entries.values())
         assert all(s > 0 for s in self.entries.values())
+        if self.lfu:  # every entry in exactly one bucket, its count's; the list the counts in order
+            assert self.uses.keys() == self.entries.keys()
+            assert sum(len(b) for b in self._bucket.values()) == len(self.entries)
+            assert all(self.uses[k] == f for f, b in self._bucket.items() for k in b)
+            order, f = [], self._next[0]
+            while f != 0:
+                order.append(f)
+                f = self._next[f]
+            assert order == sorted(self._bucket) and len(self._next) == len(order) + 1
 
 
 class GlobalPool(HostTier):
     """A cluster-wide `HostTier` whose entries each live in one node's DRAM (``home``)."""
 
-    def __init__(self, capacity_blocks: int) -> None:
-        super().__init__(capacity_blocks, name="global")
+    def __init__(self, capacity_blocks: int, *, eviction: str = "lru") -> None:
+        super().__init__(capacity_blocks, name="global", eviction=eviction)
         self.home: dict[int, int] = {}
 
     def publish(self, keys: Sequence[int], sizes: Sequence[int], node: int) -> list[tuple[int, int]]:

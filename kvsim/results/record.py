@@ -140,7 +140,7 @@ class OffloadRecord:
     loaded_tokens: int  # tokens those loads let requests skip, every admission
     loaded_bytes: float  # DRAM -> HBM, per GPU (each GPU of a replica moves its share)
     written_bytes: float  # HBM -> DRAM, per GPU
-    dropped_bytes: float  # dropped from DRAM to make room (LRU), per GPU
+    dropped_bytes: float  # dropped from DRAM to make room (LRU or LFU), per GPU
     requests_waited: int  # requests that waited for a load at least once
     kv_wait_s: Distribution  # per request that waited: seconds waiting for KV (loads and swap-ins)
     hit_rate_ssd: float = 0.0  # the same, loaded from the node's SSD (kv.offload.ssd)
@@ -148,6 +148,7 @@ class OffloadRecord:
     ssd_written_bytes: float = 0.0  # demoted DRAM -> SSD, whole replica blocks
     ssd_loaded_bytes: float = 0.0  # SSD -> HBM, whole replica blocks
     cold_demoted_bytes: float = 0.0  # HBM entries moved down for going cold (cold_after_steps), per GPU
+    eviction: str = "lru"  # lru | lfu, in DRAM and the SSD (kv.offload.eviction)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,8 +166,9 @@ class GlobalPoolRecord:
     fetched_bytes: float  # per GPU
     remote_bytes: float  # of those, from another node over the network, per GPU
     published_bytes: float  # HBM -> the pool, per GPU
-    dropped_bytes: float  # dropped to make room (LRU), per GPU
+    dropped_bytes: float  # dropped to make room (LRU or LFU), per GPU
     declined_lookups: int  # lookups that stopped at a remote entry cheaper to recompute (fetch: auto)
+    eviction: str = "lru"  # lru | lfu (kv.prefix_cache.pool_eviction)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

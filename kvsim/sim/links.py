@@ -23,15 +23,22 @@ event at the end of a transfer whose completion someone waits for (a load back t
 one per block. Per-block copies (a ``cudaMemcpyAsync`` per block) and one batched gather differ
 only in ``num_calls``.
 
-Left out: sharing the bandwidth of concurrent transfers (a real link interleaves them; FIFO gives
-the same completion time for the last of a burst and earlier ones for the others), priorities
+``cluster.topology.sharing: fair`` shares each link's bandwidth between its concurrent transfers
+instead (`FairLinkQueue`: processor sharing, as a real link interleaves DMA streams; FIFO gives the
+same completion time for the last of a burst of equal transfers and earlier ones for the others).
+Left out: priorities
 between loads and write-backs (separate directions here: host-to-device and device-to-host are
 two links), NUMA.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import simpy
 
 from kvsim.spec.topology import Link
 
@@ -72,3 +79,125 @@ class LinkQueue:
         s.busy_s += hold
         s.queued_s += start - now
         return start, start + hold + self.link.latency_s
+
+
+class Arrival:
+    """The arrival of a fair-shared transfer's data: `t` is None until its link has computed it;
+    `waiters` are called (with no argument) at that instant. An arrival nobody waits for when its
+    transfer ends gets its instant then (possibly a latency ahead of the clock) and no event: a
+    reader that needs it later waits on the instant itself."""
+
+    __slots__ = ("t", "waiters")
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+        self.waiters: list[Callable[[], None]] = []
+
+    def _arrive(self, t: float) -> None:
+        self.t = t
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            w()
+
+
+class _Share:
+    __slots__ = ("arrival", "left")
+
+    def __init__(self, work: float, arrival: Arrival) -> None:
+        self.left = work  # seconds of the whole link still to serve
+        self.arrival = arrival
+
+
+class FairLinkQueue(LinkQueue):
+    """One direction of one link whose concurrent transfers share its bandwidth equally
+    (``cluster.topology.sharing: fair``; processor sharing, as concurrent DMA streams interleave):
+    with n transfers in service each progresses at 1/n of the link, so a transfer's end moves when
+    another starts or ends. A transfer's work is `occupancy` (its calls' overheads and bytes over
+    the whole bandwidth); its data arrive ``latency`` after its work is done. Two transfers of B
+    bytes started at once both arrive at ``latency + 2 x (overhead + B/bw)`` (FIFO: one at
+    ``latency + overhead + B/bw``, the other at that plus ``overhead + B/bw``).
+
+    Events only at starts and ends: one pending SimPy event per link, at its next completion
+    (replaced when a start changes it), and one at each transfer's arrival. The arithmetic is the
+    link's own floats (the instants it is given and the completions it computes), never
+    ``env.now``, so it is the same whether the replicas step or fast-forward. `submit` replaces
+    `reserve`: the end is not known when a transfer starts."""
+
+    def __init__(self, link: Link, *, label: str, env: simpy.Environment) -> None:
+        super().__init__(link, label=label)
+        self.env = env
+        self.active: list[_Share] = []
+        self.last = 0.0  # the instant the shares' `left` are as of
+        self.next_t = math.inf  # the next completion
+        self.version = 0  # of the pending completion event (older ones are void)
+
+    def reserve(self, now: float, nbytes: float, num_calls: int = 1) -> tuple[float, float]:
+        raise TypeError("a fair-shared link has no end known at the start: use submit")
+
+    def _advance(self, t: float) -> None:
+        if t > self.last:
+            if self.active:
+                d = (t - self.last) / len(self.active)
+                for sh in self.active:
+                    sh.left -= d
+                self.stats.busy_s += t - self.last
+            self.last = t
+
+    def _schedule(self) -> None:
+        self.version += 1
+        if not self.active:
+            self.next_t = math.inf
+            return
+        m = min(sh.left for sh in self.active)
+        self.next_t = self.last + m * len(self.active)
+        v = self.version
+        ev = urgent_at(self.env, self.next_t)
+        ev.callbacks.append(lambda _e: self._finish() if v == self.version else None)
+
+    def _finish(self) -> None:
+        """The completion at `next_t`: the shares with the least work left end (ties together)."""
+        t = self.next_t
+        m = min(sh.left for sh in self.active)
+        self.stats.busy_s += t - self.last
+        self.last = t
+        done = [sh for sh in self.active if sh.left == m]
+        rest = [sh for sh in self.active if sh.left != m]
+        for sh in rest:
+            sh.left -= m
+        self.active = rest
+        self._schedule()
+        at = t + self.link.latency_s
+        for sh in done:
+            arrival = sh.arrival
+            if not arrival.waiters:  # nobody waits (a write): its instant is known, no event needed
+                arrival.t = at
+                continue
+            ev = urgent_at(self.env, at)
+            ev.callbacks.append(functools.partial(_arrive_event, arrival, at))
+
+    def submit(self, now: float, nbytes: float, num_calls: int = 1) -> Arrival:
+        """Start a transfer at `now` (not before the link's last event); returns its arrival."""
+        while self.active and self.next_t <= now:  # completions due first, in the link's order
+            self._finish()
+        now = max(now, self.last)
+        self._advance(now)
+        arrival = Arrival()
+        self.active.append(_Share(self.occupancy(nbytes, num_calls), arrival))
+        s = self.stats
+        s.transfers += 1
+        s.bytes += nbytes
+        self._schedule()
+        return arrival
+
+
+def _arrive_event(arrival: Arrival, t: float, _ev: simpy.events.Event) -> None:
+    arrival._arrive(t)
+
+
+def urgent_at(env: simpy.Environment, t: float) -> simpy.events.Event:
+    """An event at URGENT priority at `t` (now, if `t` has passed)."""
+    ev = simpy.events.Event(env)
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, simpy.core.URGENT, max(0.0, t - env.now))
+    return ev

@@ -50,6 +50,14 @@ through the head of its waiting queue (the admission loop stops at the first req
 not fit): a replica whose head's prefix holds a changed key is poked (its window cut, as for an
 arrival), or, for the replica that wrote, its next step takes no window.
 
+Fair-shared links (``cluster.topology.sharing: fair``, `kvsim.sim.links.FairLinkQueue`): a
+transfer's end is known only when it comes, so the ``ready`` maps hold `Arrival`s instead of
+instants, a load's parts start when the writes they read have arrived (the SSD's second hop when
+its read has), and the request gets its KV at the last part's arrival, an event at URGENT
+priority as above. Its replica's windows stop at a lower bound of its end while it waits (`next_event`: each part's
+work at the whole bandwidth from the instant it asked) and the arrival pokes it, so both modes see the load
+at the same schedule. ``load: overlap`` is refused with it (it needs the end at the start).
+
 Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on that link
 (its other GPUs move their shares in parallel over their own lanes); the SSD, per node, moves whole
 replica blocks.
@@ -57,9 +65,11 @@ replica blocks.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
@@ -67,7 +77,7 @@ from kvsim.core.block_pool import BlockRemoved, BlockStored
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import GlobalPool, HostTier
-from kvsim.sim.links import LinkQueue
+from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, urgent_at
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
 
@@ -98,7 +108,7 @@ class SSDSide:
     read: LinkQueue
     write: LinkQueue
     block_bytes: float  # a replica's whole block (the SSD holds every GPU's share)
-    ready: dict[int, float]  # entry key -> instant its demotion has been written (pruned lazily)
+    ready: dict[int, Any]  # entry key -> instant its demotion is written (fair: its Arrival; pruned lazily)
 
 
 @dataclass
@@ -106,7 +116,7 @@ class GlobalSide:
     """A replica's access to the cluster-wide pool."""
 
     pool: GlobalPool
-    ready: dict[int, float]  # entry key -> instant its publication arrives (pruned lazily)
+    ready: dict[int, Any]  # entry key -> instant its publication arrives (fair: its Arrival; pruned lazily)
     net: LinkQueue  # the replica's network link (its first GPU's NIC group)
     net_block_bytes: float  # per block on that link
     node: int
@@ -149,7 +159,7 @@ class OffloadPort:
         d2h_block_bytes: float,
         write: OffloadWrite,
         copy: CopyMode,
-        ready: dict[int, float],
+        ready: dict[int, Any],
         swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
         glob: GlobalSide | None = None,
         load_weight: float = 0.0,
@@ -178,7 +188,8 @@ class OffloadPort:
         self.peers: list[OffloadPort] = []  # the other replicas' ports on this node
         self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
         self.tier_changed = False  # the last after_schedule changed the tier's contents
-        self.swap_ready: dict[int, float] = {}  # request id -> instant its swap-out has arrived
+        self.swap_ready: dict[int, Any] = {}  # request id -> instant its swap-out arrives (fair: Arrival)
+        self.fair = isinstance(h2d, FairLinkQueue)  # cluster.topology.sharing: fair
         self.glob = glob
         self.ssd = ssd
         self.cold_after_steps = cold_after_steps
@@ -325,7 +336,7 @@ class OffloadPort:
         if not new:
             return
         blocks = sum(s for _, s in new)
-        _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
+        end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
         for k, _ in new:
             glob.ready[k] = end
         self.stats.published_blocks += blocks
@@ -348,10 +359,17 @@ class OffloadPort:
     def _swap(self, now: float, req: Request, blocks: int, out: bool) -> None:
         calls = blocks if self.per_block else 1
         if out:
-            _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, calls)
-            self.swap_ready[req.id] = end
+            self.swap_ready[req.id] = self._send(self.d2h, now, blocks * self.d2h_block_bytes, calls)
             self.stats.swaps_out += 1
             self.stats.swapped_blocks += blocks
+            return
+        if self.fair:
+            self._fair_load(
+                now,
+                req,
+                blocks,
+                [(self.h2d, blocks * self.h2d_block_bytes, calls, [self.swap_ready.pop(req.id)], None)],
+            )
             return
         start = max(now, self.swap_ready.pop(req.id))
         _, end = self.h2d.reserve(start, blocks * self.h2d_block_bytes, calls)
@@ -376,7 +394,7 @@ class OffloadPort:
         dropped, dropped_sizes = self.host.last_dropped, self.host.last_dropped_sizes
         changed = {*keys, *dropped}
         blocks = sum(s for _, s in new)
-        _, end = self.d2h.reserve(now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
+        end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
         ready = self.ready
         for k, _ in new:
             ready[k] = end
@@ -387,7 +405,7 @@ class OffloadPort:
             changed.update(ssd.tier.last_dropped)
             if down:
                 nb = sum(s for _, s in down)
-                _, end2 = ssd.write.reserve(now, nb * ssd.block_bytes, 1)
+                end2 = self._send(ssd.write, now, nb * ssd.block_bytes, 1)
                 for k, _ in down:
                     ssd.ready[k] = end2
                 self.stats.ssd_written_blocks += nb
@@ -412,6 +430,85 @@ class OffloadPort:
             return None
         return stamp + self.cold_after_steps + 1 - self.sched.num_steps
 
+    def _send(self, q: LinkQueue, now: float, nbytes: float, calls: int) -> Any:
+        """A transfer with no prerequisite: the instant its data arrive (fair: its Arrival)."""
+        if isinstance(q, FairLinkQueue):
+            return q.submit(now, nbytes, calls)
+        return q.reserve(now, nbytes, calls)[1]
+
+    def _fair_load(
+        self,
+        now: float,
+        req: Request,
+        swap_blocks: int,
+        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]],
+    ) -> None:
+        """A load over fair-shared links: each part (link, bytes, calls, the arrivals it waits for,
+        and a second hop started when the first arrives: the SSD read, then PCIe) starts when its
+        prerequisites have arrived; the request gets its KV when every part has."""
+        left = [len(parts)]
+        ends = [now]
+        s = self.stats
+        s.waits[req.id] = s.waits.get(req.id, 0.0)
+        # Its end is not known yet; no part can end before its own work at the whole bandwidth (a
+        # lower bound: sharing and waiting only delay it), so windows may run to there.
+        lb = now
+        for q, nbytes, calls, _, then in parts:
+            t = now + q.occupancy(nbytes, calls) + q.link.latency_s
+            if then is not None:
+                t += then[0].occupancy(then[1], then[2]) + then[0].link.latency_s
+            lb = max(lb, t)
+        self.pending[req.id] = (lb, req)
+
+        def arrived(a: Arrival) -> None:
+            assert a.t is not None
+            ends.append(a.t)
+            left[0] -= 1
+            if left[0] == 0:
+                end = max(ends)
+                s.waits[req.id] += end - now
+                self._arrived(req, swap_blocks, end)
+
+        def start(
+            q: LinkQueue, nbytes: float, calls: int, then: tuple[LinkQueue, float, int] | None, t: float
+        ) -> None:
+            assert isinstance(q, FairLinkQueue)
+            a = q.submit(t, nbytes, calls)
+            if then is None:
+                a.waiters.append(lambda: arrived(a))
+            else:
+                a.waiters.append(lambda: start(*then, None, a.t if a.t is not None else t))
+
+        for q, nbytes, calls, deps, then in parts:
+            self._after(deps, now, functools.partial(start, q, nbytes, calls, then))
+
+    def _after(self, deps: list[Arrival], now: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(t)`` at `t`, the instant every arrival in `deps` has happened (`now` at least):
+        at once if that is now, from the last arrival's event if it is that one's, else from an
+        event at `t` (an arrival whose instant is known but ahead)."""
+        pend = [d for d in deps if d.t is None]
+        known = max((d.t for d in deps if d.t is not None), default=now)
+
+        def go(t0: float) -> None:
+            if known > t0:
+                ev = urgent_at(self.env, known)
+                ev.callbacks.append(lambda _e: fn(known))
+            else:
+                fn(t0)
+
+        if not pend:
+            go(now)
+            return
+        left = [len(pend)]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                go(max(now, *(d.t for d in pend if d.t is not None)))
+
+        for d in pend:
+            d.waiters.append(one)
+
     def _load(self, now: float, req: Request, hits: int, n: int) -> None:
         cum = req.key_cum
         blocks = cum[hits + n] - cum[hits]
@@ -423,6 +520,10 @@ class OffloadPort:
         ssd = self.ssd
         disk = ssd.tier.entries if ssd is not None else None
         glob = self.glob
+        fair = self.fair
+        host_deps: list[Arrival] = []
+        ssd_deps: list[Arrival] = []
+        net_deps: list[Arrival] = []
         for i in range(hits, hits + n):
             k = req.keys[i]
             size = cum[i + 1] - cum[i]
@@ -434,7 +535,12 @@ class OffloadPort:
                 assert ssd is not None
                 ssd_blocks += size
                 t = ssd.ready.get(k)
-                if t is not None:
+                if fair and t is not None:
+                    if t.t is not None and t.t <= now:
+                        del ssd.ready[k]
+                    else:
+                        ssd_deps.append(t)
+                elif t is not None:
                     if t <= now:
                         del ssd.ready[k]
                     elif t > ssd_start:
@@ -450,7 +556,12 @@ class OffloadPort:
                 else:
                     host_blocks += size
             t = ready.get(k)
-            if t is not None:
+            if fair and t is not None:
+                if t.t is not None and t.t <= now:
+                    del ready[k]
+                else:
+                    (net_deps if remote else host_deps).append(t)
+            elif t is not None:
                 if t <= now:
                     del ready[k]
                 elif remote and t > net_start:
@@ -458,15 +569,37 @@ class OffloadPort:
                 elif not remote and t > host_start:
                     host_start = t
         end = now
-        if host_blocks:
+        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]] = []
+        if fair:
+            pb = self.per_block
+            if host_blocks:
+                parts.append(
+                    (self.h2d, host_blocks * self.h2d_block_bytes, host_blocks if pb else 1, host_deps, None)
+                )
+            if ssd_blocks:
+                assert ssd is not None
+                hop = (self.h2d, ssd_blocks * self.h2d_block_bytes, ssd_blocks if pb else 1)
+                parts.append((ssd.read, ssd_blocks * ssd.block_bytes, 1, ssd_deps, hop))
+            if remote_blocks:
+                assert glob is not None
+                parts.append(
+                    (
+                        glob.net,
+                        remote_blocks * glob.net_block_bytes,
+                        remote_blocks if pb else 1,
+                        net_deps,
+                        None,
+                    )
+                )
+        elif host_blocks:
             calls = host_blocks if self.per_block else 1
             end = self.h2d.reserve(host_start, host_blocks * self.h2d_block_bytes, calls)[1]
-        if ssd_blocks:  # read from the SSD into DRAM, then over PCIe
+        if ssd_blocks and not fair:  # read from the SSD into DRAM, then over PCIe
             assert ssd is not None
             read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
             calls = ssd_blocks if self.per_block else 1
             end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if remote_blocks:
+        if remote_blocks and not fair:
             assert glob is not None
             calls = remote_blocks if self.per_block else 1
             end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])
@@ -488,6 +621,12 @@ class OffloadPort:
             s.first_admission_ssd[req.id] = from_ssd
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
+        if fair:  # the ends are not known yet (`load: overlap` is refused with fair sharing)
+            if parts:
+                self._fair_load(now, req, 0, parts)
+            else:
+                self._await(now, now, req, 0)
+            return
         if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
             computed = cum[hits] * bs + skipped
             chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)

@@ -23,11 +23,15 @@
   model's price of its first chunk alone, an estimate: in a batch with others it runs longer);
 - ``cold_after_steps``: a cached HBM entry no request has touched for that many steps moves down to
   DRAM (the design documents' cold threshold; running requests touch their blocks every step, so
-  only cached-but-free entries go cold). Off unless given; 0 is an error.
+  only cached-but-free entries go cold). Off unless given; 0 is an error;
+- ``eviction``: ``lru`` (default, what every preset's system does) or ``lfu`` (fewest uses first,
+  the least recently used of those; `kvsim.core.tiers`), in the node's DRAM tier and its SSD tier.
+  The global pool has its own, ``kv.prefix_cache.pool_eviction``.
 
 A preset (``preset: vllm | sglang_hicache | lmcache``) supplies defaults for the fields the scenario
 does not give; each preset's function says where its numbers come from. What the presets cannot
-reproduce: LMCache's 256-token chunks (kvsim's entries are the trace's hash blocks), vLLM's
+reproduce: LMCache's 256-token chunks (kvsim's entries are the trace's hash blocks: see `lmcache`
+for what that changes and by how much), vLLM's
 "prompt blocks only" (kvsim also writes through a finished request's answer blocks, as the HBM
 prefix cache keeps them), and the asynchronous store that lets vLLM skip a write the link is too
 busy for (kvsim queues every write).
@@ -38,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+EVICTIONS = ("lru", "lfu")  # a lower tier's eviction policies (`kvsim.core.tiers`)
 
 
 class OffloadWrite(str, Enum):
@@ -69,6 +75,7 @@ class OffloadConfig:
     ssd: SSDConfig | None = None
     cold_after_steps: int = 0  # 0: off
     load: str = "stall"  # stall | overlap
+    eviction: str = "lru"  # lru | lfu, in the node's DRAM and SSD tiers (`kvsim.core.tiers`)
 
 
 # A PCIe Gen5 NVMe data-centre SSD: Samsung PM1743, sequential read 13,000 MB/s and write
@@ -108,8 +115,20 @@ def sglang_hicache() -> dict[str, Any]:
 def lmcache() -> dict[str, Any]:
     """LMCache's local CPU backend: every prefill's KV is stored (write-through), with its GPU
     connector's gather kernel (batched), LRU, and ``max_local_cpu_size`` 5 GB per serving instance
-    (LMCache's configuration default; the disk tier behind it is not simulated). Its 256-token
-    chunks are not reproduced: kvsim moves the trace's hash blocks."""
+    (LMCache's configuration default; the disk tier behind it is not simulated).
+
+    Its 256-token chunks are not reproduced: kvsim's host tier stores, looks up and moves the HBM
+    pool's entries, one per trace hash block (512 tokens on the Mooncake traces: two whole chunks)
+    of full 16-token engine blocks. What is the same: every full entry, hence every chunk of a
+    Mooncake trace block, is stored and loaded whole, and a prefix hit ends at an entry boundary,
+    which is a chunk boundary there. What differs: (1) the partial chunk at a prompt's end (its full
+    engine blocks past the last 256-token boundary) is stored and loaded by kvsim, not by LMCache
+    (which keeps whole chunks only); (2) with a trace of hash blocks shorter than 256 tokens kvsim
+    hits to the entry, LMCache only to a whole chunk (up to 255 tokens fewer per hit); (3) the
+    bytes of a transfer are the entries' blocks, not rounded to chunks. Measured with a timing-free
+    replay (`bench/lru_replay.py --chunk-tokens 256`, BENCHMARKS.md): (1) is 1.0% of the
+    conversation trace's cacheable prompt tokens and moves its hit ratio by 0.01 points unbounded
+    and 0.1 points with a 3M-token cache (the synthetic trace: 0.04 and 0.17 points)."""
     return {"write": OffloadWrite.THROUGH, "copy": CopyMode.BATCHED, "per_replica_bytes": 5 * 10**9}
 
 

@@ -17,8 +17,8 @@ from kvsim.errors import KvsimError
 from kvsim.spec.formats import FormatMix, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
-from kvsim.spec.offload import CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -136,6 +136,7 @@ class GlobalPoolConfig:
 
     pool_bytes: int = 0  # per node (0: the host DRAM left beside the offload tier and swap space)
     fetch: str = "auto"  # auto: fetch an entry only where it beats recomputing it; always
+    eviction: str = "lru"  # pool_eviction: lru | lfu (`kvsim.core.tiers`)
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
         scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
-        for key in ("pool_bytes", "fetch"):
+        for key in ("pool_bytes", "fetch", "pool_eviction"):
             if pc.raw(key, None) is not None and scope != "global":
                 raise pc.err(key, "only with scope: global")
         gpool = GlobalPoolConfig(
@@ -396,6 +397,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             if pc.raw("pool_bytes", None) is not None
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
+            eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
         )
         pin = pc.parsed("pin", _read_pin, ())
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
@@ -494,10 +496,12 @@ def _read_offload(off: Section) -> OffloadConfig:
         ssd=ssd,
         cold_after_steps=cold,
         load=off.choice("load", ("stall", "overlap"), "stall"),
+        eviction=off.choice("eviction", EVICTIONS, "lru"),
     )
     off.done()
-    if (ssd is not None or cold) and not cfg.enabled:
-        raise off.err("ssd" if ssd is not None else "cold_after_steps", "needs kv.offload.enabled: true")
+    if (ssd is not None or cold or cfg.eviction != "lru") and not cfg.enabled:
+        field_ = "ssd" if ssd is not None else "cold_after_steps" if cold else "eviction"
+        raise off.err(field_, "needs kv.offload.enabled: true")
     return cfg
 
 

@@ -44,6 +44,9 @@ class NodeSpec:
     host_dram_bytes: int  # per node
 
 
+SHARINGS = ("fifo", "fair")
+
+
 @dataclass(frozen=True)
 class Topology:
     host_h2d: Link  # PCIe, pinned host memory -> GPU
@@ -52,6 +55,9 @@ class Topology:
     network: Link  # GPU <-> GPU across nodes, per GPU's NIC
     node: NodeSpec
     sources: tuple[tuple[str, str], ...] = ()
+    # How concurrent transfers on one link direction share it (`kvsim.sim.links`): fifo (one at a
+    # time, first come first served) or fair (processor sharing: equal shares of the bandwidth).
+    sharing: str = "fifo"
 
     def link(self, name: str) -> Link:
         """The link named ``host_h2d``, ``host_d2h``, ``nvlink`` or ``network``."""
@@ -249,6 +255,7 @@ def read_topology(
         else:
             network = _apply(network, ch, "bw")
         src.append((name, "scenario override"))
+    sharing = t.choice("sharing", SHARINGS, base.sharing)
     t.done()
     if "host_h2d" in legacy:
         h2d = dataclasses.replace(h2d, bw_bytes_per_s=legacy["host_h2d"])
@@ -257,4 +264,6 @@ def read_topology(
     if "nvlink" in legacy:
         nvlink = dataclasses.replace(nvlink, bw_bytes_per_s=legacy["nvlink"])
     src.extend((k, "scenario override") for k in legacy)
-    return Topology(h2d, d2h, nvlink, network, NodeSpec(host_dram_bytes), base.sources + tuple(src))
+    return Topology(
+        h2d, d2h, nvlink, network, NodeSpec(host_dram_bytes), base.sources + tuple(src), sharing=sharing
+    )
