@@ -85,40 +85,31 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
     which the host tiers' write-back, the global pool's index and swap do not follow yet."""
     kv = sc.kv
+    preempt = sc.scheduler.preemption
+    tiers = (
+        ("kv.offload", kv.offload.enabled),
+        ("a global prefix pool", kv.prefix_cache == "global"),
+        (f"scheduler.preemption: {preempt}", preempt != "recompute"),
+    )
     if sc.scheduler.spec_decode is not None:
-        other = [
-            name
-            for name, on in (
-                ("kv.eviction", kv.eviction.policy != "none"),
-                ("kv.offload", kv.offload.enabled),
-                ("a global prefix pool", kv.prefix_cache == "global"),
-                (f"scheduler.preemption: {sc.scheduler.preemption}", sc.scheduler.preemption != "recompute"),
-            )
-            if on
-        ]
-        if other:
-            raise KvsimError(
-                f"speculative decoding is not simulated together with {' and '.join(other)} yet; "
-                "turn one of them off",
-                source=sc.source,
-                path="scheduler.spec_decode",
-            )
-    if kv.eviction.policy == "none":
-        return
-    other = [
-        name
-        for name, on in (
-            ("kv.offload", kv.offload.enabled),
-            ("a global prefix pool", kv.prefix_cache == "global"),
-            (f"scheduler.preemption: {sc.scheduler.preemption}", sc.scheduler.preemption != "recompute"),
+        _refuse_with(
+            sc,
+            "speculative decoding",
+            "scheduler.spec_decode",
+            (("kv.eviction", kv.eviction.policy != "none"), *tiers),
         )
-        if on
-    ]
-    if other:
+    if kv.eviction.policy != "none":
+        _refuse_with(sc, "token eviction", "kv.eviction.policy", tiers)
+
+
+def _refuse_with(sc: Scenario, what: str, path: str, others: tuple[tuple[str, bool], ...]) -> None:
+    """One line naming `path` when `what` is on together with any of `others` that is on."""
+    on = [name for name, enabled in others if enabled]
+    if on:
         raise KvsimError(
-            f"token eviction is not simulated together with {' and '.join(other)} yet; turn one of them off",
+            f"{what} is not simulated together with {' and '.join(on)} yet; turn one of them off",
             source=sc.source,
-            path="kv.eviction.policy",
+            path=path,
         )
 
 

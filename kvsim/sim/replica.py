@@ -278,13 +278,7 @@ class Replica:
                 self.clock = t_end
                 first, done = self._apply_part(win, k - win.applied)
                 self.stats.steps += k
-                for seq in first:
-                    seq.first_token_s = t_end
-                for seq in done:
-                    seq.finish_s = t_end
-                if done and self.on_finish is not None:
-                    self.on_finish(done)
-                pause = self._eviction_pause()
+                pause = self._end_step(first, done, t_end)
                 if pause:
                     yield env.timeout(max(0.0, self.clock + pause - env.now))
                     self.clock += pause
@@ -328,13 +322,7 @@ class Replica:
                     self.stats.draft_s += draft_s
                 first, done = sched.complete(plan)
                 self.stats.steps += 1
-                for seq in first:
-                    seq.first_token_s = t_end
-                for seq in done:
-                    seq.finish_s = t_end
-                if done and self.on_finish is not None:
-                    self.on_finish(done)
-                pause = self._eviction_pause()
+                pause = self._end_step(first, done, t_end)
                 if pause:
                     yield env.timeout(max(0.0, self.clock + pause - env.now))
                     self.clock += pause
@@ -342,6 +330,17 @@ class Replica:
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
             self.stats.busy_s = self.clock - self.stats.idle_s
+
+    def _end_step(self, first: list[Request], done: list[Request], t_end: float) -> float:
+        """A step (or a window's last) ended at `t_end`: stamp its first tokens and finishes, tell
+        the closed-loop sessions, and return the pause its token evictions take (0 for none)."""
+        for seq in first:
+            seq.first_token_s = t_end
+        for seq in done:
+            seq.finish_s = t_end
+        if done and self.on_finish is not None:
+            self.on_finish(done)
+        return self._eviction_pause()
 
     def _eviction_pause(self) -> float:
         """Seconds of the trims the last step(s) made (token eviction), run before the next step;
