@@ -141,6 +141,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             t.add_row(*stack_cells(r))
         Console().print(t)
         print(f"claimed column: {data['claimed_source']}")
+        print(f"cost column: {data['cost_basis']}")
     if out is not None:
         try:
             write_stack_json(out / "stack.json", data)

@@ -39,6 +39,11 @@ from kvsim.spec.offload import OffloadWrite
 from kvsim.spec.scenario import EvictionConfig, EvictionPolicy, PagePolicy, PrefixCacheScope, Scenario
 
 ONE_M = 1 << 20
+COST_BASIS = (
+    "cost per million tokens at the scenario's own load (GPU-hours of the simulated span over the "
+    "tokens served): while the GPUs have room it is the same for every row; raise "
+    "workload.rate_scale (--set) until they are full to compare what each technique serves per GPU"
+)
 # The documents' table (000, section 7.1): per-million-token memory and cost, as claimed.
 CLAIMED: tuple[tuple[str, str], ...] = (
     ("~435 GB", "~$100"),
@@ -168,6 +173,7 @@ def stack_json(sc: Scenario, rows: list[StackRow]) -> dict[str, Any]:
         "gpu": sc.cluster.gpu.name,
         "trace": str(sc.workload.trace) if sc.workload.trace else "synthetic",
         "claimed_source": "design documents 000, section 7.1 (claims, not measurements)",
+        "cost_basis": COST_BASIS,
         "rows": [r.to_dict() for r in rows],
     }
 

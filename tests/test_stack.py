@@ -50,6 +50,7 @@ def test_cli_writes_json_and_html(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     saved = json.loads((tmp_path / "out" / "stack.json").read_text())
     assert printed == saved and saved["schema"] == "kvsim-stack" and len(saved["rows"]) == 6
+    assert "rate_scale" in saved["cost_basis"]
     page = (tmp_path / "out" / "stack.html").read_text()
     assert "kvsim stack" in page and "~4 GB (GPU) + 2 GB (DRAM)" in page and "+ H2O (20% kept)" in page
 

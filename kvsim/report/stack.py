@@ -64,6 +64,7 @@ def write_stack_report(out_dir: Path, data: dict[str, Any]) -> Path:
         "model (window caps applied, H2O's kept share); paging and sharing do not change one "
         "sequence's bytes. Accuracy effects of FP8 and H2O are cited estimates (see a run's "
         "report), not simulated.</p>",
+        f'<p class="note">Cost column: {_e(data.get("cost_basis", ""))}.</p>',
     ]
     page = (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
