@@ -4,10 +4,12 @@ arrives), and the factory of a replica's pool and scheduler."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import URGENT
 
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
@@ -24,7 +26,7 @@ class _ArrivalTimeout(simpy.events.Event):
         super().__init__(env)
         self._ok = True
         self._value = None
-        env.schedule(self, simpy.core.URGENT, delay)
+        env.schedule(self, URGENT, delay)
 
 
 def arrival_process(
@@ -32,7 +34,7 @@ def arrival_process(
     times: np.ndarray,
     make_seq: Callable[[int], Request],
     router: Router,
-):  # type: ignore[no-untyped-def]
+) -> Generator[simpy.Event, Any, None]:
     """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only."""
     for i, t in enumerate(times.tolist()):
         if t > env.now:
@@ -70,14 +72,14 @@ class ClosedLoopArrivals:
         if seq.status is not RequestStatus.REJECTED:
             self.router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
 
-    def _starts(self, first_times: list[tuple[float, int]]):  # type: ignore[no-untyped-def]
+    def _starts(self, first_times: list[tuple[float, int]]) -> Generator[simpy.Event, Any, None]:
         env = self.env
         for t, i in first_times:
             if t > env.now:
                 yield _ArrivalTimeout(env, t - env.now)
             self._send(i, t)
 
-    def _later(self, i: int, t: float):  # type: ignore[no-untyped-def]
+    def _later(self, i: int, t: float) -> Generator[simpy.Event, Any, None]:
         # Always through an event, never sent from inside the replica's step end: the replica
         # schedules its next step first, in both modes.
         env = self.env

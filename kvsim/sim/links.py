@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import URGENT
 
 from kvsim.spec.topology import Link
 
@@ -199,5 +200,5 @@ def urgent_at(env: simpy.Environment, t: float) -> simpy.events.Event:
     ev = simpy.events.Event(env)
     ev._ok = True
     ev._value = None
-    env.schedule(ev, simpy.core.URGENT, max(0.0, t - env.now))
+    env.schedule(ev, URGENT, max(0.0, t - env.now))
     return ev

@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
+from simpy.events import URGENT
 
 from kvsim.core.block_pool import BlockRemoved, BlockStored
 from kvsim.core.request import Request
@@ -88,7 +89,7 @@ class _UrgentTimeout(simpy.events.Event):
         super().__init__(env)
         self._ok = True
         self._value = None
-        env.schedule(self, simpy.core.URGENT, delay)
+        env.schedule(self, URGENT, delay)
 
 
 @dataclass

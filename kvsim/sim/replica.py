@@ -22,17 +22,18 @@ counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
 
 from kvsim.core.horizon import VerifyWindow, decode_window, mixed_window, steps_before, verify_window
 from kvsim.core.request import Request
-from kvsim.core.sched.output import SchedulerOutput
+from kvsim.core.sched.output import SchedulerOutput, SeqKind
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch, SeqKind
+from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
@@ -187,10 +188,10 @@ class Replica:
         sched = self.sched
         if win.verify is not None:
             a = win.applied
-            used, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
+            in_use, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
             acc, dsum = self.stats.kv_block_s, self.stats.draft_s
             for u, d_j, ds in zip(
-                used, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
+                in_use, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
             ):
                 dsum += ds
                 acc += u * d_j
@@ -234,7 +235,7 @@ class Replica:
                 self.offload.sample(self.clock)  # the tiers below HBM it samples
             self._next_sample = self.clock + self.sample_every_s
 
-    def run(self):  # type: ignore[no-untyped-def]
+    def run(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         sched = self.sched
         offload = self.offload
