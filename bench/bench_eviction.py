@@ -11,38 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-CHILD = """
-import json, sys, time
-from kvsim.spec.scenario import load_scenario
-from kvsim.run import run_scenario
-sc = load_scenario(sys.argv[1], sys.argv[2:])
-t, c = time.perf_counter(), time.process_time()
-s = run_scenario(sc).summary
-print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c,
-                  "events": s["engine_events"], "steps": s["steps"], "completed": s["requests"]["completed"],
-                  "preemptions": s["preemptions"], "simulated_s": s["simulated_s"]}))
-"""
-
-
-def run_child(tree: Path, scenario: Path, *overrides: str) -> dict[str, float]:
-    """One run in a fresh process: wall and CPU seconds (CPU time is steadier on a shared machine)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(scenario), *overrides],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
+from simrun import run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 H2O = ("kv.eviction.policy=h2o", "kv.eviction.heavy_ratio=0.2", "kv.eviction.recent_tokens=128")

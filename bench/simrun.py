@@ -2,7 +2,8 @@
 
 `run_child(tree, scenario, *overrides)` runs `kvsim` from checkout `tree` (its own package, not the
 installed one, so an earlier commit's worktree can be measured beside this one) and returns wall
-time, engine events, steps, requests, simulated seconds and peak RSS.
+and CPU seconds (CPU time is steadier on a shared machine), engine events, steps, requests,
+preemptions, simulated seconds and peak RSS.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ except ImportError:
     from kvsim.spec.scenario import load_scenario
 from kvsim.run import run_scenario
 sc = load_scenario(sys.argv[1], sys.argv[2:])
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 r = run_scenario(sc)
-wall = time.perf_counter() - t
+wall, cpu = time.perf_counter() - t, time.process_time() - c
 s = r.summary
-print(json.dumps({"wall_s": wall, "events": s["engine_events"], "steps": s["steps"],
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "events": s["engine_events"], "steps": s["steps"],
                   "requests": s["requests"]["total"], "completed": s["requests"]["completed"],
-                  "simulated_s": s["simulated_s"],
+                  "preemptions": s["preemptions"], "simulated_s": s["simulated_s"],
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 

@@ -177,18 +177,18 @@ class KVCacheManager:
             if c <= short and not r.evicted:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - r.evicted
+            if streaming:  # kept(c), inlined
+                kc = c if c < window else window
+            else:
+                kc = rec + ceil(ratio * c)
+                if cap and kc > cap:
+                    kc = cap
+                if kc > c:
+                    kc = c
             if steps > 1 and prev and r.evicted and res - steps == kept(c - steps):  # at its budget
                 if active and (not release or ev.pages is PagePolicy.PHYSICAL):
                     # Steady to the end, the common case (under physical release a sequence at its
                     # budget holds no block beyond what its kept tokens need): one look-up.
-                    if streaming:
-                        kc = c if c < window else window
-                    else:
-                        kc = rec + ceil(ratio * c)
-                        if cap and kc > cap:
-                            kc = cap
-                        if kc > c:
-                            kc = c
                     evicted += res - kc
                     r.evicted += res - kc
                     continue
@@ -198,14 +198,6 @@ class KVCacheManager:
                 res -= m
             if not active:
                 kc = res
-            elif streaming:
-                kc = c if c < window else window
-            else:
-                kc = rec + ceil(ratio * c)
-                if cap and kc > cap:
-                    kc = cap
-                if kc > c:
-                    kc = c
             target = res if res < kc else kc
             surplus = release and r.num_blocks > -(-(target + 1) // bs)
             if target == res and not surplus:

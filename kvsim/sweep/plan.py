@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.results.record import read_summary
 from kvsim.spec.scenario import load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.sweep.define import Factor, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
-from kvsim.sweep.runner import prepare_sweep, refuse_foreign_points, write_atomic
-from kvsim.sweep.table import METRIC_COLUMNS, PointResult, file_sha256, metrics_of
+from kvsim.sweep.runner import finished_result, prepare_sweep, refuse_foreign_points, write_atomic
+from kvsim.sweep.table import METRIC_COLUMNS, PointResult, file_sha256
 from kvsim.units import parse_duration
 
 SCHEMA = "kvsim-plan"
@@ -314,7 +313,7 @@ class PlanRun:
         tasks: list[PointTask] = []
         for o in todo:
             d = self.out / POINTS / plan_point_id(o)
-            prior = _finished(o, d) if self.reuse else None
+            prior = finished_result(o, d) if self.reuse else None
             if prior is not None:
                 self.results[o] = prior
                 self.reused += 1
@@ -341,18 +340,6 @@ def plan_point_id(overrides: tuple[str, ...]) -> str:
     slug = point_id(0, overrides, 1).split("-", 1)[1]
     digest = hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:10]
     return f"{slug}-{digest}"
-
-
-def _finished(overrides: tuple[str, ...], run_dir: Path) -> PointResult | None:
-    if not (run_dir / "summary.json").is_file():
-        return None
-    try:
-        summary = read_summary(run_dir)
-    except KvsimError:
-        return None
-    if tuple(summary.config.overrides) != overrides:
-        return None
-    return PointResult(0, "ok", "", metrics_of(summary))
 
 
 def search(run: PlanRun) -> dict[tuple[int, int], str | None]:

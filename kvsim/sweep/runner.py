@@ -144,17 +144,18 @@ def resumable(plan: SweepPlan, out: Path, *, force: bool) -> bool:
     )
 
 
-def _finished(point: SweepPoint, run_dir: Path) -> PointResult | None:
-    """The point's result from its run directory, when it holds a summary for its overrides."""
+def finished_result(overrides: tuple[str, ...], run_dir: Path, index: int = 0) -> PointResult | None:
+    """A point's result from its run directory, when it holds a summary for these overrides (a
+    sweep's resume, a plan's reuse of points already run)."""
     if not (run_dir / "summary.json").is_file():
         return None
     try:
         summary = read_summary(run_dir)
     except KvsimError:
         return None
-    if tuple(summary.config.overrides) != point.overrides:
+    if tuple(summary.config.overrides) != overrides:
         return None
-    return PointResult(point.index, "ok", "", metrics_of(summary))
+    return PointResult(index, "ok", "", metrics_of(summary))
 
 
 class _Display:
@@ -230,7 +231,7 @@ def run_sweep(
     tasks: list[PointTask] = []
     keys: list[Hashable] = []
     for p, key in zip(plan.points, plan.keys, strict=True):
-        prior = _finished(p, points_dir / p.id) if reuse else None
+        prior = finished_result(p.overrides, points_dir / p.id, p.index) if reuse else None
         if prior is not None:
             done.append(prior)
         else:

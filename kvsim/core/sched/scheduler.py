@@ -334,13 +334,7 @@ class Scheduler:
         (p,) = out.prefill_reqs
         (chunk,) = out.prefill_new
         reqs = [*decoders, p]
-        done = []
-        for req in decoders:
-            req.num_computed += k
-            req.num_generated += k
-            req.num_tokens += k
-            if req.num_generated >= req.output_len:
-                done.append(req)
+        done = _advance_decoding(decoders, k)
         p.num_computed += k * chunk
         kv = self.kv
         self.last_new_blocks = kv.grow_decode(reqs, k, chunk)
@@ -404,14 +398,8 @@ class Scheduler:
         """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
         A window may be applied in parts (the router reading the replica mid-window): every part but
         the last finishes nobody, since the window ends at the first finish."""
-        done = []
         reqs = out.decode_reqs
-        for req in reqs:
-            req.num_computed += k
-            req.num_generated += k
-            req.num_tokens += k
-            if req.num_generated >= req.output_len:
-                done.append(req)
+        done = _advance_decoding(reqs, k)
         self.last_new_blocks = self.kv.grow_decode(reqs, k)
         self.num_steps += k
         self.outstanding_tokens -= k * len(reqs)
@@ -422,6 +410,18 @@ class Scheduler:
         if self.kv.eviction is not None:
             self.kv.apply_evictions(self.running, k)
         return done
+
+
+def _advance_decoding(reqs: list[Request], k: int) -> list[Request]:
+    """`reqs` decoded k tokens each (a window's steps); returns those that reached their output."""
+    done = []
+    for req in reqs:
+        req.num_computed += k
+        req.num_generated += k
+        req.num_tokens += k
+        if req.num_generated >= req.output_len:
+            done.append(req)
+    return done
 
 
 def _sample(req: Request, first: list[Request], done: list[Request]) -> None:
