@@ -88,7 +88,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.render import print_summary
     from kvsim.report import write_report
-    from kvsim.report.outputs import check_output_dir
+    from kvsim.report.outputs import check_output_dir, discard_if_empty
     from kvsim.run import run_scenario, write_run
     from kvsim.spec.scenario import load_scenario
 
@@ -101,8 +101,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("model config", sc.model.config_path),
         ("profile", sc.cost_model.profile),
     )
+    existed = Path(args.out).is_dir()
     out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
-    result = run_scenario(sc, progress=not args.no_progress)
+    try:
+        result = run_scenario(sc, progress=not args.no_progress)
+    except BaseException:
+        discard_if_empty(out, existed)
+        raise
     try:
         write_run(result, out)
         write_report(out)
@@ -117,7 +122,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from kvsim.report.outputs import check_output_dir
+    from kvsim.report.outputs import check_output_dir, discard_if_empty
     from kvsim.report.stack import HEADER, stack_cells, write_stack_report
     from kvsim.spec.scenario import load_scenario
     from kvsim.stack import stack_json, stack_rows, write_stack_json
@@ -127,10 +132,16 @@ def cmd_stack(args: argparse.Namespace) -> int:
         check_output_dir(args.out, reads=(), force=args.force, files=files)
     sc = load_scenario(args.scenario, args.set)
     out = None
+    existed = args.out is not None and Path(args.out).is_dir()
     if args.out is not None:
         reads = (("scenario", Path(args.scenario)), ("trace", sc.workload.trace))
         out = check_output_dir(args.out, reads=reads, force=args.force, files=files)
-    data = stack_json(sc, stack_rows(sc))
+    try:
+        data = stack_json(sc, stack_rows(sc))
+    except BaseException:
+        if out is not None:
+            discard_if_empty(out, existed)
+        raise
     if args.json:
         print(json.dumps(data, indent=2, allow_nan=False))
     else:

@@ -99,6 +99,18 @@ def test_a_check_that_needs_the_memory_plan_is_one_line_at_run_time(scenario, tm
     assert "kv.offload.hbm_ratio: a host tier of" in capsys.readouterr().err
 
 
+def test_a_run_refused_at_run_time_leaves_no_output_directory(scenario, tmp_path, capsys):
+    """The output directory is made before the work (to fail early); a run refused once the plan or
+    the engine exists removes it again if it made it, and keeps one it found."""
+    combo = ["--set", "kv.eviction.policy=h2o", "--set", "kv.offload.enabled=true"]
+    assert main(["run", str(scenario), "--out", str(tmp_path / "new"), *combo]) == 2
+    assert "not simulated together" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    assert main(["run", str(scenario), "--out", str(tmp_path / "mine"), *combo]) == 2
+    assert (tmp_path / "mine").is_dir()
+
+
 def test_skipped_lines_are_counted_in_the_summary(tmp_path):
     (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n2,20,3\n")
     (tmp_path / "s.yaml").write_text(

@@ -109,3 +109,14 @@ def check_output_dir(
     except OSError as exc:
         raise KvsimError(f"cannot create {out}: {exc.strerror or exc}", source=flag) from None
     return root
+
+
+def discard_if_empty(root: Path, existed: bool) -> None:
+    """After a command failed: remove `root` if this command created it and left it empty, so a
+    refused run leaves nothing behind (the directory is made before the work, to fail early)."""
+    if existed:
+        return
+    try:
+        root.rmdir()  # only an empty directory
+    except OSError:
+        pass
