@@ -489,6 +489,26 @@ def test_a_victim_that_does_not_fit_the_swap_space_is_recomputed():
     assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (0, 1)
 
 
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_swapped_request_that_needs_the_whole_pool_swaps_back_in_once_it_is_alone(ff):
+    """Two requests share a 12-block prompt in a 13-block pool: the second, swapped out, needs all 13
+    blocks to resume. The swap-in watermark (1% and at least one block) is waived once nothing else
+    runs or loads, else it would wait forever (found by the engine property test)."""
+    import numpy as np
+
+    ids = [np.arange(1_000_000, 1_000_012)] * 2
+    wl = make_workload([0.0, 0.0], [192, 192], [4, 2], hash_ids=ids, block_tokens=16)
+    sc = small_scenario(
+        num_blocks=13,
+        scheduler={"preemption": "swap", "max_num_seqs": 2, "max_batched_tokens": 16},
+        sim={"fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=wl)
+    assert res.summary["requests"]["unfinished"] == 0
+    assert res.summary["requests"]["completed"] == 2
+    assert res.summary["swap"]["swaps"] == 1
+
+
 # ---- the global prefix pool ---------------------------------------------------------------------------
 POOLED = make_workload([0.0, 1.0], [320, 320], [1, 1], hash_ids=[IDS_A, IDS_A], block_tokens=16)
 

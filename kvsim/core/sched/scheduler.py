@@ -204,10 +204,13 @@ class Scheduler:
             # vLLM v0's swap-in watermark (BlockSpaceManager's watermark=0.01: 1% of the blocks stay
             # free after it), plus, kvsim's addition, the blocks of the request's own next step (a
             # prefill chunk or one token), so it is not that step's victim: else a request swapped
-            # out mid-prefill ping-pongs between HBM and host without progress.
+            # out mid-prefill ping-pongs between HBM and host without progress. The watermark is
+            # waived when nothing else runs or loads: no one else can free blocks, and a request
+            # admitted at all fits a replica alone (else it would wait forever).
             c = req.num_computed
             nxt = -(-(c + min(req.num_tokens - c, self.max_batched_tokens)) // self.block_size) - blocks
-            headroom = max(1, kv.num_blocks // 100) + max(0, nxt)
+            alone = not running and not loading
+            headroom = (0 if alone else max(1, kv.num_blocks // 100)) + max(0, nxt)
             if blocks + headroom > kv.num_free_blocks or not kv.allocate_slots(req, blocks):
                 break
             swapped.popleft()
