@@ -40,6 +40,8 @@ import numpy as np
 
 from kvsim.spec.scenario import EvictionConfig
 
+_EMPTY = np.zeros(0, dtype=np.int64)
+
 
 class EvictionKind(str, Enum):
     H2O = "h2o"
@@ -68,6 +70,9 @@ class Eviction:
     pressure_threshold: float = 0.9
     pages: PagePolicy = PagePolicy.HYBRID
     keeps_all_up_to: int = field(init=False, default=0)
+    # `kept` of positions 0..len-1 (int64), grown by doubling as longer sequences ask: one look-up
+    # per window instead of a handful of array operations (`kept_array`)
+    _table: np.ndarray = field(init=False, repr=False, compare=False, default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
         # The longest sequence that keeps every token (kept(p) == p up to it, p - kept(p) never
@@ -90,8 +95,23 @@ class Eviction:
             k = self.budget_tokens
         return pos if pos < k else k
 
-    def kept_array(self, pos: np.ndarray) -> np.ndarray:
-        """`kept` element by element (int64)."""
+    def kept_array(self, pos: np.ndarray, top: int = -1) -> np.ndarray:
+        """`kept` element by element (int64), from the table of `_kept_range`; `top`: the largest
+        of `pos` where the caller knows it."""
+        table = self._table
+        if top < 0:
+            top = int(pos.max()) if pos.size else 0
+        if top >= len(table):
+            size = max(1024, len(table))
+            while size <= top:
+                size *= 2
+            table = self._kept_range(np.arange(size, dtype=np.int64))
+            object.__setattr__(self, "_table", table)
+        out: np.ndarray = table[pos]
+        return out
+
+    def _kept_range(self, pos: np.ndarray) -> np.ndarray:
+        """`kept` element by element (int64), computed."""
         out: np.ndarray
         if self.kind is EvictionKind.STREAMING:
             out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
@@ -161,7 +181,7 @@ def decode_steps(
     j = np.arange(k, dtype=np.int64)
     res0 = c0 - ev0
     if active and ev0.any():
-        kept = ev.kept_array(c0[:, None] + j)
+        kept = ev.kept_array(c0[:, None] + j, int(c0.max()) + k - 1 if len(c0) else -1)
         capped = (ev0 > 0) & (res0 == kept[:, 0])
         if capped.all():
             resident = kept
@@ -203,7 +223,7 @@ def first_trim(
         return k
     used = used0 + new[:k]
     j = np.arange(k, dtype=np.int64)
-    kept1 = ev.kept_array(c0[:, None] + j + 1)
+    kept1 = ev.kept_array(c0[:, None] + (j + 1), int(c0.max()) + k if len(c0) else -1)
     if ev.trigger is Trigger.ALWAYS:
         active = np.ones(k, dtype=bool)
     else:

@@ -170,13 +170,18 @@ class KVCacheManager:
             ev.heavy_ratio,
             ev.budget_tokens,
         )
+        multi = steps > 1 and prev  # after a window whose steps evicted (a request at its budget)
+        # Steady to the end, the common case (under physical release a sequence at its budget holds
+        # no block beyond what its kept tokens need): one look-up.
+        steady = active and (not release or ev.pages is PagePolicy.PHYSICAL)
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
                 continue  # still prefilling (or recomputing): eviction starts after the prompt
-            if c <= short and not r.evicted:
+            e = r.evicted
+            if c <= short and not e:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
-            res = c - r.evicted
+            res = c - e
             if streaming:  # kept(c), inlined
                 kc = c if c < window else window
             else:
@@ -185,25 +190,34 @@ class KVCacheManager:
                     kc = cap
                 if kc > c:
                     kc = c
-            if steps > 1 and prev and r.evicted and res - steps == kept(c - steps):  # at its budget
-                if active and (not release or ev.pages is PagePolicy.PHYSICAL):
-                    # Steady to the end, the common case (under physical release a sequence at its
-                    # budget holds no block beyond what its kept tokens need): one look-up.
-                    evicted += res - kc
-                    r.evicted += res - kc
-                    continue
-                m = (res - 1) - kept(c - 1)  # the window's steady evictions
-                r.evicted += m
-                evicted += m
-                res -= m
+            if multi and e:
+                p = c - steps  # kept(p), inlined: was it at its budget when the window began?
+                if streaming:
+                    kp = p if p < window else window
+                else:
+                    kp = rec + ceil(ratio * p)
+                    if cap and kp > cap:
+                        kp = cap
+                    if kp > p:
+                        kp = p
+                if res - steps == kp:  # at its budget
+                    if steady:
+                        evicted += res - kc
+                        r.evicted = c - kc
+                        continue
+                    m = (res - 1) - kept(c - 1)  # the window's steady evictions
+                    e += m
+                    r.evicted = e
+                    evicted += m
+                    res -= m
             if not active:
                 kc = res
             target = res if res < kc else kc
             surplus = release and r.num_blocks > -(-(target + 1) // bs)
             if target == res and not surplus:
                 continue
-            if not surplus and res - target == 1 and r.evicted and not r.held_keys:
-                r.evicted += 1
+            if not surplus and res - target == 1 and e and not r.held_keys:
+                r.evicted = e + 1
                 evicted += 1
                 continue
             self._trim(r, target, release)
