@@ -234,3 +234,22 @@ def test_the_eviction_record_reads_back_from_summary_json(tmp_path):
     assert back.eviction.accuracy is not None and back.eviction.accuracy.estimate_only
     assert back.config.kv_format_mix == "4/8 heads int4/g64"
     assert back.accuracy is not None and back.accuracy.format == "int8/g64 with 4/8 heads int4/g64"
+
+
+@pytest.mark.parametrize(
+    "ev",
+    [
+        Eviction(EvictionKind.H2O, heavy_ratio=0.2, recent_tokens=128),
+        Eviction(EvictionKind.H2O, heavy_ratio=0.15, recent_tokens=7, budget_tokens=900),
+        Eviction(EvictionKind.STREAMING, sink_tokens=4, recent_tokens=60),
+    ],
+)
+def test_kept_array_equals_kept_as_its_table_grows(ev):
+    """`kept_array` reads a table that grows by doubling: equal to `kept` below and past each growth,
+    asked with and without the caller's maximum."""
+    small = np.array([[0, 1, 5], [127, 128, 1023]], dtype=np.int64)
+    assert ev.kept_array(small).tolist() == [[ev.kept(int(p)) for p in row] for row in small]
+    big = np.array([1024, 4095, 70_001, 70_000], dtype=np.int64)  # past the first table: it grows
+    assert ev.kept_array(big, 70_001).tolist() == [ev.kept(int(p)) for p in big]
+    assert len(ev._table) == 131_072
+    assert ev.kept_array(small).tolist() == [[ev.kept(int(p)) for p in row] for row in small]
