@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.cli import one_line
-from kvsim.costs.profile_schema import MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
+from kvsim.costs.profile_schema import MINOR_VERSION, MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
+
+# The ops timed unless --ops says otherwise (names or `calibrate.ops.OP_ALIASES`; that module imports
+# torch, which the flags are checked before).
+DEFAULT_OPS = "gemm,decode,prefill,copy,score,select,compact,write"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a tiny grid (< 2 min on a GPU, < 60 s on a CPU for Llama-3.1-8B's shapes); on a CPU, "
         "GEMMs are timed in fp32 (bf16 matmuls are several times slower there), on CUDA in bf16",
     )
-    p.add_argument("--ops", default="gemm,decode,prefill,copy", help="comma list: gemm,decode,prefill,copy")
+    p.add_argument(
+        "--ops",
+        default=DEFAULT_OPS,
+        help=f"comma list of {DEFAULT_OPS} (score: H2O score accumulation, select: H2O top-k, "
+        "compact: KV compaction, write: quantize-on-write)",
+    )
     p.add_argument("--model", default="llama-3.1-8b", help="kvsim model preset or config.json path")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
     p.add_argument("--formats", default=None, help="KV formats for attention, e.g. bf16,fp8_e4m3/per_tensor")
@@ -116,9 +125,7 @@ def _resolve_ops(text: str) -> list[str]:
     for name in filter(None, (t.strip() for t in text.split(","))):
         op = OP_ALIASES.get(name, name)
         if op not in OPS:
-            raise KvsimError(
-                f"unknown op {name!r}; expected some of gemm,decode,prefill,copy", source="--ops"
-            )
+            raise KvsimError(f"unknown op {name!r}; expected some of {DEFAULT_OPS}", source="--ops")
         if op not in out:
             out.append(op)
     if not out:
@@ -196,7 +203,7 @@ def calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from calibrate.harness import Timer, device_info, lookup_peaks
-    from calibrate.ops import count, extend_grid, gemm_dtype, make_grid, points
+    from calibrate.ops import count, extend_grid, gemm_dtype, make_grid, points, unavailable
 
     backend = args.device
     if backend == "cuda" and not torch.cuda.is_available():
@@ -252,6 +259,7 @@ def calibrate(args: argparse.Namespace) -> int:
         prof = {
             "schema": SCHEMA,
             "version": VERSION,
+            "minor_version": MINOR_VERSION,
             "kind": "measured",
             "backend": backend,
             "source": f"python -m calibrate --device {backend}{' --quick' if args.quick else ''}",
@@ -271,6 +279,11 @@ def calibrate(args: argparse.Namespace) -> int:
             "complete": False,
         }
     todo = [op for op in ops if op not in prof["ops"]]
+    for op in list(todo):
+        why = unavailable(op)
+        if why is not None:  # optional ops: the cost model prices them analytically without points
+            print(f"calibrate: {op} skipped: {why}", file=sys.stderr)
+            todo.remove(op)
     skipped = [op for op in ops if op in prof["ops"]]
     if skipped:
         print(f"resuming {out}: {', '.join(skipped)} already measured", file=sys.stderr)

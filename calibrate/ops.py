@@ -10,12 +10,25 @@
 - ``chunked_prefill``: one layer of chunked prefill for one sequence (`kernels.chunked_prefill` or its
   reference), over chunk x prefix. Work: 4 x heads x head_dim FLOPs per (query, key) pair.
 - ``copy``: pinned host <-> device copies (CUDA) or a host memcpy (CPU), over sizes.
+- ``h2o_accumulate``: one layer of H2O score accumulation after a decode step
+  (`kernels.h2o.h2o_accumulate`, given the step's log-sum-exp as `paged_decode` returns it; on a CPU
+  `h2o_accumulate_ref`), over batch x context x KV format. Work: the K bytes re-read plus the fp32
+  scores read and written (`h2o_accumulate_bytes_per_token_layer`).
+- ``h2o_select``: one layer's top-k selection (`kernels.h2o.h2o_select`, torch on either device) of one
+  sequence over its scored tokens, keeping a quarter (H2O's 20% heavy hitters plus a 5% recent
+  window). Work: the scores read.
+- ``compact_kv``: one layer's compaction of one sequence (`kernels.h2o.compact_kv` with its block-table
+  update; on a CPU `compact_kv_ref`): the kept tokens, a quarter of its context, moved to the front,
+  over tokens moved x KV format. Work: the moved K/V read and written.
+- ``kv_write``: one layer's quantize-on-write of new tokens (`kernels.kv_write.kv_write`; on a CPU
+  `kv_write_ref`) from bf16 K/V, over tokens x KV format. Work: bf16 read plus the format written.
 
 Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -24,23 +37,42 @@ from typing import Any
 import torch
 
 from kvsim.costs.work import (
+    QUANT_FLOPS_PER_ELEMENT,
     attn_flops_per_pair_layer,
     causal_pairs,
+    compact_bytes_per_token_layer,
     gemm_bytes,
     gemm_flops,
+    h2o_accumulate_bytes_per_token_layer,
+    h2o_select_bytes_per_token_layer,
     kv_bytes_per_token_layer_gpu,
+    quant_write_bytes_per_token_layer,
 )
 from kvsim.spec.formats import format_from_name
 from kvsim.spec.models import ModelSpec, TPShapes
 
-OPS = ("gemm", "paged_decode", "chunked_prefill", "copy")
+OPS = (
+    "gemm",
+    "paged_decode",
+    "chunked_prefill",
+    "copy",
+    "h2o_accumulate",
+    "h2o_select",
+    "compact_kv",
+    "kv_write",
+)
 OP_ALIASES = {
     "decode": "paged_decode",
     "prefill": "chunked_prefill",
     "paged_decode": "paged_decode",
     "chunked_prefill": "chunked_prefill",
     "block_copy": "copy",
+    "score": "h2o_accumulate",
+    "select": "h2o_select",
+    "compact": "compact_kv",
+    "write": "kv_write",
 }
+KEEP_SHARE = 4  # h2o_select and compact_kv keep 1/KEEP_SHARE of a sequence's tokens
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
@@ -59,6 +91,11 @@ class Grid:
     prefill_prefix: tuple[int, ...]
     copy_bytes: tuple[int, ...]
     formats: tuple[str, ...]
+    score_batch: tuple[int, ...]  # h2o_accumulate: batch x context per sequence
+    score_context: tuple[int, ...]
+    select_tokens: tuple[int, ...]  # h2o_select: tokens scored
+    compact_tokens: tuple[int, ...]  # compact_kv: tokens moved
+    write_tokens: tuple[int, ...]  # kv_write: new tokens
 
 
 def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Grid:
@@ -74,6 +111,11 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
             prefill_prefix=(0, 1024, 4096, 16384),
             copy_bytes=tuple(k * mib for k in (0.0625, 0.25, 1, 4, 16, 64, 256)),  # type: ignore[misc]
             formats=formats or ("bf16", "fp8_e4m3/per_tensor", "int8/g64", "int4/g64"),
+            score_batch=(1, 16, 64),
+            score_context=(512, 4096, 16384),
+            select_tokens=(1024, 4096, 16384, 65536),
+            compact_tokens=(256, 1024, 4096, 16384),
+            write_tokens=(1, 16, 256, 4096),
         )
     if backend == "cuda":
         return Grid(
@@ -85,6 +127,11 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
             (0, 4096),
             (mib // 16, mib, 64 * mib),
             formats or ("bf16", "fp8_e4m3/per_tensor"),
+            score_batch=(1, 16, 64),
+            score_context=(512, 4096),
+            select_tokens=(1024, 16384),
+            compact_tokens=(256, 4096),
+            write_tokens=(16, 1024),
         )
     if quick:
         return Grid(
@@ -96,6 +143,11 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
             (0, 256),
             (mib // 16, mib, 16 * mib),
             formats or ("bf16",),
+            score_batch=(1, 4),
+            score_context=(128, 512),
+            select_tokens=(256, 4096),
+            compact_tokens=(64, 512),
+            write_tokens=(16, 256),
         )
     return Grid(
         (1, 4, 16, 64, 256),
@@ -106,6 +158,11 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
         (0, 512, 2048),
         (mib // 16, mib // 4, mib, 4 * mib, 16 * mib, 64 * mib),
         formats or ("bf16", "int8/g64"),
+        score_batch=(1, 4, 16),
+        score_context=(128, 512, 2048),
+        select_tokens=(256, 2048, 16384),
+        compact_tokens=(64, 512, 4096),
+        write_tokens=(1, 16, 256),
     )
 
 
@@ -147,6 +204,11 @@ def extend_grid(
         decode_context=_reach(grid.decode_context, max_context),
         prefill_chunk=_reach(grid.prefill_chunk, max_tokens),
         prefill_prefix=_reach(grid.prefill_prefix, max_context),
+        score_batch=_reach(small(grid.score_batch, False), max_batch),
+        score_context=_reach(grid.score_context, max_context),
+        select_tokens=_reach(grid.select_tokens, max_context),
+        compact_tokens=_reach(grid.compact_tokens, max_context),
+        write_tokens=_reach(grid.write_tokens, max_tokens),
     )
 
 
@@ -175,6 +237,16 @@ def _kernels() -> tuple[Any, Any] | None:
     return paged_decode, chunked_prefill
 
 
+KERNEL_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")  # no stand-in without `kernels`
+
+
+def unavailable(op: str) -> str | None:
+    """Why `op` cannot be timed here (None when it can): the eviction and write ops need `kernels`."""
+    if op in KERNEL_OPS and _kernels() is None:
+        return "the kernels package is not importable"
+    return None
+
+
 def count(op: str, grid: Grid, backend: str) -> int:
     if op == "gemm":
         return 4 * len(grid.gemm_m) + len(grid.lm_head_m)
@@ -182,6 +254,14 @@ def count(op: str, grid: Grid, backend: str) -> int:
         return len(grid.decode_batch) * len(grid.decode_context) * len(grid.formats)
     if op == "chunked_prefill":
         return len(grid.prefill_chunk) * len(grid.prefill_prefix) * len(grid.formats)
+    if op == "h2o_accumulate":
+        return len(grid.score_batch) * len(grid.score_context) * len(grid.formats)
+    if op == "h2o_select":
+        return len(grid.select_tokens)
+    if op == "compact_kv":
+        return len(grid.compact_tokens) * len(grid.formats)
+    if op == "kv_write":
+        return len(grid.write_tokens) * len(grid.formats)
     return len(grid.copy_bytes) * (2 if backend == "cuda" else 1)
 
 
@@ -207,6 +287,14 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         yield from _decode_points(grid, model, tp, backend)
     elif op == "chunked_prefill":
         yield from _prefill_points(grid, model, tp, backend)
+    elif op == "h2o_accumulate":
+        yield from _score_points(grid, model, tp, backend)
+    elif op == "h2o_select":
+        yield from _select_points(grid, model, tp, backend)
+    elif op == "compact_kv":
+        yield from _compact_points(grid, model, tp, backend)
+    elif op == "kv_write":
+        yield from _write_points(grid, model, tp, backend)
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
@@ -329,3 +417,94 @@ def _dense_sdpa(
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=dev).tril(kv_len - q_len)
         return lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
     return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def _score_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    from kernels import h2o
+    from kernels.paged_decode import paged_decode
+
+    sh = Shapes.of(model, tp)
+    for fmt_name in grid.formats:
+        fmt = format_from_name(fmt_name)
+        per_tok = h2o_accumulate_bytes_per_token_layer(model, fmt, tp)
+        for b in grid.score_batch:
+            for ctx in grid.score_context:
+                params: dict[str, Any] = {"batch": b, "context": ctx, "format": fmt.name}
+                flops = float(attn_flops_per_pair_layer(model, tp) // 2 * b * ctx)  # QK^T
+                inp = h2o.make_inputs(
+                    fmt.name, b, ctx, sh.kv_heads, sh.head_dim, num_q_heads=sh.heads, dtype=Q_DTYPE,
+                    device=backend,
+                )  # fmt: skip
+                if backend == "cuda":
+                    params["impl"] = "triton:kernels.h2o.h2o_accumulate"
+                    # The step's log-sum-exp comes with its attention output (paged_decode's
+                    # return_lse): only the accumulation is timed.
+                    dec = {k: v for k, v in inp.items() if k != "scores"}
+                    _, lse = paged_decode(**dec, max_context_len=ctx, return_lse=True)
+                    fn = partial(h2o.h2o_accumulate, **inp, lse=lse, max_context_len=ctx)
+                else:
+                    params["impl"] = "torch:kernels.h2o.h2o_accumulate_ref"
+                    fn = partial(h2o.h2o_accumulate_ref, **inp)
+                yield Point(params, fn, b * ctx * per_tok, flops)
+
+
+def _select_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    from kernels import h2o
+
+    sh = Shapes.of(model, tp)
+    per_tok = h2o_select_bytes_per_token_layer(model, tp)
+    gen = torch.Generator().manual_seed(0)
+    for n in grid.select_tokens:
+        keep = max(1, n // KEEP_SHARE)
+        recent = keep // 5  # of a quarter kept: 20% of the sequence heavy hitters, 5% recent
+        scores = torch.rand(1, sh.kv_heads, n, generator=gen).to(backend)
+        lens = torch.full((1,), n, dtype=torch.int32, device=backend)
+        params = {"tokens": n, "kept": keep, "impl": "torch:kernels.h2o.h2o_select"}
+        fn = partial(h2o.h2o_select, scores, lens, keep - recent, 0, recent)
+        yield Point(params, fn, n * per_tok, float(sh.kv_heads * n * max(1.0, math.log2(n))))
+
+
+def _compact_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    from kernels import h2o
+
+    sh = Shapes.of(model, tp)
+    gen = torch.Generator().manual_seed(0)
+    for fmt_name in grid.formats:
+        fmt = format_from_name(fmt_name)
+        per_tok = compact_bytes_per_token_layer(model, fmt, tp)
+        for n in grid.compact_tokens:
+            ctx = KEEP_SHARE * n
+            inp = h2o.make_inputs(fmt.name, 1, ctx, sh.kv_heads, sh.head_dim, dtype=Q_DTYPE, device=backend)
+            keep = torch.randperm(ctx, generator=gen)[:n].sort().values.to(torch.int32)[None, :]
+            args = (inp["cache"], inp["block_tables"], inp["context_lens"], keep.to(backend))
+            kept = torch.full((1,), n, dtype=torch.int32, device=backend)
+            params: dict[str, Any] = {"tokens": n, "context": ctx, "format": fmt.name}
+            if backend == "cuda":
+                params["impl"] = "triton:kernels.h2o.compact_kv"
+                fn = partial(h2o.compact_kv, *args, kept, check=False)  # keep lists come from h2o_select
+            else:
+                params["impl"] = "torch:kernels.h2o.compact_kv_ref"
+                fn = partial(h2o.compact_kv_ref, *args, kept)
+            yield Point(params, fn, n * per_tok, 0.0)
+
+
+def _write_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    from kernels import kv_write
+
+    sh = Shapes.of(model, tp)
+    for fmt_name in grid.formats:
+        fmt = format_from_name(fmt_name)
+        per_tok = quant_write_bytes_per_token_layer(model, fmt, tp)
+        elements = 2 * sh.kv_heads * sh.head_dim
+        for n in grid.write_tokens:
+            inp = kv_write.make_inputs(
+                fmt.name, n, sh.kv_heads, sh.head_dim, device=backend, dtype=torch.bfloat16
+            )
+            params: dict[str, Any] = {"tokens": n, "format": fmt.name}
+            if backend == "cuda":
+                params["impl"] = "triton:kernels.kv_write.kv_write"
+                fn = partial(kv_write.kv_write, **inp)
+            else:
+                params["impl"] = "torch:kernels.kv_write.kv_write_ref"
+                fn = partial(kv_write.kv_write_ref, **inp)
+            yield Point(params, fn, n * per_tok, float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]))

@@ -30,9 +30,31 @@ def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
     assert pt["t_p20"] <= pt["t_p50"] <= pt["t_p80"]
     assert pt["bytes"] == pt["batch"] * pt["context"] * 4096  # 8 KV heads x 128 x 2 (K, V) x 2 bytes
     before = json.loads(out.read_text())["ops"]["copy"]
-    assert main([*args, "--ops", "copy,prefill"]) == 0  # copy is kept, prefill added
+    assert main([*args, "--ops", "copy,prefill,score,select,compact,write"]) == 0  # copy kept, others added
     after = load_profile(out)
     assert after["ops"]["copy"] == before and "chunked_prefill" in after["ops"]
+    assert after["minor_version"] == 1
+    # The schema 1.1 ops, at Llama-3.1-8B's per-layer shapes (8 KV heads x 128): grids and work.
+    ops = after["ops"]
+    shape = {op: [tuple(p[k] for k in keys) for p in ops[op]["points"]] for op, keys in (
+        ("h2o_accumulate", ("format", "batch", "context")),
+        ("h2o_select", ("tokens",)),
+        ("compact_kv", ("format", "tokens")),
+        ("kv_write", ("format", "tokens")),
+    )}  # fmt: skip
+    assert shape == {
+        "h2o_accumulate": [("bf16", 1, 128), ("bf16", 1, 512), ("bf16", 4, 128), ("bf16", 4, 512)],
+        "h2o_select": [(256,), (4096,)],
+        "compact_kv": [("bf16", 64), ("bf16", 512)],
+        "kv_write": [("bf16", 16), ("bf16", 256)],
+    }
+    per_token = {"h2o_accumulate": 2048 + 64, "h2o_select": 32, "compact_kv": 8192, "kv_write": 8192}
+    for op, per in per_token.items():
+        for p in ops[op]["points"]:
+            n = p["batch"] * p["context"] if op == "h2o_accumulate" else p["tokens"]
+            assert p["bytes"] == n * per and p["t_p20"] <= p["t_p50"] <= p["t_p80"], (op, p)
+    assert {p["impl"] for p in ops["compact_kv"]["points"]} == {"torch:kernels.h2o.compact_kv_ref"}
+    assert [p["kept"] for p in ops["h2o_select"]["points"]] == [64, 1024]
     assert "already measured" in capsys.readouterr().err
     assert main([*args[:-2], "--reps", "4", "--out", str(out), "--ops", "copy"]) == 2  # other settings
 
@@ -113,12 +135,15 @@ def test_without_the_kernels_package_attention_falls_back_to_dense_sdpa(tmp_path
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, B())\n"
         "from calibrate.cli import main\n"
-        f"sys.exit(main(['--device', 'cpu', '--quick', '--ops', 'decode', '--no-progress', '--out', r'{tmp_path / 'p.json'}']))\n"
+        f"sys.exit(main(['--device', 'cpu', '--quick', '--ops', 'decode,score', '--no-progress', '--out', r'{tmp_path / 'p.json'}']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     prof = json.loads((tmp_path / "p.json").read_text())
     assert {p["impl"] for p in prof["ops"]["paged_decode"]["points"]} == {"torch_sdpa_dense"}
+    # The eviction and write ops have no stand-in: skipped, said, and priced analytically later.
+    assert "h2o_accumulate" not in prof["ops"]
+    assert "calibrate: h2o_accumulate skipped: the kernels package is not importable" in proc.stderr
 
 
 def test_progress_is_one_line_per_op_when_stdout_is_not_a_terminal(tmp_path):

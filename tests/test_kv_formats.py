@@ -153,7 +153,9 @@ def test_profile_without_the_format_is_refused_naming_what_it_has():
     )
     notes = make_cost_model(forced).warnings()
     assert any("paged_decode was not measured for KV format int4/g64" in n for n in notes)
-    assert any("quantize-on-write kernel is not measured" in n for n in notes)
+    assert any(
+        "kv_write not measured (schema 1.1 op); quantize-on-write priced by the analytic" in n for n in notes
+    )
 
 
 def test_profile_prices_each_part_of_a_mix_at_its_own_rates():

@@ -212,6 +212,15 @@ class AnalyticCostModel(StepCostModel):
             nbytes / (self.bw * e.kv_write_bw), flops / (self.gpu.bf16_flops * e.vector_flops_fraction)
         )
 
+    def trim_op_time(self, select_tokens: int, moved_tokens: int, table_entries: int) -> float:
+        """One of a trim's kernels alone (a launch plus its work at the rates of `eviction_time`):
+        what a measured profile adds for the trim ops it did not measure."""
+        nbytes, flops = self.work.trim_work(select_tokens, moved_tokens, table_entries)
+        e = self.eff
+        return TRIM_LAUNCH_S + max(
+            nbytes / (self.bw * e.kv_write_bw), flops / (self.gpu.bf16_flops * e.vector_flops_fraction)
+        )
+
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         p = self.ops.prefill_attn
         flops = self.work.prefill_attn_flops(n, ctx)

@@ -122,6 +122,10 @@ class CostModel(Protocol):
         """Seconds of the token-eviction trims after a step (top-k, compaction, block tables)."""
         ...
 
+    def eviction_price(self, work: EvictionWork) -> StepPrice:
+        """`eviction_time` and the off-grid flags of the trim ops it priced (a measured profile's)."""
+        ...
+
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         """The model's notes, and one line per off-grid flag in ``ran`` (what the engine ran)."""
         ...
@@ -272,6 +276,9 @@ class StepCostModel:
 
     def eviction_time(self, work: EvictionWork) -> float:
         raise NotImplementedError
+
+    def eviction_price(self, work: EvictionWork) -> StepPrice:
+        return StepPrice(self.eviction_time(work))
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []

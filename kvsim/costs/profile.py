@@ -40,10 +40,14 @@ from kvsim.costs.profile_schema import (
 from kvsim.costs.work import (
     attn_flops_per_pair_layer,
     causal_pairs,
+    compact_bytes_per_token_layer,
     decode_tokens_read,
     format_parts,
     gemm_flops,
+    h2o_accumulate_bytes_per_token_layer,
+    h2o_select_bytes_per_token_layer,
     kv_bytes_per_token_layer_gpu,
+    quant_write_bytes_per_token_layer,
 )
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import FormatMix, KVFormat
@@ -173,15 +177,7 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
-        if analytic.eviction is not None:
-            self._notes.append(
-                "profile: token-eviction work (H2O scores, top-k, compaction) is not measured; "
-                "analytic estimate used"
-            )
-        if analytic.work.quant_write_bytes_per_token:
-            self._notes.append(
-                "profile: the quantize-on-write kernel is not measured; analytic estimate used"
-            )
+        self._init_kv_ops(ops, parts)
         self._copy: dict[str, RateTable] = {}
         if "copy" in ops:
             links = sorted({p.get("link") for p in ops["copy"]["points"]})
@@ -224,6 +220,91 @@ class ProfileCostModel(StepCostModel):
             tuple(float(p["prefix"]) + 1 if a == "prefix_plus_1" else float(p[a]) for a in axes) for p in sel
         ]
         return RateTable.build(op, coords, [_rate(p, work) for p in sel], self.source)
+
+    def _init_kv_ops(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
+        """The optional ops' tables (schema 1.1) this scenario uses: H2O's score accumulation per
+        decode step, a trim's top-k and compaction, and quantize-on-write of the lossy parts. An op
+        the profile lacks (or lacks for a format) stays with the analytic model, with a note."""
+        m, tp, ev = self.model, self.tp, self.analytic.eviction
+        self._kv_layers = m.kv_layers  # the measured ops run once per layer that holds KV
+        self._kv_rows: dict[tuple[str, int, int], tuple[np.ndarray, bool]] = {}
+        self._write_cache: dict[int, tuple[float, bool]] = {}
+        self._score: list[tuple[RateTable, float]] | None = None
+        self._select: RateTable | None = None
+        self._compact: list[tuple[RateTable, float]] | None = None
+        self._write: list[tuple[RateTable, float]] | None = None
+        self._select_s_per_token = 0.0
+        if ev is not None and ev.scores():
+            tabs = self._optional_tables(
+                ops, "h2o_accumulate", ("batch", "context"), parts, "H2O score accumulation"
+            )
+            if tabs is not None:
+                self._score = [
+                    (tab, share * h2o_accumulate_bytes_per_token_layer(m, f, tp))
+                    for tab, (f, share) in zip(tabs, parts, strict=True)
+                ]
+                # The steady one-token selection per step re-reads each token's scores: not timed,
+                # at the analytic decode rate.
+                sel = self._kv_layers * h2o_select_bytes_per_token_layer(m, tp)
+                self._select_s_per_token = sel / (self.analytic.bw * self.analytic.ops.decode_attn.e_max)
+            if "h2o_select" in ops:
+                pts = ops["h2o_select"]["points"]
+                self._select = RateTable.build(
+                    "h2o_select", [(p["tokens"],) for p in pts], [_rate(p, "bytes") for p in pts], self.source
+                )
+            else:
+                self._notes.append(
+                    "profile: h2o_select not measured (schema 1.1 op); a trim's top-k priced by the analytic model"
+                )
+        if ev is not None:
+            tabs = self._optional_tables(ops, "compact_kv", ("tokens",), parts, "a trim's compaction")
+            if tabs is not None:
+                self._compact = [
+                    (tab, share * compact_bytes_per_token_layer(m, f, tp))
+                    for tab, (f, share) in zip(tabs, parts, strict=True)
+                ]
+        lossy = [(f, share) for f, share in parts if f.lossy]
+        if lossy:
+            tabs = self._optional_tables(ops, "kv_write", ("tokens",), lossy, "quantize-on-write")
+            if tabs is not None:
+                self._write = [
+                    (tab, share * quant_write_bytes_per_token_layer(m, f, tp))
+                    for tab, (f, share) in zip(tabs, lossy, strict=True)
+                ]
+
+    def _optional_tables(
+        self,
+        ops: dict[str, Any],
+        op: str,
+        axes: tuple[str, ...],
+        parts: list[tuple[KVFormat, float]],
+        what: str,
+    ) -> list[RateTable] | None:
+        """One table per part's format (its own points, else those of the same kind, as
+        `_by_format`), or None, with a note, when the profile lacks the op or a part's format."""
+        if op not in ops:
+            self._notes.append(
+                f"profile: {op} not measured (schema 1.1 op); {what} priced by the analytic model"
+            )
+            return None
+        pts = ops[op]["points"]
+        have = sorted({str(p.get("format")) for p in pts})
+        tabs = []
+        for f, _ in parts:
+            pick = next(
+                (h for h in have if h == f.name),
+                next((h for h in have if h.split("/")[0] == f.kind.value), None),
+            )
+            if pick is None:
+                self._notes.append(
+                    f"profile: {op} not measured for KV format {f.name} (it has {', '.join(have)}); "
+                    f"{what} priced by the analytic model"
+                )
+                return None
+            sel = [p for p in pts if str(p.get("format")) == pick]
+            coords = [tuple(float(p[a]) for a in axes) for p in sel]
+            tabs.append(RateTable.build(op, coords, [_rate(p, "bytes") for p in sel], self.source))
+        return tabs
 
     # ---- parts ------------------------------------------------------------------------------------
     # The simulator asks for the same shapes over and over (an hour of traffic is ~10^5 steps), so
@@ -280,15 +361,63 @@ class ProfileCostModel(StepCostModel):
             rate = np.exp(np.interp(x, self._decode.axes[1], row))
             out: np.ndarray = self.model.num_layers * nbytes / rate
             if self.analytic.score_s_per_token:
-                out = out + self.analytic.decode_score_time(tokens)
+                out = out + self._score_time(num_seqs, tokens, x)
             return out
         t = np.zeros(tokens.shape)
         for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
             row, _ = self._decode_row(num_seqs, part)
             t = t + self.model.num_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
         if self.analytic.score_s_per_token:
-            t = t + self.analytic.decode_score_time(tokens)
+            t = t + self._score_time(num_seqs, tokens, x)
         return t
+
+    def _kv_row(self, op: str, part: int, tab: RateTable, num_seqs: int) -> tuple[np.ndarray, bool]:
+        """As `_decode_row`, for another batch x context table (H2O's score accumulation)."""
+        key = (op, part, num_seqs)
+        hit = self._kv_rows.get(key)
+        if hit is None:
+            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
+            lo = int(i[0])
+            hi = min(lo + 1, len(tab.axes[0]) - 1)
+            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+            hit = self._kv_rows[key] = (row, bool(out[0]))
+        return hit
+
+    def _score_time(self, num_seqs: int, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """H2O's score accumulation and steady selection over ``tokens`` attended tokens of
+        ``num_seqs`` sequences (x: log of tokens per sequence): measured where the profile has
+        `h2o_accumulate` for the cache's formats, else the analytic model's."""
+        if self._score is None:
+            return self.analytic.decode_score_time(tokens)
+        t: np.ndarray = tokens * self._select_s_per_token
+        for part, (tab, per_tok) in enumerate(self._score):
+            row, _ = self._kv_row("h2o_accumulate", part, tab, num_seqs)
+            t = t + self._kv_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
+        return t
+
+    def _score_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
+        if self._score is None:
+            return False
+        x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)
+        for part, (tab, _) in enumerate(self._score):
+            _, batch_outside = self._kv_row("h2o_accumulate", part, tab, num_seqs)
+            axis = tab.axes[1]
+            if batch_outside or bool(x[0] < axis[0]) or bool(x[-1] > axis[-1]):
+                return True
+        return False
+
+    def _write_entry(self, num_tokens: int) -> tuple[float, bool]:
+        hit = self._write_cache.get(num_tokens)
+        if hit is None:
+            assert self._write is not None
+            t, outside = 0.0, False
+            n = np.array([float(max(num_tokens, 1))])
+            for tab, per_tok in self._write:
+                rate, out = tab(n)
+                t += self._kv_layers * num_tokens * per_tok / float(rate[0])
+                outside = outside or bool(out[0])
+            hit = self._write_cache[num_tokens] = (t, outside)
+        return hit
 
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
         """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""
@@ -331,6 +460,10 @@ class ProfileCostModel(StepCostModel):
             flags.append("chunked_prefill")
         if n_dec and self._decode_outside(n_dec, dec):
             flags.append("paged_decode")
+        if n_dec and self.analytic.score_s_per_token and self._score_outside(n_dec, dec):
+            flags.append("h2o_accumulate")
+        if self._write is not None and self._write_entry(tokens)[1]:
+            flags.append("kv_write")
         return frozenset(flags) if flags else NO_FLAGS
 
     # ---- interface --------------------------------------------------------------------------------
@@ -338,10 +471,47 @@ class ProfileCostModel(StepCostModel):
         return self.analytic._comm_time(num_tokens)  # all-reduces are not measured
 
     def eviction_time(self, work: EvictionWork) -> float:
-        return self.analytic.eviction_time(work)  # the h2o ops are not in the profile schema yet
+        return self.eviction_price(work).seconds
+
+    def eviction_price(self, work: EvictionWork) -> StepPrice:
+        """A step's trims as one call per op over all trimmed sequences: the top-k over the scored
+        tokens (`h2o_select`) and the compaction of the moved ones (`compact_kv`, block-table update
+        included) at their measured rates, times the layers holding KV; the other block-table
+        writes, and an op the profile lacks, as the analytic model's kernel for it. Without either
+        measured op, exactly the analytic model's `eviction_time`."""
+        a = self.analytic
+        if self._select is None and self._compact is None:
+            return StepPrice(a.eviction_time(work))
+        t, flags = 0.0, []
+        if work.select_tokens:
+            if self._select is not None:
+                rate, out = self._select(np.array([float(work.select_tokens)]))
+                per_tok = h2o_select_bytes_per_token_layer(self.model, self.tp)
+                t += self._kv_layers * work.select_tokens * per_tok / float(rate[0])
+                if out[0]:
+                    flags.append("h2o_select")
+            else:
+                t += a.trim_op_time(work.select_tokens, 0, 0)
+        if work.moved_tokens:
+            if self._compact is not None:
+                n = np.array([float(work.moved_tokens)])
+                for tab, per_tok in self._compact:
+                    rate, out = tab(n)
+                    t += self._kv_layers * work.moved_tokens * per_tok / float(rate[0])
+                    if out[0] and "compact_kv" not in flags:
+                        flags.append("compact_kv")
+            else:
+                t += a.trim_op_time(0, work.moved_tokens, 0)
+        if work.table_entries:
+            t += a.trim_op_time(0, 0, work.table_entries)
+        return StepPrice(t, frozenset(flags) if flags else NO_FLAGS)
 
     def _write_time(self, num_tokens: int) -> float:
-        return self.analytic._write_time(num_tokens)  # the quantize-on-write kernel is not measured
+        """Quantize-on-write of the new tokens' lossy parts: `kv_write`'s measured rate at this
+        token count, times the layers holding KV; the analytic model's without those points."""
+        if self._write is None:
+            return self.analytic._write_time(num_tokens)
+        return self._write_entry(num_tokens)[0]
 
     def transfer_price(self, nbytes: float, link: Link, num_calls: int = 1) -> StepPrice:
         """``num_calls`` copies of ``nbytes / num_calls`` each at the rate measured for that size (a

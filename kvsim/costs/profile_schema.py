@@ -1,5 +1,10 @@
-"""The measured profile's file format (schema ``kvsim-profile`` v1): reading and validation, shared by
-the profile cost model and the calibrator. Any defect is one `KvsimError` naming the file and field.
+"""The measured profile's file format (schema ``kvsim-profile`` v1.1): reading and validation, shared
+by the profile cost model and the calibrator. Any defect is one `KvsimError` naming the file and field.
+
+Versions: ``version`` is the major version (a reader refuses a newer one), ``minor_version`` (absent:
+0) counts backward-compatible additions, which a reader of an older minor version ignores: 1.1 added
+the optional ops ``h2o_accumulate``, ``h2o_select``, ``compact_kv`` and ``kv_write`` (token eviction
+and quantize-on-write), whose points of one format must be listed by increasing token counts.
 
 Every field the cost model reads is checked: per op, each point's grid coordinates are present,
 numeric and positive (`OP_COORDS`), no two points share coordinates (two timings of one shape would
@@ -21,6 +26,7 @@ from kvsim.spec.schema import shorten, show
 
 SCHEMA = "kvsim-profile"
 VERSION = 1
+MINOR_VERSION = 1  # 1: the optional eviction and quantize-on-write ops (OPTIONAL_OPS)
 TIME_KEYS = ("t_p20", "t_p50", "t_p80")
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down")
 TOP_FIELDS = ("schema", "version", "kind", "backend", "device", "model", "tp", "ops", "complete")
@@ -33,9 +39,21 @@ OP_COORDS: dict[str, tuple[tuple[str, str], ...]] = {
     "paged_decode": (("format", "label"), ("batch", "count"), ("context", "count")),
     "chunked_prefill": (("format", "label"), ("chunk", "count"), ("prefix", "offset")),
     "copy": (("link", "label"), ("nbytes", "count")),
+    "h2o_accumulate": (("format", "label"), ("batch", "count"), ("context", "count")),
+    "h2o_select": (("tokens", "count"),),
+    "compact_kv": (("format", "label"), ("tokens", "count")),
+    "kv_write": (("format", "label"), ("tokens", "count")),
 }
+# Ops a profile may lack (the cost model prices them analytically then); minor version 1 added them.
+OPTIONAL_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")
 # The work each op's rate is computed from (FLOP/s for GEMMs and prefill, bytes/s for the rest).
-OP_WORK = {"gemm": "flops", "paged_decode": "bytes", "chunked_prefill": "flops", "copy": "bytes"}
+OP_WORK = {
+    "gemm": "flops",
+    "paged_decode": "bytes",
+    "chunked_prefill": "flops",
+    "copy": "bytes",
+    **dict.fromkeys(OPTIONAL_OPS, "bytes"),
+}
 # 1 ns is about two GPU clock cycles, below any timed kernel launch (~2-5 us); 1 h is no single op.
 TIME_BOUNDS_S = (1e-9, 3600.0)
 # Achieved-rate ceilings, about 20x the fastest preset (B200: 4.5 PFLOP/s dense FP8, 8 TB/s HBM;
@@ -77,6 +95,9 @@ def validate_profile(data: Any, *, source: str) -> None:
         raise err("version", f"expected a positive integer, got {show(version)}")
     if version > VERSION:
         raise err("version", f"version {version} is newer than this kvsim reads ({VERSION}); upgrade kvsim")
+    minor = data.get("minor_version", 0)
+    if not _is_int(minor) or minor < 0:
+        raise err("minor_version", f"expected an integer >= 0, got {show(minor)}")
     for key in TOP_FIELDS:
         if key not in data:
             raise err(key, "missing field")
@@ -125,6 +146,7 @@ def _validate_op(op: str, body: Any, err: Any) -> None:
     work = OP_WORK.get(family)
     lo_t, hi_t = TIME_BOUNDS_S
     seen: dict[tuple[Any, ...], int] = {}
+    last: dict[Any, tuple[Any, ...]] = {}  # optional ops: each label's previous sizes
     for i, pt in enumerate(pts):
         where = f"ops.{op}.points[{i}]"
         if not isinstance(pt, dict):
@@ -169,6 +191,30 @@ def _validate_op(op: str, body: Any, err: Any) -> None:
                 shape = ", ".join(f"{n}={shorten(str(v), 30)}" for (n, _), v in zip(coords, key, strict=True))
                 raise err(where, f"same {shape} as points[{seen[key]}]; one timing per shape")
             seen[key] = i
+        if op in OPTIONAL_OPS:
+            _check_rising(coords, key_values, last, where, err)
+
+
+def _check_rising(
+    coords: tuple[tuple[str, str], ...],
+    values: list[Any],
+    last: dict[Any, tuple[Any, ...]],
+    where: str,
+    err: Any,
+) -> None:
+    """Within one label (format), the points' counts rise: (batch, context) or tokens, in order."""
+    label = tuple(v for (_, kind), v in zip(coords, values, strict=True) if kind == "label")
+    sizes = tuple(v for (_, kind), v in zip(coords, values, strict=True) if kind != "label")
+    prev = last.get(label)
+    if prev is not None and sizes <= prev:
+        names = [n for n, kind in coords if kind != "label"]
+        at = next(d for d in range(len(sizes)) if sizes[d] != prev[d]) if sizes != prev else len(sizes) - 1
+        raise err(
+            f"{where}.{names[at]}",
+            f"{names[at]} {sizes[at]} after {prev[at]}: points of one format must be listed by "
+            f"increasing {', '.join(names)}",
+        )
+    last[label] = sizes
 
 
 # ---- scenario entry point -----------------------------------------------------------------------

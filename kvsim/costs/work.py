@@ -111,6 +111,41 @@ def quant_write_work_per_token(
     return nbytes, flops
 
 
+# ---- token eviction and quantize-on-write, one layer, one GPU (the measured ops' work) ------------
+SCORE_BYTES = 4  # one fp32 H2O score per token and KV head (kernels/h2o.py)
+
+
+def kv_heads_gpu(model: ModelSpec, tp: int) -> float:
+    """KV heads one GPU holds (ceil(kv_heads / tp); 1 for an MLA latent)."""
+    return max(1, model.num_kv_heads) * model.kv_share(tp)
+
+
+def h2o_accumulate_bytes_per_token_layer(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None
+) -> float:
+    """Bytes per attended token of one layer's `h2o_accumulate`: the token's K re-read in the
+    cache's format (half its KV bytes) and its fp32 score per KV head read and written."""
+    return kv_bytes_per_token_layer_gpu(model, fmt, tp, mix) / 2 + 2 * SCORE_BYTES * kv_heads_gpu(model, tp)
+
+
+def h2o_select_bytes_per_token_layer(model: ModelSpec, tp: int) -> float:
+    """Bytes per scored token of one layer's `h2o_select` (its fp32 scores read, summed over heads)."""
+    return SCORE_BYTES * kv_heads_gpu(model, tp)
+
+
+def compact_bytes_per_token_layer(
+    model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None
+) -> float:
+    """Bytes per moved token of one layer's `compact_kv`: its K and V read and written."""
+    return 2 * kv_bytes_per_token_layer_gpu(model, fmt, tp, mix)
+
+
+def quant_write_bytes_per_token_layer(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+    """Bytes per new token of one layer's `kv_write` in `fmt`: its bf16 K and V read, the cache's
+    format written (the per-layer part of `quant_write_work_per_token`, lossless formats too)."""
+    return kv_bytes_per_token_layer_gpu(model, BF16, tp) + kv_bytes_per_token_layer_gpu(model, fmt, tp)
+
+
 def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
     """Attention FLOPs per (query, key) pair per layer on one GPU (prefill; MHA/GQA decode too)."""
     m = model

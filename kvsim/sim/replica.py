@@ -352,7 +352,9 @@ class Replica:
         work = kv.take_eviction_work()
         if not work:
             return 0.0
-        dt = self.cost.eviction_time(work)
+        price = self.cost.eviction_price(work)
+        dt = price.seconds
+        self.off_grid |= price.off_grid
         self.stats.eviction_s += dt
         self.stats.kv_block_s += kv.pool.num_used * dt
         return dt
