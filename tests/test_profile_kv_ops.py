@@ -270,3 +270,45 @@ def test_minor_version_is_checked_and_a_newer_one_is_read(tmp_path):
             load_profile(p)
     p.write_text(json.dumps({**data, "minor_version": 7}))  # additions only: still read
     assert load_profile(p)["minor_version"] == 7
+
+
+def _check_script():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "check_profile_kv_ops", ROOT / "bench/check_profile_kv_ops.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_checks_profile_script_passes_a_full_profile_and_names_what_is_missing(tmp_path, capsys):
+    check = _check_script()
+    data = {**_with_kv_ops(), "kv_formats": ["bf16", "int8/g64"]}
+    p, out = tmp_path / "p.json", tmp_path / "r.json"
+    p.write_text(json.dumps(data))
+    assert check.main([str(p), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    int8 = next(r for r in res["priced"] if r["format"] == "int8/g64")
+    assert int8["gpu"] == "h100-sxm" and int8["lossy"] and not res["problems"]
+    assert int8["write_s"]["profile"] == pytest.approx(LAYERS * 256 * WRITE_INT8 / 1e10, rel=1e-12)
+    assert int8["trim_s"]["off_grid"] == ["compact_kv", "h2o_select"]  # 4096 scored, 1024 moved
+    assert [r["tokens"] for r in res["points"]["h2o_select"]] == [1000, 4000]
+    del data["ops"]["kv_write"]
+    p.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert check.main([str(p)]) == 1
+    err = capsys.readouterr().err
+    assert "kv_write: no points" in err and "int8/g64: profile: kv_write not measured" in err
+
+
+def test_gpu_checks_profile_script_reads_every_calibrated_format_name():
+    check = _check_script()
+    names = ("bf16", "fp8_e4m3/per_tensor", "fp8_e4m3/per_head", "int8/g64", "int4/g32", "kvquant4/1.0%")
+    for name in names:
+        sc = small_scenario(kv=check._kv_fields(name))
+        assert sc.kv.format.name == name
