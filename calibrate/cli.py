@@ -1,7 +1,11 @@
 """``python -m calibrate``: measure the ops of `calibrate.ops` and write a kvsim profile.
 
 The profile is rewritten after every op with ``complete: false``; re-running with the same
-arguments skips the ops already present, so an interrupted calibration resumes. Mistakes (bad
+arguments skips the ops already present, so an interrupted calibration resumes (and another
+``--ops`` list with the same settings adds ops to it). ``complete`` means the four ops every profile
+needs (gemm, paged_decode, chunked_prefill, copy); the eviction and quantize-on-write ops (schema
+1.1: h2o_accumulate, h2o_select, compact_kv, kv_write) are optional, priced analytically where a
+profile lacks them, and skipped with a line when ``kernels`` is not importable. Mistakes (bad
 flags, a foreign --out file) print one line and exit 2. ``--out`` is checked before any work, by
 the same rule as ``kvsim run``: never empty, never the model config read, never a folder, and an
 existing file that is not a kvsim profile is replaced only with ``--force``.

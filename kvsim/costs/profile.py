@@ -1,9 +1,13 @@
 """Measured-profile costs: the analytic model's decomposition, with each part looked up in a profile.
 
-A profile (``python -m calibrate``, schema ``kvsim-profile`` v1) holds timed grid points per op:
+A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.1) holds timed grid points per op:
 ``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``paged_decode``
 (one layer, over batch x context per sequence x KV format), ``chunked_prefill`` (one layer, one
-sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link). `ProfileCostModel`
+sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link); since 1.1, optionally,
+the token-eviction and quantize-on-write ops of ``kernels/`` (one layer each): ``h2o_accumulate``
+(H2O's score accumulation after a decode step, over batch x context x format), ``h2o_select`` (a
+trim's top-k, over tokens scored), ``compact_kv`` (a trim's compaction with its block-table update,
+over tokens moved x format) and ``kv_write`` (quantize-on-write, over new tokens x format). `ProfileCostModel`
 splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce + prefill attention
 + decode attention) and prices each part as ``work / rate``: the rate (work per second achieved at
 the measured point: FLOP/s for GEMM and prefill, bytes/s for decode and copies) is interpolated
@@ -13,8 +17,17 @@ with the work) and the price flags the op; `warnings(ran)` names the flagged ops
 ran (pricing itself records nothing). Because work is computed for the scenario's own shapes,
 a profile forced onto another model scales by FLOPs or bytes.
 
+The 1.1 ops price, at their bytes per token (`kvsim.costs.work`) times the layers holding KV: H2O's
+per-step score cost (plus its steady one-token selection, the scores re-read at the analytic decode
+rate: not timed), a trim's top-k and compaction (one call per op over all sequences a step trims;
+other block-table writes as the analytic model's kernel), and the write of a lossy cache's new
+tokens (a bf16/fp16 cache pays none, as in the analytic model). An op the profile lacks, or lacks
+for a format of the cache, is priced by the analytic model, with a note in `warnings` naming it;
+a profile with none of them prices exactly as the analytic model does.
+
 Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
-all-reduces, and transfers over links the profile did not measure. MoE and MLA models are refused:
+all-reduces, a prompt's H2O scores (the QK^T half of its prefill attention), and transfers over
+links the profile did not measure. MoE and MLA models are refused:
 the calibrator measures dense GQA layers only.
 """
 
