@@ -672,6 +672,10 @@ def validate_command(args: Any) -> int:
                 "--device",
                 args.device,
                 "--quick",
+                # The ops a bf16/fp16 trace without token eviction is priced with (the eviction and
+                # quantize-on-write ops would add CPU time and go unused).
+                "--ops",
+                "gemm,decode,prefill,copy",
                 "--model",
                 str(model_path),
                 "--formats",
