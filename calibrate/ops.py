@@ -419,7 +419,11 @@ def _dense_sdpa(
     return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)
 
 
-def _score_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+def _score_points(
+    grid: Grid, model: ModelSpec, tp: int, backend: str, triton: bool | None = None
+) -> Iterator[Point]:
+    """`triton`: time the Triton kernel (default on CUDA; on a CPU only in the interpreter, for tests)."""
+    triton = backend == "cuda" if triton is None else triton
     from kernels import h2o
     from kernels.paged_decode import paged_decode
 
@@ -435,7 +439,7 @@ def _score_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterat
                     fmt.name, b, ctx, sh.kv_heads, sh.head_dim, num_q_heads=sh.heads, dtype=Q_DTYPE,
                     device=backend,
                 )  # fmt: skip
-                if backend == "cuda":
+                if triton:
                     params["impl"] = "triton:kernels.h2o.h2o_accumulate"
                     # The step's log-sum-exp comes with its attention output (paged_decode's
                     # return_lse): only the accumulation is timed.
@@ -464,7 +468,11 @@ def _select_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Itera
         yield Point(params, fn, n * per_tok, float(sh.kv_heads * n * max(1.0, math.log2(n))))
 
 
-def _compact_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+def _compact_points(
+    grid: Grid, model: ModelSpec, tp: int, backend: str, triton: bool | None = None
+) -> Iterator[Point]:
+    """`triton`: time the Triton kernel (default on CUDA; on a CPU only in the interpreter, for tests)."""
+    triton = backend == "cuda" if triton is None else triton
     from kernels import h2o
 
     sh = Shapes.of(model, tp)
@@ -479,7 +487,7 @@ def _compact_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
             args = (inp["cache"], inp["block_tables"], inp["context_lens"], keep.to(backend))
             kept = torch.full((1,), n, dtype=torch.int32, device=backend)
             params: dict[str, Any] = {"tokens": n, "context": ctx, "format": fmt.name}
-            if backend == "cuda":
+            if triton:
                 params["impl"] = "triton:kernels.h2o.compact_kv"
                 fn = partial(h2o.compact_kv, *args, kept, check=False)  # keep lists come from h2o_select
             else:
@@ -488,7 +496,11 @@ def _compact_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
             yield Point(params, fn, n * per_tok, 0.0)
 
 
-def _write_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+def _write_points(
+    grid: Grid, model: ModelSpec, tp: int, backend: str, triton: bool | None = None
+) -> Iterator[Point]:
+    """`triton`: time the Triton kernel (default on CUDA; on a CPU only in the interpreter, for tests)."""
+    triton = backend == "cuda" if triton is None else triton
     from kernels import kv_write
 
     sh = Shapes.of(model, tp)
@@ -501,7 +513,7 @@ def _write_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterat
                 fmt.name, n, sh.kv_heads, sh.head_dim, device=backend, dtype=torch.bfloat16
             )
             params: dict[str, Any] = {"tokens": n, "format": fmt.name}
-            if backend == "cuda":
+            if triton:
                 params["impl"] = "triton:kernels.kv_write.kv_write"
                 fn = partial(kv_write.kv_write, **inp)
             else:
