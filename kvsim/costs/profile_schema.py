@@ -209,10 +209,10 @@ def _check_rising(
     if prev is not None and sizes <= prev:
         names = [n for n, kind in coords if kind != "label"]
         at = next(d for d in range(len(sizes)) if sizes[d] != prev[d]) if sizes != prev else len(sizes) - 1
+        whose = "points of one format" if label else "points"
         raise err(
             f"{where}.{names[at]}",
-            f"{names[at]} {sizes[at]} after {prev[at]}: points of one format must be listed by "
-            f"increasing {', '.join(names)}",
+            f"{names[at]} {sizes[at]} after {prev[at]}: {whose} must be listed by increasing {', '.join(names)}",
         )
     last[label] = sizes
 
