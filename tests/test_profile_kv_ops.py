@@ -182,6 +182,30 @@ def test_quantize_on_write_from_the_measured_table(tmp_path):
     assert any("kv_write not measured for KV format int4/g64 (it has int8/g64)" in n for n in fp.warnings())
 
 
+def test_mixed_and_decode_runs_equal_price_with_every_measured_op_on(tmp_path):
+    from kvsim.costs.base import SeqKind
+
+    cm = _model(tmp_path, _with_kv_ops(), eviction=H2O, format="int8")
+    assert cm._score is not None and cm._write is not None  # measured, not analytic
+    ctx = np.array([3107, 5000, 12], dtype=np.int64)
+    vec = cm.decode_step_times(3, ctx)
+    for j, c in enumerate(ctx.tolist()):
+        assert vec[j] == cm.price(ForwardBatch.decode((c - 2, 1, 1))).seconds
+    pre_ctx, dec = np.array([0, 512, 4096]), np.array([900, 901, 902])
+    mixed = cm.mixed_step_times(2, dec, 200, pre_ctx, np.array([2, 3, 2]))
+    flags = cm.mixed_off_grid(2, dec, 200, pre_ctx, np.array([2, 3, 2]))
+    for j in range(3):
+        b = ForwardBatch(
+            (SeqKind.DECODE, SeqKind.DECODE, SeqKind.PREFILL),
+            (1, 1, 200),
+            (int(dec[j]) - 400, 400, int(pre_ctx[j])),
+            [2, 3, 2][j],
+        )
+        assert mixed[j] == cm.price(b).seconds
+        assert cm.price(b).off_grid <= flags
+    assert "kv_write" not in flags  # 202 new tokens: inside the table (16..256)
+
+
 def _loaded(path: Path, ff: bool):  # type: ignore[no-untyped-def]
     wl = {
         "synthetic": {
