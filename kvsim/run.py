@@ -19,7 +19,7 @@ import simpy
 
 from kvsim.accuracy import accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
-from kvsim.core.eviction import eviction_from_config
+from kvsim.core.eviction import eviction_from_config, window_eviction
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -44,6 +44,7 @@ from kvsim.results.record import (
     RunConfig,
     RunSummary,
     SessionRecord,
+    SlidingWindowRecord,
     SpecDecodeRecord,
     SwapRecord,
     WorkloadRecord,
@@ -83,7 +84,11 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     """Options the engine does not simulate together yet: one line naming the field.
 
     Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
-    which the host tiers' write-back, the global pool's index and swap do not follow yet."""
+    which the host tiers' write-back, the global pool's index and swap do not follow yet. Sliding-
+    window layers free a sequence's out-of-window blocks through the same closed forms
+    (`kvsim.core.eviction.window_eviction`), so they are refused with the same options, with token
+    eviction (one policy per sequence) and with speculative decoding (its verify slots assume every
+    computed token is held)."""
     kv = sc.kv
     preempt = sc.scheduler.preemption
     tiers = (
@@ -91,6 +96,22 @@ def _refuse_unsimulated(sc: Scenario) -> None:
         ("a global prefix pool", kv.prefix_cache == "global"),
         (f"scheduler.preemption: {preempt}", preempt != "recompute"),
     )
+    m = sc.model
+    if m.windowed_kv_layers():
+        others = (
+            ("kv.eviction", kv.eviction.policy != "none"),
+            ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
+            *tiers,
+        )
+        on = [name for name, enabled in others if enabled]
+        if on:
+            raise KvsimError(
+                f"{m.name}'s sliding-window layers (window {m.sliding_window:,} tokens, out-of-window "
+                f"blocks freed) are not simulated together with {' and '.join(on)} yet; turn it off, or "
+                "set model.sliding_window: 0 to keep every token",
+                source=sc.source,
+                path="model.sliding_window",
+            )
     if sc.scheduler.spec_decode is not None:
         _refuse_with(
             sc,
@@ -198,6 +219,7 @@ def run_scenario(
     )
     offload = _Offload(sc, plan, env, cost) if uses_host else None
     evictor = eviction_from_config(sc.kv.eviction)
+    window = window_eviction(sc.model)  # refused together with kv.eviction (_refuse_unsimulated)
     spec, draft = _spec_decode(sc, cost)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
@@ -208,7 +230,7 @@ def run_scenario(
             sc.scheduler.chunked_prefill,
             caching,
         )
-        sched.kv.set_eviction(evictor)
+        sched.kv.set_eviction(evictor or window)
         sched.spec = spec
         replicas.append(
             Replica(
@@ -254,6 +276,8 @@ def run_scenario(
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
         elif -(-(p + o - 1) // bs) > plan.num_blocks:  # the last token is never stored
+            # (with sliding windows too: a preempted request recomputes its prompt and answer
+            # holding all their blocks, since a window frees blocks only once they are computed)
             seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
@@ -340,10 +364,6 @@ def run_scenario(
     warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
-    if sc.model.sliding_window:
-        warnings.append(
-            "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
-        )
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
     note = accuracy_note(sc.kv.format, sc.kv.format_note, sc.kv.format_mix)
     summary = RunSummary(
@@ -383,6 +403,7 @@ def run_scenario(
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
+        sliding_window=None if window is None else _window_record(sc, replicas),
         spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
     )
     return RunResult(
@@ -901,6 +922,21 @@ def _eviction_record(
         accuracy=part_from_dict(
             AccuracyNote, eviction_accuracy(ev), source="kvsim.accuracy", path="eviction.accuracy"
         ),
+    )
+
+
+def _window_record(sc: Scenario, replicas: list[Replica]) -> SlidingWindowRecord:
+    kvs = [r.sched.kv for r in replicas]
+    m = sc.model
+    return SlidingWindowRecord(
+        window_tokens=m.sliding_window,
+        global_tokens=m.global_tokens,
+        windowed_kv_layers=m.windowed_kv_layers(),
+        kv_layers=m.kv_layers,
+        tokens_out_of_window=sum(k.tokens_evicted for k in kvs),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
     )
 
 

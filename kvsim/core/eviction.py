@@ -25,6 +25,27 @@ Trigger: ``always``, or ``pressure``: only while the blocks requests reference r
 ``pressure_threshold`` of the pool (000 section 7.3: "evict only near the memory threshold"). The
 same threshold switches ``hybrid`` to physical release.
 
+Sliding-window layers (``ModelSpec.sliding_window``; `window_eviction`) reuse the same closed forms
+as a third kind, ``window``, set from the model rather than ``kv.eviction``: vLLM v1's
+``SlidingWindowManager`` frees the blocks that fall wholly out of the window, and its hybrid allocator
+keeps full-attention and windowed layers in separate block groups. kvsim's block holds all layers'
+KV of ``block_size`` tokens, so a sequence of ``p`` computed tokens keeps the layer average
+``kept(p) = p`` up to ``W = sliding_window + global_tokens`` and
+``ceil((L_full * p + L_win * W) / L_kv)`` past it (``L_win`` of the ``L_kv`` KV layers windowed), and
+holds ``ceil((kept(p) + 1) / block_size)`` blocks for its next token: the hybrid split is rounded to
+whole blocks per request (error under one block per request). With every layer windowed and ``W`` a
+multiple of the block size this is vLLM's count at 15 of 16 positions (vLLM holds one block fewer
+when the sequence ends on a block boundary): Mistral-7B (4,096 on every layer) holds 257 blocks of
+16 tokens from 4,096 tokens on, not one more every 16 tokens. Windows free blocks physically, always
+(trigger ``always``, pages ``physical``), at no cost: vLLM only rewrites block-table entries on the
+host. Out-of-window blocks are freed once the prompt is computed (the first trim, right after the
+prompt's last chunk): while a prompt longer than the window prefills in chunks it holds all its
+blocks (vLLM frees between chunks), so kvsim's peak is high by up to prompt - W tokens there. At its
+first trim a sequence gives up its prefix-cache entries as eviction does (`KVCacheManager._trim`):
+blocks that fall out of the window are no hits for later requests, and a shared entry still inside
+the window is counted as blocks of its own (kvsim's entries are the unit of sharing; vLLM keeps
+referencing the shared blocks until they leave the window).
+
 Left out: attention-entropy eviction, per-head and per-layer budgets (all heads keep the same
 tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores need the prompt's
 attention first, so eviction starts with the first decode step).
@@ -38,12 +59,14 @@ from enum import Enum
 
 import numpy as np
 
+from kvsim.spec.models import ModelSpec
 from kvsim.spec.scenario import EvictionConfig
 
 
 class EvictionKind(str, Enum):
     H2O = "h2o"
     STREAMING = "streaming"
+    WINDOW = "window"  # sliding-window layers (the model's, not kv.eviction's): `window_eviction`
 
 
 class Trigger(str, Enum):
@@ -67,6 +90,10 @@ class Eviction:
     trigger: Trigger = Trigger.ALWAYS
     pressure_threshold: float = 0.9
     pages: PagePolicy = PagePolicy.HYBRID
+    # window: W (the window plus its global tokens), and the KV layers that are windowed of all
+    window_tokens: int = 0
+    window_layers: int = 0
+    kv_layers: int = 1
     keeps_all_up_to: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -85,6 +112,12 @@ class Eviction:
         """Tokens a sequence at its budget keeps of ``pos`` computed ones."""
         if self.kind is EvictionKind.STREAMING:
             return min(pos, self.sink_tokens + self.recent_tokens)
+        if self.kind is EvictionKind.WINDOW:
+            w = self.window_tokens
+            if pos <= w:
+                return pos
+            layers = self.kv_layers
+            return -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
         k = self.recent_tokens + math.ceil(self.heavy_ratio * pos)
         if self.budget_tokens and k > self.budget_tokens:
             k = self.budget_tokens
@@ -95,6 +128,11 @@ class Eviction:
         out: np.ndarray
         if self.kind is EvictionKind.STREAMING:
             out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
+            return out
+        if self.kind is EvictionKind.WINDOW:
+            w, layers = self.window_tokens, self.kv_layers
+            past = -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
+            out = np.where(pos <= w, pos, past).astype(np.int64)
             return out
         out = np.ceil(self.heavy_ratio * pos).astype(np.int64)
         out += self.recent_tokens
@@ -223,6 +261,22 @@ def first_trim(
     if capped.any() and not active.all():
         n = min(n, max(1, int(np.argmin(active))))
     return n
+
+
+def window_eviction(model: ModelSpec) -> Eviction | None:
+    """The model's sliding-window layers as a `Eviction` of kind ``window`` (None without any): see
+    the module docstring."""
+    win = model.windowed_kv_layers()
+    if not win:
+        return None
+    return Eviction(
+        kind=EvictionKind.WINDOW,
+        trigger=Trigger.ALWAYS,
+        pages=PagePolicy.PHYSICAL,
+        window_tokens=model.sliding_window + model.global_tokens,
+        window_layers=win,
+        kv_layers=model.kv_layers,
+    )
 
 
 def eviction_from_config(cfg: EvictionConfig) -> Eviction | None:

@@ -164,12 +164,16 @@ class KVCacheManager:
         # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
         # decoding request at every step end)
         streaming = ev.kind is EvictionKind.STREAMING
+        sliding = ev.kind is EvictionKind.WINDOW
         window, rec, ratio, cap = (
             ev.sink_tokens + ev.recent_tokens,
             ev.recent_tokens,
             ev.heavy_ratio,
             ev.budget_tokens,
         )
+        w_tok, w_layers, layers = ev.window_tokens, ev.window_layers, ev.kv_layers
+        w_part = w_layers * w_tok
+        full = layers - w_layers
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
@@ -179,6 +183,8 @@ class KVCacheManager:
             res = c - r.evicted
             if streaming:  # kept(c), inlined
                 kc = c if c < window else window
+            elif sliding:
+                kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
             else:
                 kc = rec + ceil(ratio * c)
                 if cap and kc > cap:
@@ -260,11 +266,13 @@ class KVCacheManager:
         if freed:
             pool.release(freed, [])
         res = r.num_computed - r.evicted
-        w = self._work
-        w.trims += 1
-        w.select_tokens += res if self.eviction is not None and self.eviction.scores() else 0
-        w.moved_tokens += (target if freed else 0) + copies * bs
-        w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
+        ev = self.eviction
+        if ev is not None and ev.kind is not EvictionKind.WINDOW:  # a window's trim costs nothing
+            w = self._work
+            w.trims += 1
+            w.select_tokens += res if ev.scores() else 0
+            w.moved_tokens += (target if freed else 0) + copies * bs
+            w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
         self.trims += 1
         self.tokens_evicted += res - target
         self.blocks_released += freed

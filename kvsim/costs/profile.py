@@ -38,8 +38,8 @@ from kvsim.costs.profile_schema import (
     model_shapes,
 )
 from kvsim.costs.work import (
+    attended_pairs,
     attn_flops_per_pair_layer,
-    causal_pairs,
     decode_tokens_read,
     format_parts,
     gemm_flops,
@@ -304,7 +304,7 @@ class ProfileCostModel(StepCostModel):
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
+            flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, ctx)
             if len(self._prefills) == 1:
                 rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
                 hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))

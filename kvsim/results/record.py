@@ -227,6 +227,22 @@ class EvictionRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlidingWindowRecord:
+    """What the model's sliding-window layers freed (`kvsim.core.eviction.window_eviction`), all
+    replicas together; absent for a model without them."""
+
+    window_tokens: int
+    global_tokens: int
+    windowed_kv_layers: int
+    kv_layers: int
+    tokens_out_of_window: int  # token slots given up by windowed sequences (layer average)
+    blocks_freed: int  # returned to the pool as they fell out of the window
+    blocks_copied: int  # blocks of shared prefix entries still in a window, counted as its own
+    cache_entries_invalidated: int  # prefix-cache entries given up by a windowed sequence: no hits
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SpecDecodeRecord:
     """What speculative decoding (``scheduler.spec_decode``) did, all replicas together; absent when
     it is off. Its effect on TPOT is the summary's ``tpot_s`` against a run without it; on memory,
@@ -378,6 +394,7 @@ class RunSummary:
     sessions: SessionRecord | None = None  # agent workloads only
     eviction: EvictionRecord | None = None  # kv.eviction's effect (None when off)
     spec_decode: SpecDecodeRecord | None = None  # scheduler.spec_decode's effect (None when off)
+    sliding_window: SlidingWindowRecord | None = None  # the model's windowed layers (None without)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 
