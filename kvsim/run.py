@@ -19,7 +19,7 @@ import simpy
 
 from kvsim.accuracy import accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
-from kvsim.core.eviction import eviction_from_config, window_eviction
+from kvsim.core.eviction import eviction_from_config, switch_eviction, window_eviction
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -36,6 +36,7 @@ from kvsim.results.record import (
     BusyFraction,
     Distribution,
     EvictionRecord,
+    FormatSwitchRecord,
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
@@ -97,6 +98,23 @@ def _refuse_unsimulated(sc: Scenario) -> None:
         (f"scheduler.preemption: {preempt}", preempt != "recompute"),
     )
     m = sc.model
+    if kv.format_switch is not None:
+        on = [
+            name
+            for name, enabled in (
+                ("kv.eviction", kv.eviction.policy != "none"),
+                ("sliding-window layers", m.windowed_kv_layers() > 0),
+                ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
+                *tiers,
+            )
+            if enabled
+        ]
+        if on:
+            raise KvsimError(
+                f"a format switch is not simulated together with {' and '.join(on)} yet; turn one of them off",
+                source=sc.source,
+                path="kv.format_switch",
+            )
     if m.windowed_kv_layers():
         others = (
             ("kv.eviction", kv.eviction.policy != "none"),
@@ -145,6 +163,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format,
         sc.kv.format_mix,
         sc.kv.eviction,
+        sc.kv.format_switch,
         c.topology,
     )
 
@@ -160,6 +179,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
             c.topology,
             mix=sc.kv.format_mix,
             eviction=eviction_from_config(sc.kv.eviction),
+            switch=sc.kv.format_switch,
         )
     from kvsim.costs.profile import load_profile_cost_model
 
@@ -220,6 +240,7 @@ def run_scenario(
     offload = _Offload(sc, plan, env, cost) if uses_host else None
     evictor = eviction_from_config(sc.kv.eviction)
     window = window_eviction(sc.model)  # refused together with kv.eviction (_refuse_unsimulated)
+    switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
     spec, draft = _spec_decode(sc, cost)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
@@ -230,7 +251,7 @@ def run_scenario(
             sc.scheduler.chunked_prefill,
             caching,
         )
-        sched.kv.set_eviction(evictor or window)
+        sched.kv.set_eviction(evictor or window or switch)
         sched.spec = spec
         replicas.append(
             Replica(
@@ -404,6 +425,7 @@ def run_scenario(
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
         sliding_window=None if window is None else _window_record(sc, replicas),
+        format_switch=None if switch is None else _switch_record(sc, replicas),
         spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
     )
     return RunResult(
@@ -940,6 +962,31 @@ def _window_record(sc: Scenario, replicas: list[Replica]) -> SlidingWindowRecord
     )
 
 
+def _switch_record(sc: Scenario, replicas: list[Replica]) -> FormatSwitchRecord:
+    kvs = [r.sched.kv for r in replicas]
+    sw = sc.kv.format_switch
+    assert sw is not None
+    note = accuracy_note(
+        sw.format,
+        f"applies to the tokens of sequences past {sw.after_tokens:,} tokens (re-quantized there); "
+        f"below it the cache is {sc.kv.format.name}",
+    )
+    return FormatSwitchRecord(
+        after_tokens=sw.after_tokens,
+        format=sw.format.name,
+        requests_switched=len(set().union(*(k.switched_ids for k in kvs))),
+        switches=sum(k.trims for k in kvs),
+        tokens_requantized=sum(k.tokens_requantized for k in kvs),
+        requant_s=sum(r.stats.eviction_s for r in replicas),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        accuracy=None
+        if note is None
+        else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="format_switch.accuracy"),
+    )
+
+
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
@@ -976,6 +1023,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         router=sc.cluster.router,
         kv_format=sc.kv.format.name,
         kv_format_mix="" if sc.kv.format_mix is None else sc.kv.format_mix.name,
+        kv_format_switch="" if sc.kv.format_switch is None else sc.kv.format_switch.name,
         block_size=sc.kv.block_size,
         prefix_cache=sc.kv.prefix_cache,
         max_num_seqs=sc.scheduler.max_num_seqs,

@@ -46,6 +46,21 @@ blocks that fall out of the window are no hits for later requests, and a shared 
 the window is counted as blocks of its own (kvsim's entries are the unit of sharing; vLLM keeps
 referencing the shared blocks until they leave the window).
 
+A format switch (``kv.format_switch``; `switch_eviction`) is a fourth kind, ``switch``: a sequence
+keeps its KV in ``kv.format`` (``b1`` bytes a token) up to ``N = after_tokens`` tokens; past them it
+is re-quantized to the second format (``b2 < b1`` bytes a token) and its later tokens are written in
+it. Blocks are allocated in units of the first format's block bytes, so a block of the second format
+packs ``b1 / b2`` times more tokens: ``kept(p) = p`` up to ``N`` and ``ceil(p * b2 / b1)``
+first-format token slots past it, and the sequence holds ``ceil((kept(p) + 1) / block_size)``
+blocks (error under one block per request). The crossing is a trim after the step that passes
+``N`` (as eviction's first trim: once the prompt is computed, so a prompt longer than ``N`` is
+prefilled in the first format and re-quantized whole): every resident token is read in the first
+format and written in the second (`EvictionWork.requant_tokens`, priced by the cost model), the
+blocks the smaller format frees return to the pool, and the sequence's cache entries are given up
+(re-quantized blocks are no hits for requests reading the first format; a shared entry is copied).
+A switched sequence's decode attention and its new tokens' quantize-on-write are priced in the
+second format (`SchedulerOutput.decode_switched`).
+
 Left out: attention-entropy eviction, per-head and per-layer budgets (all heads keep the same
 tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores need the prompt's
 attention first, so eviction starts with the first decode step).
@@ -59,6 +74,7 @@ from enum import Enum
 
 import numpy as np
 
+from kvsim.spec.formats import FormatSwitch, KVFormat
 from kvsim.spec.models import ModelSpec
 from kvsim.spec.scenario import EvictionConfig
 
@@ -67,6 +83,7 @@ class EvictionKind(str, Enum):
     H2O = "h2o"
     STREAMING = "streaming"
     WINDOW = "window"  # sliding-window layers (the model's, not kv.eviction's): `window_eviction`
+    SWITCH = "switch"  # kv.format_switch: re-quantized to a smaller format past a length
 
 
 class Trigger(str, Enum):
@@ -94,6 +111,10 @@ class Eviction:
     window_tokens: int = 0
     window_layers: int = 0
     kv_layers: int = 1
+    # switch: N, and the second format's bytes per token over the first's (b2 / b1, lowest terms)
+    switch_after: int = 0
+    switch_num: int = 1
+    switch_den: int = 1
     keeps_all_up_to: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -112,6 +133,8 @@ class Eviction:
         """Tokens a sequence at its budget keeps of ``pos`` computed ones."""
         if self.kind is EvictionKind.STREAMING:
             return min(pos, self.sink_tokens + self.recent_tokens)
+        if self.kind is EvictionKind.SWITCH:
+            return pos if pos <= self.switch_after else -(-(pos * self.switch_num) // self.switch_den)
         if self.kind is EvictionKind.WINDOW:
             w = self.window_tokens
             if pos <= w:
@@ -128,6 +151,10 @@ class Eviction:
         out: np.ndarray
         if self.kind is EvictionKind.STREAMING:
             out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
+            return out
+        if self.kind is EvictionKind.SWITCH:
+            past = -(-(pos * self.switch_num) // self.switch_den)
+            out = np.where(pos <= self.switch_after, pos, past).astype(np.int64)
             return out
         if self.kind is EvictionKind.WINDOW:
             w, layers = self.window_tokens, self.kv_layers
@@ -171,12 +198,14 @@ class EvictionWork:
     (compaction on physical release, and copies of shared prefix blocks a trimmed sequence must own
     before rewriting them), ``table_entries`` block-table entries rewritten. The steady eviction of
     a sequence at its budget (one token out per token in, its slot reused) is priced with the step
-    instead (score accumulation and selection per attended token)."""
+    instead (score accumulation and selection per attended token). A format switch's crossing
+    re-quantizes ``requant_tokens`` tokens (`switch_eviction`)."""
 
     trims: int = 0
     select_tokens: int = 0
     moved_tokens: int = 0
     table_entries: int = 0
+    requant_tokens: int = 0  # format switch: tokens read in the first format, written in the second
 
     def __bool__(self) -> bool:
         return self.trims > 0
@@ -276,6 +305,23 @@ def window_eviction(model: ModelSpec) -> Eviction | None:
         window_tokens=model.sliding_window + model.global_tokens,
         window_layers=win,
         kv_layers=model.kv_layers,
+    )
+
+
+def switch_eviction(model: ModelSpec, first: KVFormat, switch: FormatSwitch | None) -> Eviction | None:
+    """``kv.format_switch`` as a `Eviction` of kind ``switch`` (None without one): see the module
+    docstring. The bytes per token are the model's, all layers (the ratio is the same per GPU)."""
+    if switch is None:
+        return None
+    b1, b2 = model.kv_bytes_per_token(first), model.kv_bytes_per_token(switch.format)
+    g = math.gcd(b1, b2)
+    return Eviction(
+        kind=EvictionKind.SWITCH,
+        trigger=Trigger.ALWAYS,
+        pages=PagePolicy.PHYSICAL,
+        switch_after=switch.after_tokens,
+        switch_num=b2 // g,
+        switch_den=b1 // g,
     )
 
 

@@ -70,6 +70,8 @@ class KVCacheManager:
         self.blocks_released = 0  # freed by physical release
         self.blocks_copied = 0  # shared prefix blocks a trimmed sequence copied to own them
         self.entries_uncached = 0  # cache entries rewritten by their only holder: no longer hits
+        self.tokens_requantized = 0  # format switch: tokens re-quantized at their sequence's crossing
+        self.switched_ids: set[int] = set()  # format switch: requests that crossed (a recompute again)
         self._work = EvictionWork()
         self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
 
@@ -165,6 +167,8 @@ class KVCacheManager:
         # decoding request at every step end)
         streaming = ev.kind is EvictionKind.STREAMING
         sliding = ev.kind is EvictionKind.WINDOW
+        switching = ev.kind is EvictionKind.SWITCH
+        sw_after, sw_num, sw_den = ev.switch_after, ev.switch_num, ev.switch_den
         window, rec, ratio, cap = (
             ev.sink_tokens + ev.recent_tokens,
             ev.recent_tokens,
@@ -185,6 +189,8 @@ class KVCacheManager:
                 kc = c if c < window else window
             elif sliding:
                 kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
+            elif switching:
+                kc = c if c <= sw_after else -(-(c * sw_num) // sw_den)
             else:
                 kc = rec + ceil(ratio * c)
                 if cap and kc > cap:
@@ -267,7 +273,14 @@ class KVCacheManager:
             pool.release(freed, [])
         res = r.num_computed - r.evicted
         ev = self.eviction
-        if ev is not None and ev.kind is not EvictionKind.WINDOW:  # a window's trim costs nothing
+        if ev is not None and ev.kind is EvictionKind.SWITCH:  # the crossing: everything re-quantized
+            w = self._work
+            w.trims += 1
+            w.requant_tokens += res  # (shared entries' copies included: they are written anew)
+            w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
+            self.tokens_requantized += res
+            self.switched_ids.add(r.id)
+        elif ev is not None and ev.kind is not EvictionKind.WINDOW:  # a window's trim costs nothing
             w = self._work
             w.trims += 1
             w.select_tokens += res if ev.scores() else 0

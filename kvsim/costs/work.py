@@ -30,6 +30,8 @@ same arithmetic.
   most the window (plus its global tokens) in those layers (`window_pairs`, `attended_pairs`) and
   read only the window of the prefix; a decode reads the sequence's resident tokens, which the KV
   cache manager keeps as the layer average (`kvsim.core.eviction.window_eviction`).
+- Format switch (`kv.format_switch`): re-quantizing a cached token reads it in the first format,
+  writes it in the second, with both formats' vector operations per element (`requant_work_per_token`).
 - Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
   each part's share of the cached vectors so a model can price each part at its own rate.
 
@@ -148,6 +150,19 @@ def quant_write_work_per_token(
         nbytes += share * (kv_bytes_per_token_gpu(model, BF16, tp) + kv_bytes_per_token_gpu(model, f, tp))
         flops += share * elements * QUANT_FLOPS_PER_ELEMENT[f.kind]
     return nbytes, flops
+
+
+def requant_work_per_token(
+    model: ModelSpec, first: KVFormat, second: KVFormat, tp: int
+) -> tuple[float, float]:
+    """(bytes, vector FLOPs) of re-quantizing one cached token from `first` to `second` (a format
+    switch's crossing), one GPU, all layers: read in the first format, written in the second, and
+    dequantize plus quantize operations per element (`QUANT_FLOPS_PER_ELEMENT` of each: dequantizing
+    is taken to cost as much as quantizing, an estimate)."""
+    elements = model.kv_layers * model.kv_vectors_per_layer * model.kv_vector_dim * model.kv_share(tp)
+    nbytes = kv_bytes_per_token_gpu(model, first, tp) + kv_bytes_per_token_gpu(model, second, tp)
+    ops = QUANT_FLOPS_PER_ELEMENT[first.kind] + QUANT_FLOPS_PER_ELEMENT[second.kind]
+    return nbytes, elements * ops
 
 
 def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
