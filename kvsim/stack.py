@@ -16,7 +16,8 @@ One row per added technique, each simulated on the scenario's workload with ever
    sequence touches all its blocks every step, so none is cold: the tier holds released prefixes
    and the HBM column does not fall, unlike the documents' "4 GB (GPU) + 2 GB (DRAM)".
 
-A model with sliding-window layers leaves rows 4 and 5 unsimulated (its windows are not combined
+A scenario's ``kv.format_switch`` is left out of every row (the rows add the documents' techniques
+one at a time). A model with sliding-window layers leaves rows 4 and 5 unsimulated (its windows are not combined
 with eviction or offload yet), and they say so.
 
 Columns: KV bytes of one 1,048,576-token sequence (the model's arithmetic, window caps applied,
@@ -93,6 +94,7 @@ def _variants(sc: Scenario) -> list[tuple[Scenario | None, str]]:
         format=fp16,
         format_note=None,
         format_mix=None,
+        format_switch=None,  # the table's rows are the documents' techniques, one at a time
         prefix_cache=PrefixCacheScope.NONE,
         eviction=EvictionConfig(),
     )

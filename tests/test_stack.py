@@ -49,6 +49,13 @@ def test_a_sliding_window_model_leaves_eviction_and_offload_rows_unsimulated():
     assert all(r.completed == 40 for r in rows[:4])
 
 
+def test_a_format_switch_in_the_scenario_is_left_out_of_the_rows():
+    kv = {"format": "fp8", "format_switch": {"after_tokens": 1000, "format": "kvquant4"}}
+    rows = stack_rows(small_scenario(workload=WL, kv=kv))
+    assert [r.simulated for r in rows] == [True] * 6  # H2O and offload rows run (no refusal)
+    assert rows[2].kv_bytes_1m == 2 * 32 * 8 * 128 * ONE_M  # fp8 throughout, as without the switch
+
+
 def test_cli_writes_json_and_html(tmp_path, capsys):
     sc = tmp_path / "s.yaml"
     sc.write_text(

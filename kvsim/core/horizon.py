@@ -128,22 +128,24 @@ def _evicting_decode_window(
     if j < k:
         k, bound = j, "eviction"
     sum_ctx = resident[:, :k].sum(axis=0)
-    n_sw, sw_ctx = _switched(kv, reqs, resident, k)
+    n_sw, sw_ctx = _switched(kv, c0, resident, k)
     return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]), n_sw, sw_ctx)
 
 
 def _switched(
-    kv: KVCacheManager, reqs: list[Request], resident: np.ndarray, k: int
+    kv: KVCacheManager, c0: np.ndarray, resident: np.ndarray, k: int
 ) -> tuple[int, np.ndarray | None]:
-    """With a format switch: how many of `reqs` are past their crossing, and their resident tokens
-    summed per step (a window ends at the step after which another crosses: `first_trim`)."""
+    """With a format switch: how many of a plan's requests are past their crossing (they hold
+    fewer tokens than they computed: evicted > 0, as the scheduler counts them), and their resident
+    tokens summed per step (a window ends at the step after which another crosses: `first_trim`)."""
     ev = kv.eviction
     if ev is None or ev.kind is not EvictionKind.SWITCH:
         return 0, None
-    sw = np.array([r.evicted > 0 for r in reqs], dtype=bool)
-    if not sw.any():
+    sw = resident[:, 0] < c0
+    n = int(np.count_nonzero(sw))
+    if not n:
         return 0, None
-    return int(sw.sum()), resident[sw, :k].sum(axis=0)
+    return n, resident[sw, :k].sum(axis=0)
 
 
 def _evicting_mixed_window(
@@ -182,7 +184,7 @@ def _evicting_mixed_window(
         return None
     steps = steps[:k]
     dec = resident[:, :k].sum(axis=0) if m else np.zeros(k, dtype=np.int64)
-    n_sw, sw_ctx = _switched(kv, decs, resident, k) if m else (0, None)
+    n_sw, sw_ctx = _switched(kv, c0, resident, k) if m else (0, None)
     sampling = np.full(k, m, dtype=np.int64)
     if c_p + k * chunk == p.num_tokens:
         sampling[-1] += 1
