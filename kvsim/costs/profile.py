@@ -185,6 +185,10 @@ class ProfileCostModel(StepCostModel):
             )
             self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
             self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
+            self._notes.append(
+                "profile: the format switch's re-quantization and its second format's writes are not "
+                "measured; analytic estimate used"
+            )
         if analytic.eviction is not None:
             self._notes.append(
                 "profile: token-eviction work (H2O scores, top-k, compaction) is not measured; "
