@@ -276,6 +276,13 @@ def run_scenario(
     chunked = sc.scheduler.chunked_prefill
     prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
 
+    def stored(p: int, o: int) -> int:
+        """The most token slots a request holds at once: all but its last token (never stored);
+        with sliding windows, no more than its last kept tokens plus a step's new ones (a window
+        frees blocks between chunks, so a request that fits alone always runs)."""
+        n = p + o - 1
+        return n if window is None else min(n, window.kept(n) + max_batched)
+
     def make_seq(i: int, t: float | None = None) -> Request:
         p, o = int(prompts[i]), int(outputs[i])
         if use_prefix:
@@ -296,9 +303,7 @@ def run_scenario(
         seqs.append(seq)
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
-        elif -(-(p + o - 1) // bs) > plan.num_blocks:  # the last token is never stored
-            # (with sliding windows too: a preempted request recomputes its prompt and answer
-            # holding all their blocks, since a window frees blocks only once they are computed)
+        elif -(-stored(p, o) // bs) > plan.num_blocks:
             seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (

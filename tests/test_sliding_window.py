@@ -90,6 +90,34 @@ def test_a_request_frees_its_out_of_window_blocks_after_the_prompt():
     assert req.evicted == 4096 + 5
 
 
+def test_a_chunked_prompt_frees_its_out_of_window_blocks_between_chunks():
+    kv = KVCacheManager(3000, 16)
+    kv.set_eviction(window_eviction(MISTRAL))
+    sched = Scheduler(kv, max_num_seqs=8, max_batched_tokens=8192, chunked_prefill=True)
+    req = Request(0, 0.0, 32_000, 10, [], [])
+    sched.add(req)
+    held = []
+    while not req.num_generated:
+        plan = sched.schedule()
+        held.append(req.num_blocks)  # during the step
+        sched.complete(plan)
+    # The first chunk's 8,192 tokens (512 blocks); then each chunk writes into the window's 4,096
+    # kept tokens plus its own 8,192: 768 blocks, never the 2,000 of the whole prompt; the last
+    # chunk of 7,424 tokens: ceil((4,096 + 7,424) / 16) = 720.
+    assert held == [512, 768, 768, 720]
+    assert kv.peak_used_blocks == 768 and req.num_blocks == 257
+
+
+def test_a_prompt_longer_than_the_pool_runs_with_a_window():
+    # 30,000 prompt tokens on a pool of 1,000 blocks (16,000 tokens): kept whole it cannot fit and is
+    # rejected; windowed it needs at most 4,096 kept + 8,192 new tokens (768 blocks) at once.
+    wl = make_workload([0.0], [30_000], [100])
+    full = run_scenario(_scenario(FULL, 1000), workload=wl).summary
+    win = run_scenario(_scenario("mistral-7b", 1000), workload=wl).summary
+    assert full["requests"]["rejected"] == 1 and win["requests"]["completed"] == 1
+    assert win["kv_peak_used_blocks"] == 768
+
+
 def test_hybrid_model_holds_half_way():
     kv = KVCacheManager(2000, 16)
     kv.set_eviction(window_eviction(HYBRID))

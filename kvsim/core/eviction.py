@@ -38,10 +38,11 @@ multiple of the block size this is vLLM's count at 15 of 16 positions (vLLM hold
 when the sequence ends on a block boundary): Mistral-7B (4,096 on every layer) holds 257 blocks of
 16 tokens from 4,096 tokens on, not one more every 16 tokens. Windows free blocks physically, always
 (trigger ``always``, pages ``physical``), at no cost: vLLM only rewrites block-table entries on the
-host. Out-of-window blocks are freed once the prompt is computed (the first trim, right after the
-prompt's last chunk): while a prompt longer than the window prefills in chunks it holds all its
-blocks (vLLM frees between chunks), so kvsim's peak is high by up to prompt - W tokens there. At its
-first trim a sequence gives up its prefix-cache entries as eviction does (`KVCacheManager._trim`):
+host. Unlike eviction, a window also trims while its prompt prefills (after each chunk, as vLLM
+frees between chunks): a chunk of ``c`` new tokens then writes into ``kept(p) + c`` slots (the
+windowed layers hold the window plus the chunk, the full ones everything), so a prompt far longer
+than the window never holds all its blocks. At its first trim a sequence gives up its prefix-cache
+entries as eviction does (`KVCacheManager._trim`; it registers none after that):
 blocks that fall out of the window are no hits for later requests, and a shared entry still inside
 the window is counted as blocks of its own (kvsim's entries are the unit of sharing; vLLM keeps
 referencing the shared blocks until they leave the window).

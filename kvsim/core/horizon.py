@@ -163,6 +163,17 @@ def _evicting_mixed_window(
     chunk = out.prefill_new[0]
     c_p = out.prefill_ctx[0]
     bs = kv.block_size
+    if ev.kind is EvictionKind.WINDOW:
+        # A window frees a prefilling request's out-of-window blocks after each chunk: the window
+        # ends with the first step after which it has passed the length kept whole (the trim is
+        # applied at the window's end, as stepping applies it at that step's), and a request that
+        # trims already steps one by one.
+        top = ev.keeps_all_up_to
+        if p.evicted or c_p + chunk > top:
+            return None
+        j = (top - c_p) // chunk  # the first step after which c_p + (j + 1) x chunk > top
+        if j + 1 < k:
+            k, bound = j + 1, "window"
     steps = np.arange(k, dtype=np.int64)
     p_blocks = np.maximum(p.num_blocks, -(-(c_p + (steps + 1) * chunk) // bs))
     new = p_blocks - p_blocks[0]

@@ -181,7 +181,11 @@ class KVCacheManager:
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
-                continue  # still prefilling (or recomputing): eviction starts after the prompt
+                # Still prefilling (or recomputing): eviction starts after the prompt; a window
+                # frees the blocks its chunks leave behind (its next chunk fills their slots).
+                if sliding and c > short and c - r.evicted > (kc := -(-(full * c + w_part) // layers)):
+                    self._trim(r, kc, True)
+                continue
             if c <= short and not r.evicted:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - r.evicted
@@ -377,8 +381,8 @@ class KVCacheManager:
         """Cache the request's entries that are full once `num_computed_tokens` tokens are computed
         (or, where equal content is cached already, share it and free the request's copy)."""
         start = len(req.held_keys)
-        if start == len(req.keys):
-            return
+        if start == len(req.keys) or req.evicted:
+            return  # (a request that evicted tokens, or a window's, holds private blocks only)
         cum = req.key_cum
         end = bisect_right(cum, num_computed_tokens // self.block_size) - 1  # entries fully computed
         if end <= start:

@@ -164,7 +164,8 @@ class Scheduler:
                 decoding = False
                 if num_new > budget:
                     num_new = budget
-                need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
+                # kv.blocks_needed, inlined (hot loop); a window's chunk fills the slots it freed
+                need = -(-(c - req.evicted + num_new) // bs) - req.num_blocks
             if need > 0 and not kv.allocate_slots(req, need):
                 kv.note_peak()  # memory is at its fullest just before a preemption
                 preempted_self = False
