@@ -253,3 +253,12 @@ def test_kept_array_equals_kept_as_its_table_grows(ev):
     assert ev.kept_array(big, 70_001).tolist() == [ev.kept(int(p)) for p in big]
     assert len(ev._table) == 131_072
     assert ev.kept_array(small).tolist() == [[ev.kept(int(p)) for p in row] for row in small]
+
+
+def test_kept_array_past_the_table_limit_is_computed():
+    from kvsim.core import eviction as E
+
+    ev = Eviction(EvictionKind.H2O, heavy_ratio=0.2, recent_tokens=128)
+    pos = np.array([5, E._TABLE_MAX + 3], dtype=np.int64)
+    assert ev.kept_array(pos).tolist() == [ev.kept(5), ev.kept(E._TABLE_MAX + 3)]
+    assert len(ev._table) == 0  # nothing tabled

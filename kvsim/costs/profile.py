@@ -38,8 +38,8 @@ from kvsim.costs.profile_schema import (
     model_shapes,
 )
 from kvsim.costs.work import (
+    attended_pairs,
     attn_flops_per_pair_layer,
-    causal_pairs,
     decode_tokens_read,
     format_parts,
     gemm_flops,
@@ -173,6 +173,22 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        # A format switch: switched sequences decode at the second format's measured rates (a
+        # profile without that format is refused unless forced, as for kv.format).
+        sw = analytic.switch
+        self._switch_decode: RateTable | None = None
+        self._switch_bytes_layer = 0.0
+        self._switch_tokens_per_slot = 1.0
+        if sw is not None:
+            self._switch_decode = self._by_format(
+                ops, "paged_decode", ("batch", "context"), "bytes", sw.format
+            )
+            self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
+            self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
+            self._notes.append(
+                "profile: the format switch's re-quantization and its second format's writes are not "
+                "measured; analytic estimate used"
+            )
         if analytic.eviction is not None:
             self._notes.append(
                 "profile: token-eviction work (H2O scores, top-k, compaction) is not measured; "
@@ -290,6 +306,28 @@ class ProfileCostModel(StepCostModel):
             t = t + self.analytic.decode_score_time(tokens)
         return t
 
+    def _switched_decode_attn_time(
+        self, num_seqs: int, sum_ctx: np.ndarray, num_switched: int, switched_ctx: np.ndarray
+    ) -> np.ndarray:
+        # The unswitched sequences as a batch of their own, the switched ones at the second format's
+        # rates over their real tokens (b1 / b2 per first-format slot). Off-grid flags cover the first.
+        tab = self._switch_decode
+        assert tab is not None
+        t = np.zeros(sum_ctx.shape)
+        if num_seqs > num_switched:
+            t = t + self._decode_attn_time(num_seqs - num_switched, sum_ctx - switched_ctx)
+        tokens = decode_tokens_read(num_switched, switched_ctx) * self._switch_tokens_per_slot
+        i, w, _ = _axis_weights(tab.axes[0], np.array([math.log(num_switched)]))
+        lo = int(i[0])
+        hi = min(lo + 1, len(tab.axes[0]) - 1)
+        row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+        rate = np.exp(np.interp(np.log(tokens / num_switched), tab.axes[1], row))
+        out: np.ndarray = t + self.model.num_layers * tokens * self._switch_bytes_layer / rate
+        return out
+
+    def _switched_write_time(self, num_tokens: int) -> float:
+        return self.analytic._switched_write_time(num_tokens)  # the quantize-on-write kernel is not measured
+
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
         """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""
         x = np.log((sum_ctx[[0, -1]] + num_seqs) / num_seqs)  # contexts grow along a run
@@ -304,7 +342,7 @@ class ProfileCostModel(StepCostModel):
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
+            flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, ctx)
             if len(self._prefills) == 1:
                 rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
                 hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
@@ -414,6 +452,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         sc.cluster.topology,
         mix=mix,
         eviction=eviction_from_config(sc.kv.eviction),
+        switch=sc.kv.format_switch,
     )
     model = ProfileCostModel(
         prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force
