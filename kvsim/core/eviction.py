@@ -278,20 +278,38 @@ def first_trim(
     new: np.ndarray,
     num_blocks: int,
     block_size: int,
+    shortcut: bool = True,
 ) -> int:
     """How many steps of a decode run of `k` may run as one window, given the blocks referenced after
     each step (``used``): up to and including the first step after which some sequence trims
     (evicts more than its steady token, or frees blocks), and only up to the first step after which
-    the pressure trigger no longer holds while a sequence at its budget relies on it."""
+    the pressure trigger no longer holds while a sequence at its budget relies on it. `shortcut`
+    False: every step's events computed even where a closed form gives the answer (for its test)."""
     k = int(resident.shape[1])
     pressure_free = (
         ev.pages is not PagePolicy.HYBRID or used0 + new[k - 1] < ev.pressure_threshold * num_blocks
     )
-    if ev.trigger is Trigger.ALWAYS and pressure_free and capped.all():
-        # Every sequence at its budget, the trigger always on and hybrid pages (if any) never under
-        # pressure (blocks referenced only grow inside a run): no trim, since a capped sequence
-        # under physical release holds no block beyond what its kept tokens need.
-        return k
+    if ev.trigger is Trigger.ALWAYS and pressure_free:
+        # The trigger always on and hybrid pages (if any) never under pressure (blocks referenced
+        # only grow inside a run): a sequence at its budget never trims, since under physical
+        # release it holds no block beyond what its kept tokens need.
+        if capped.all():
+            return k
+    if ev.trigger is Trigger.ALWAYS and pressure_free and shortcut:
+        free = ~capped
+        c_u, r_u = c0[free], resident[free, 0]
+        if (r_u == c_u).all() and (
+            ev.pages is not PagePolicy.PHYSICAL
+            or (
+                (blocks[free, 0] <= (r_u + 1 + block_size) // block_size).all()
+                and (blocks[capped, 0] <= (resident[capped, 0] + block_size) // block_size).all()
+            )
+        ):
+            # The others never evicted and hold no block beyond their next token's (nor, under
+            # physical release, do those at their budget beyond their kept tokens'): each first
+            # trims at the step whose new token passes `keeps_all_up_to` (kept(p) == p up to it,
+            # p - kept(p) > 0 and never falling past it), the full computation below in one min.
+            return min(k, int(np.maximum(ev.keeps_all_up_to - c_u, 0).min()) + 1)
     used = used0 + new[:k]
     j = np.arange(k, dtype=np.int64)
     kept1 = ev.kept_array(c0[:, None] + (j + 1), int(c0.max()) + k if len(c0) else -1)
