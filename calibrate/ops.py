@@ -131,7 +131,7 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
             score_context=(512, 4096),
             select_tokens=(1024, 16384),
             compact_tokens=(256, 4096),
-            write_tokens=(16, 1024),
+            write_tokens=(1, 16, 1024),
         )
     if quick:
         return Grid(
@@ -147,7 +147,7 @@ def make_grid(backend: str, quick: bool, formats: tuple[str, ...] | None) -> Gri
             score_context=(128, 512),
             select_tokens=(256, 4096),
             compact_tokens=(64, 512),
-            write_tokens=(16, 256),
+            write_tokens=(1, 16, 256),
         )
     return Grid(
         (1, 4, 16, 64, 256),

@@ -119,7 +119,28 @@ def print_summary(summary: RunSummary) -> None:
             f"{ev.trims:,} trims ({ev.trim_s * 1e3:,.1f} ms), {ev.blocks_released:,} blocks released, "
             f"{ev.cache_entries_invalidated:,} prefix entries invalidated"
         )
-    notes = [a for a in (summary.accuracy, None if ev is None else ev.accuracy) if a is not None]
+    win = summary.sliding_window
+    if win is not None:
+        con.print(
+            f"sliding window {win.window_tokens:,} tokens on {win.windowed_kv_layers} of {win.kv_layers} KV "
+            f"layers: {win.blocks_freed:,} blocks freed, {win.cache_entries_invalidated:,} prefix entries given up"
+        )
+    fs = summary.format_switch
+    if fs is not None:
+        con.print(
+            f"format switch to {fs.format} after {fs.after_tokens:,} tokens: {fs.requests_switched:,} requests, "
+            f"{fs.tokens_requantized:,} tokens re-quantized ({fs.requant_s * 1e3:,.1f} ms), "
+            f"{fs.blocks_freed:,} blocks freed"
+        )
+    notes = [
+        a
+        for a in (
+            summary.accuracy,
+            None if ev is None else ev.accuracy,
+            None if fs is None else fs.accuracy,
+        )
+        if a is not None
+    ]
     for a in notes:
         cited = "; ".join(f"{c.claim} ({c.source})" for c in a.literature)
         rms = (
@@ -127,7 +148,8 @@ def print_summary(summary: RunSummary) -> None:
             if a.kernel_rel_rms is not None
             else ""
         )
-        con.print(f"accuracy estimate (cited, not simulated) for {a.format}: {rms}{cited}")
+        why = f" ({a.note})" if a.note and fs is not None and a is fs.accuracy else ""
+        con.print(f"accuracy estimate (cited, not simulated) for {a.format}{why}: {rms}{cited}")
     con.print(
         f"simulated {summary.simulated_s:,.1f} s in {summary.wall_s:.2f} s wall "
         f"({summary.simulated_s / max(summary.wall_s, 1e-9):,.0f}x real time)"

@@ -19,7 +19,7 @@ import simpy
 
 from kvsim.accuracy import accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
-from kvsim.core.eviction import eviction_from_config
+from kvsim.core.eviction import eviction_from_config, switch_eviction, window_eviction
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
@@ -36,6 +36,7 @@ from kvsim.results.record import (
     BusyFraction,
     Distribution,
     EvictionRecord,
+    FormatSwitchRecord,
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
@@ -44,6 +45,7 @@ from kvsim.results.record import (
     RunConfig,
     RunSummary,
     SessionRecord,
+    SlidingWindowRecord,
     SpecDecodeRecord,
     SwapRecord,
     WorkloadRecord,
@@ -83,7 +85,11 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     """Options the engine does not simulate together yet: one line naming the field.
 
     Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
-    which the host tiers' write-back, the global pool's index and swap do not follow yet."""
+    which the host tiers' write-back, the global pool's index and swap do not follow yet. Sliding-
+    window layers free a sequence's out-of-window blocks through the same closed forms
+    (`kvsim.core.eviction.window_eviction`), so they are refused with the same options, with token
+    eviction (one policy per sequence) and with speculative decoding (its verify slots assume every
+    computed token is held)."""
     kv = sc.kv
     preempt = sc.scheduler.preemption
     tiers = (
@@ -91,6 +97,39 @@ def _refuse_unsimulated(sc: Scenario) -> None:
         ("a global prefix pool", kv.prefix_cache == "global"),
         (f"scheduler.preemption: {preempt}", preempt != "recompute"),
     )
+    m = sc.model
+    if kv.format_switch is not None:
+        on = [
+            name
+            for name, enabled in (
+                ("kv.eviction", kv.eviction.policy != "none"),
+                ("sliding-window layers", m.windowed_kv_layers() > 0),
+                ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
+                *tiers,
+            )
+            if enabled
+        ]
+        if on:
+            raise KvsimError(
+                f"a format switch is not simulated together with {' and '.join(on)} yet; turn one of them off",
+                source=sc.source,
+                path="kv.format_switch",
+            )
+    if m.windowed_kv_layers():
+        others = (
+            ("kv.eviction", kv.eviction.policy != "none"),
+            ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
+            *tiers,
+        )
+        on = [name for name, enabled in others if enabled]
+        if on:
+            raise KvsimError(
+                f"{m.name}'s sliding-window layers (window {m.sliding_window:,} tokens, out-of-window "
+                f"blocks freed) are not simulated together with {' and '.join(on)} yet; turn it off, or "
+                "set model.sliding_window: 0 to keep every token",
+                source=sc.source,
+                path="model.sliding_window",
+            )
     if sc.scheduler.spec_decode is not None:
         _refuse_with(
             sc,
@@ -124,6 +163,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format,
         sc.kv.format_mix,
         sc.kv.eviction,
+        sc.kv.format_switch,
         c.topology,
     )
 
@@ -139,6 +179,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
             c.topology,
             mix=sc.kv.format_mix,
             eviction=eviction_from_config(sc.kv.eviction),
+            switch=sc.kv.format_switch,
         )
     from kvsim.costs.profile import load_profile_cost_model
 
@@ -198,6 +239,8 @@ def run_scenario(
     )
     offload = _Offload(sc, plan, env, cost) if uses_host else None
     evictor = eviction_from_config(sc.kv.eviction)
+    window = window_eviction(sc.model)  # refused together with kv.eviction (_refuse_unsimulated)
+    switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
     spec, draft = _spec_decode(sc, cost)
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
@@ -208,7 +251,7 @@ def run_scenario(
             sc.scheduler.chunked_prefill,
             caching,
         )
-        sched.kv.set_eviction(evictor)
+        sched.kv.set_eviction(evictor or window or switch)
         sched.spec = spec
         replicas.append(
             Replica(
@@ -233,6 +276,13 @@ def run_scenario(
     chunked = sc.scheduler.chunked_prefill
     prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
 
+    def stored(p: int, o: int) -> int:
+        """The most token slots a request holds at once: all but its last token (never stored);
+        with sliding windows, no more than its last kept tokens plus a step's new ones (a window
+        frees blocks between chunks, so a request that fits alone always runs)."""
+        n = p + o - 1
+        return n if window is None else min(n, window.kept(n) + max_batched)
+
     def make_seq(i: int, t: float | None = None) -> Request:
         p, o = int(prompts[i]), int(outputs[i])
         if use_prefix:
@@ -253,7 +303,7 @@ def run_scenario(
         seqs.append(seq)
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
-        elif -(-(p + o - 1) // bs) > plan.num_blocks:  # the last token is never stored
+        elif -(-stored(p, o) // bs) > plan.num_blocks:
             seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
@@ -340,10 +390,6 @@ def run_scenario(
     warnings.extend(sc.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
-    if sc.model.sliding_window:
-        warnings.append(
-            "sliding-window layers hold full KV in the block pool here (vLLM v1 frees out-of-window blocks)"
-        )
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
     note = accuracy_note(sc.kv.format, sc.kv.format_note, sc.kv.format_mix)
     summary = RunSummary(
@@ -383,6 +429,8 @@ def run_scenario(
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
+        sliding_window=None if window is None else _window_record(sc, replicas),
+        format_switch=None if switch is None else _switch_record(sc, replicas),
         spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
     )
     return RunResult(
@@ -904,6 +952,46 @@ def _eviction_record(
     )
 
 
+def _window_record(sc: Scenario, replicas: list[Replica]) -> SlidingWindowRecord:
+    kvs = [r.sched.kv for r in replicas]
+    m = sc.model
+    return SlidingWindowRecord(
+        window_tokens=m.sliding_window,
+        global_tokens=m.global_tokens,
+        windowed_kv_layers=m.windowed_kv_layers(),
+        kv_layers=m.kv_layers,
+        tokens_out_of_window=sum(k.tokens_evicted for k in kvs),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+    )
+
+
+def _switch_record(sc: Scenario, replicas: list[Replica]) -> FormatSwitchRecord:
+    kvs = [r.sched.kv for r in replicas]
+    sw = sc.kv.format_switch
+    assert sw is not None
+    note = accuracy_note(
+        sw.format,
+        f"applies to the tokens of sequences past {sw.after_tokens:,} tokens (re-quantized there); "
+        f"below it the cache is {sc.kv.format.name}",
+    )
+    return FormatSwitchRecord(
+        after_tokens=sw.after_tokens,
+        format=sw.format.name,
+        requests_switched=len(set().union(*(k.switched_ids for k in kvs))),
+        switches=sum(k.trims for k in kvs),
+        tokens_requantized=sum(k.tokens_requantized for k in kvs),
+        requant_s=sum(r.stats.eviction_s for r in replicas),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        accuracy=None
+        if note is None
+        else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="format_switch.accuracy"),
+    )
+
+
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
@@ -940,6 +1028,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         router=sc.cluster.router,
         kv_format=sc.kv.format.name,
         kv_format_mix="" if sc.kv.format_mix is None else sc.kv.format_mix.name,
+        kv_format_switch="" if sc.kv.format_switch is None else sc.kv.format_switch.name,
         block_size=sc.kv.block_size,
         prefix_cache=sc.kv.prefix_cache,
         max_num_seqs=sc.scheduler.max_num_seqs,

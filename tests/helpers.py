@@ -36,7 +36,8 @@ def small_scenario(num_blocks: int | None = None, **sections: Any) -> Scenario:
         "sim": {"seed": 1},
     }
     for k, v in sections.items():
-        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
+        base = data.get(k, {})
+        data[k] = {**base, **v} if isinstance(v, dict) and isinstance(base, dict) else v
     if num_blocks is not None:
         block_bytes = 16 * 131072 * (data.get("kv", {}).get("block_size", 16) // 16)
         weights = 8_030_261_248 * 2

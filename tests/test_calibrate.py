@@ -46,7 +46,7 @@ def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
         "h2o_accumulate": [("bf16", 1, 128), ("bf16", 1, 512), ("bf16", 4, 128), ("bf16", 4, 512)],
         "h2o_select": [(256,), (4096,)],
         "compact_kv": [("bf16", 64), ("bf16", 512)],
-        "kv_write": [("bf16", 16), ("bf16", 256)],
+        "kv_write": [("bf16", 1), ("bf16", 16), ("bf16", 256)],
     }
     per_token = {"h2o_accumulate": 2048 + 64, "h2o_select": 32, "compact_kv": 8192, "kv_write": 8192}
     for op, per in per_token.items():

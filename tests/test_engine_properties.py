@@ -92,7 +92,7 @@ def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_p
 
 
 @st.composite
-def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-untyped-def]
+def cases(draw, offload: bool = False, spec: bool = False, window: bool = False, switch: bool = False):  # type: ignore[no-untyped-def]
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -168,7 +168,11 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
             }
             cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
     # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.
-    fmt = draw(st.sampled_from(["bf16", "bf16", "int8", "kvquant4", "mix"]))
+    fmt = draw(
+        st.sampled_from(
+            ["bf16", "bf16", "int8", "kvquant4"] if switch else ["bf16", "bf16", "int8", "kvquant4", "mix"]
+        )
+    )
     kv.update(
         {"format": "int8", "format_mix": {"format": "int4", "share": 0.75}}
         if fmt == "mix"
@@ -176,7 +180,11 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
     )
     # Token eviction: H2O and StreamingLLM, every trigger and page policy.
     # (Not with the host tiers, the global pool or swap: `kvsim run` refuses those combinations.)
-    policy = "none" if offload or spec else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
+    policy = (
+        "none"
+        if offload or spec or window or switch
+        else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
+    )
     if policy != "none":
         ev = {
             "policy": policy,
@@ -193,8 +201,45 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
         else:
             ev["sink_tokens"] = draw(st.sampled_from([0, 4]))
         kv["eviction"] = ev
+    # Sliding-window layers (every layer, half, or one windowed; with global tokens or not) free
+    # their out-of-window blocks (not with eviction, speculative decoding or the host tiers).
+    model: dict | None = None
+    if (
+        policy == "none"
+        and not offload
+        and not spec
+        and not switch
+        and (window or draw(st.integers(0, 3)) == 0)
+    ):
+        model = {
+            "name": "llama-3.1-8b",
+            "sliding_window": draw(st.sampled_from([20, 64, 200])),
+            "sliding_window_layers": draw(st.sampled_from([32, 16, 1])),
+            "global_tokens": draw(st.sampled_from([0, 4])),
+        }
+    # A format switch to a smaller format past a length (not with eviction, windows, speculative
+    # decoding, the host tiers or a format mix).
+    smaller = {"bf16": ["fp8", "int4", "kvquant4"], "int8": ["int4", "kvquant4"], "kvquant4": ["int4"]}
+    if (
+        policy == "none"
+        and model is None
+        and not offload
+        and not spec
+        and fmt != "mix"
+        and (switch or draw(st.integers(0, 3)) == 0)
+    ):
+        kv["format_switch"] = {
+            "after_tokens": draw(st.sampled_from([1, 30, 100, 400])),
+            "format": draw(st.sampled_from(smaller[fmt])),
+        }
     # Speculative decoding (not with eviction or the host tiers: `kvsim run` refuses those).
-    if policy == "none" and not offload and (spec or draw(st.integers(0, 3)) == 0):
+    if (
+        policy == "none"
+        and model is None
+        and "format_switch" not in kv
+        and not offload
+        and (spec or draw(st.integers(0, 3)) == 0)
+    ):
         acc: dict = {"mean": draw(st.sampled_from([0.0, 0.4, 0.8, 1.0]))}
         if draw(st.booleans()):
             acc = {"dist": "beta", "mean": draw(st.sampled_from([0.3, 0.7])), "concentration": 2.0}
@@ -203,7 +248,8 @@ def cases(draw, offload: bool = False, spec: bool = False):  # type: ignore[no-u
             "acceptance": acc,
             "draft": draw(st.sampled_from([{"kind": "mtp"}, {"kind": "model", "model": "qwen2.5-7b"}])),
         }
-    sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv)
+    extra = {} if model is None else {"model": model}
+    sc = small_scenario(num_blocks=num_blocks, scheduler=scheduler, cluster=cluster, kv=kv, **extra)
     return sc, make_workload(arrivals, prompts, outputs, hash_ids=ids, block_tokens=g)
 
 
@@ -235,6 +281,26 @@ def test_invariants_and_fast_forward_equality_with_spec_decode(case):
     assert sa == sb
     assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
     assert sum(sa["accepted_per_step_hist"]) == sa["verify_rows"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(window=True))
+def test_invariants_and_fast_forward_equality_with_sliding_windows(case):
+    """As above with a sliding-window model: its out-of-window blocks are freed in closed form inside
+    fast-forward windows, and fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    assert a.summary["sliding_window"] == b.summary["sliding_window"]
+    assert a.summary["sliding_window"] is not None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(switch=True))
+def test_invariants_and_fast_forward_equality_with_a_format_switch(case):
+    """As above with `kv.format_switch`: sequences re-quantized past the switch length hold fewer
+    blocks in closed form inside fast-forward windows, and fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    assert a.summary["format_switch"] == b.summary["format_switch"]
+    assert a.summary["format_switch"] is not None
 
 
 def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]

@@ -253,3 +253,47 @@ def test_kept_array_equals_kept_as_its_table_grows(ev):
     assert ev.kept_array(big, 70_001).tolist() == [ev.kept(int(p)) for p in big]
     assert len(ev._table) == 131_072
     assert ev.kept_array(small).tolist() == [[ev.kept(int(p)) for p in row] for row in small]
+
+
+def test_kept_array_past_the_table_limit_is_computed():
+    from kvsim.core import eviction as E
+
+    ev = Eviction(EvictionKind.H2O, heavy_ratio=0.2, recent_tokens=128)
+    pos = np.array([5, E._TABLE_MAX + 3], dtype=np.int64)
+    assert ev.kept_array(pos).tolist() == [ev.kept(5), ev.kept(E._TABLE_MAX + 3)]
+    assert len(ev._table) == 0  # nothing tabled
+
+
+def test_first_trim_shortcut_equals_every_step_computed():
+    """`first_trim`'s closed form (the sequences not at their budget never evicted) gives the step
+    that computing every step's events gives, over random states of every policy and page mode."""
+    from kvsim.core.eviction import decode_steps, first_trim
+
+    rng = np.random.default_rng(7)
+    kinds = [
+        Eviction(EvictionKind.H2O, heavy_ratio=r, recent_tokens=16, pages=p, trigger=t, budget_tokens=b)
+        for p in PagePolicy
+        for r in (0.1, 0.5)
+        for t in Trigger
+        for b in (0, 60)
+    ] + [
+        Eviction(EvictionKind.STREAMING, sink_tokens=4, recent_tokens=40, pages=p, trigger=t)
+        for p in PagePolicy
+        for t in Trigger
+    ]
+    shortcuts = 0
+    for it in range(4000):
+        ev = kinds[it % len(kinds)]
+        n, k, bs = int(rng.integers(1, 8)), int(rng.integers(1, 60)), int(rng.choice([1, 4, 16]))
+        c0 = rng.integers(1, 200, n)
+        mode = rng.integers(0, 3, n)  # never evicted, at its budget, evicted part-way
+        kept0 = ev.kept_array(c0)
+        ev0 = np.maximum(np.where(mode == 1, c0 - kept0, np.where(mode == 2, (c0 - kept0) // 2, 0)), 0)
+        held0 = (c0 - ev0 + bs) // bs + (rng.random(n) < 0.2) * rng.integers(1, 3, n)
+        capped, resident, blocks = decode_steps(ev, c0, ev0, held0, bool(rng.random() < 0.8), k, bs)
+        new = blocks.sum(axis=0) - blocks[:, 0].sum()
+        args = (ev, c0, capped, resident, blocks, int(rng.integers(0, 600)), new, 500, bs)
+        fast, full = first_trim(*args), first_trim(*args, shortcut=False)
+        assert fast == full, (it, ev, c0.tolist(), ev0.tolist(), held0.tolist(), k, bs)
+        shortcuts += ev.trigger is Trigger.ALWAYS and not capped.all() and bool((ev0[~capped] == 0).all())
+    assert shortcuts > 300  # the closed form was really exercised (462 of these draws)

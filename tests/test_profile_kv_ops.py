@@ -34,13 +34,16 @@ ACC_BF16 = 4096 / 2 + 2 * 4 * 8  # K half of 4 KiB of bf16 KV, fp32 score read +
 SELECT = 4 * 8  # fp32 scores of 8 KV heads
 COMPACT_BF16 = 2 * 4096  # K and V read and written
 WRITE_INT8 = 4096 + 16 * 136  # bf16 in; int8/g64 out: 16 vectors x (128 B + 2 groups x 4 B)
+WRITE_INT4 = 4096 + 16 * 72  # int4/g64 out: 16 vectors x (64 B + 2 groups x 4 B)
 
 
 def _pt(t: float, nbytes: float, **coords: object) -> dict:
     return {**coords, "t_p20": t, "t_p50": t, "t_p80": t, "bytes": nbytes, "flops": 0.0}
 
 
-def _with_kv_ops(formats: tuple[str, ...] = ("bf16", "int8/g64")) -> dict:
+def _with_kv_ops(
+    formats: tuple[str, ...] = ("bf16", "int8/g64"), write_formats: tuple[str, ...] = ("int8/g64",)
+) -> dict:
     """`_synthetic`'s profile with decode and prefill for `formats` and the four 1.1 ops at
     constant rates: accumulate 1e11 B/s, select 3.2e8 B/s, compaction 8.192e10 B/s (1e-7 s per
     token), kv_write 1e10 B/s."""
@@ -68,8 +71,13 @@ def _with_kv_ops(formats: tuple[str, ...] = ("bf16", "int8/g64")) -> dict:
             for n in (100, 1000)
         ]
     }
+    write = {"int8/g64": WRITE_INT8, "int4/g64": WRITE_INT4}
     ops["kv_write"] = {
-        "points": [_pt(n * WRITE_INT8 / 1e10, n * WRITE_INT8, tokens=n, format="int8/g64") for n in (16, 256)]
+        "points": [
+            _pt(n * write[f] / 1e10, n * write[f], tokens=n, format=f)
+            for f in write_formats
+            for n in (16, 256)
+        ]
     }
     return data
 
@@ -204,6 +212,21 @@ def test_mixed_and_decode_runs_equal_price_with_every_measured_op_on(tmp_path):
         assert mixed[j] == cm.price(b).seconds
         assert cm.price(b).off_grid <= flags
     assert "kv_write" not in flags  # 202 new tokens: inside the table (16..256)
+
+
+def test_a_format_switch_writes_its_second_format_at_the_measured_rate(tmp_path):
+    switch = {"format": "int8", "format_switch": {"after_tokens": 1000, "format": "int4"}}
+    data = _with_kv_ops(("bf16", "int8/g64", "int4/g64"), write_formats=("int8/g64", "int4/g64"))
+    cm = _model(tmp_path, data, **switch)
+    assert cm._switched_write_time(100) == pytest.approx(LAYERS * 100 * WRITE_INT4 / 1e10, rel=1e-12)
+    assert cm._write_time(100) == pytest.approx(LAYERS * 100 * WRITE_INT8 / 1e10, rel=1e-12)
+    notes = cm.warnings()
+    assert "profile: the format switch's re-quantization is not measured; analytic estimate used" in notes
+    assert not any("kv_write" in n for n in notes)
+    # Without int4 points: the switch's writes stay analytic, and a note says so.
+    cm = _model(tmp_path, _with_kv_ops(("bf16", "int8/g64", "int4/g64")), **switch)
+    assert cm._switched_write_time(100) == cm.analytic._switched_write_time(100)
+    assert any("kv_write not measured for KV format int4/g64" in n and "switch" in n for n in cm.warnings())
 
 
 def _loaded(path: Path, ff: bool):  # type: ignore[no-untyped-def]

@@ -39,6 +39,23 @@ def test_rows_shrink_the_sequence_as_each_technique_is_added():
     assert rows[0].claimed_memory == "~435 GB" and rows[4].claimed_cost == "~$5"
 
 
+def test_a_sliding_window_model_leaves_eviction_and_offload_rows_unsimulated():
+    rows = stack_rows(small_scenario(model="mistral-7b", workload=WL))
+    assert [r.simulated for r in rows] == [True] * 4 + [False] * 2
+    # Mistral-7B keeps its 4,096-token window on every layer: a 1M-token sequence holds 4,096
+    # tokens of 32 layers x 8 KV heads x 128 dims in fp16 (MHA: 32 heads, four times that).
+    assert rows[1].kv_bytes_1m == 2 * 32 * 8 * 128 * 2 * 4096 == rows[0].kv_bytes_1m // 4
+    assert "sliding-window" in rows[4].note and "offload" in rows[5].note
+    assert all(r.completed == 40 for r in rows[:4])
+
+
+def test_a_format_switch_in_the_scenario_is_left_out_of_the_rows():
+    kv = {"format": "fp8", "format_switch": {"after_tokens": 1000, "format": "kvquant4"}}
+    rows = stack_rows(small_scenario(workload=WL, kv=kv))
+    assert [r.simulated for r in rows] == [True] * 6  # H2O and offload rows run (no refusal)
+    assert rows[2].kv_bytes_1m == 2 * 32 * 8 * 128 * ONE_M  # fp8 throughout, as without the switch
+
+
 def test_cli_writes_json_and_html(tmp_path, capsys):
     sc = tmp_path / "s.yaml"
     sc.write_text(

@@ -619,10 +619,31 @@ def test_sessions_at_scale_keep_ids_prefix_unique():
     assert len(count) < 0.5 * sum(count.values())
 
 
+def test_synthetic_without_anything_to_share_has_no_content_ids():
+    """No shared prefix and one turn per session: no two prompts share a block, so the workload
+    names none (the engine keys each prompt as its own, as for a trace without hash ids)."""
+    w = load_workload(syn_cfg(num_requests=50), seed=9)
+    assert w.hash_ids is None and w.output_hash_ids is None
+    shared = load_workload(syn_cfg(num_requests=50, shared_prefix_tokens=64), seed=9)
+    assert shared.hash_ids is not None
+    assert np.array_equal(w.arrival_s, shared.arrival_s)  # the same draws either way
+    assert np.array_equal(w.output_tokens, shared.output_tokens)
+    assert np.array_equal(w.prompt_tokens + 64, shared.prompt_tokens)
+
+
 def test_synthetic_window_and_scale_apply_too():
-    base = load_workload(syn_cfg(num_requests=100), seed=9)
+    base = load_workload(syn_cfg(num_requests=100, shared_prefix_tokens=64), seed=9)
     w = load_workload(
-        WorkloadConfig(None, "synthetic", syn_cfg(num_requests=100).synthetic, 2.0, 1.0, 3.0, 10, False),
+        WorkloadConfig(
+            None,
+            "synthetic",
+            syn_cfg(num_requests=100, shared_prefix_tokens=64).synthetic,
+            2.0,
+            1.0,
+            3.0,
+            10,
+            False,
+        ),
         seed=9,
     )
     sel = (base.arrival_s >= 1.0) & (base.arrival_s < 4.0)

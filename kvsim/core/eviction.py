@@ -25,6 +25,43 @@ Trigger: ``always``, or ``pressure``: only while the blocks requests reference r
 ``pressure_threshold`` of the pool (000 section 7.3: "evict only near the memory threshold"). The
 same threshold switches ``hybrid`` to physical release.
 
+Sliding-window layers (``ModelSpec.sliding_window``; `window_eviction`) reuse the same closed forms
+as a third kind, ``window``, set from the model rather than ``kv.eviction``: vLLM v1's
+``SlidingWindowManager`` frees the blocks that fall wholly out of the window, and its hybrid allocator
+keeps full-attention and windowed layers in separate block groups. kvsim's block holds all layers'
+KV of ``block_size`` tokens, so a sequence of ``p`` computed tokens keeps the layer average
+``kept(p) = p`` up to ``W = sliding_window + global_tokens`` and
+``ceil((L_full * p + L_win * W) / L_kv)`` past it (``L_win`` of the ``L_kv`` KV layers windowed), and
+holds ``ceil((kept(p) + 1) / block_size)`` blocks for its next token: the hybrid split is rounded to
+whole blocks per request (error under one block per request). With every layer windowed and ``W`` a
+multiple of the block size this is vLLM's count at 15 of 16 positions (vLLM holds one block fewer
+when the sequence ends on a block boundary): Mistral-7B (4,096 on every layer) holds 257 blocks of
+16 tokens from 4,096 tokens on, not one more every 16 tokens. Windows free blocks physically, always
+(trigger ``always``, pages ``physical``), at no cost: vLLM only rewrites block-table entries on the
+host. Unlike eviction, a window also trims while its prompt prefills (after each chunk, as vLLM
+frees between chunks): a chunk of ``c`` new tokens then writes into ``kept(p) + c`` slots (the
+windowed layers hold the window plus the chunk, the full ones everything), so a prompt far longer
+than the window never holds all its blocks. At its first trim a sequence gives up its prefix-cache
+entries as eviction does (`KVCacheManager._trim`; it registers none after that):
+blocks that fall out of the window are no hits for later requests, and a shared entry still inside
+the window is counted as blocks of its own (kvsim's entries are the unit of sharing; vLLM keeps
+referencing the shared blocks until they leave the window).
+
+A format switch (``kv.format_switch``; `switch_eviction`) is a fourth kind, ``switch``: a sequence
+keeps its KV in ``kv.format`` (``b1`` bytes a token) up to ``N = after_tokens`` tokens; past them it
+is re-quantized to the second format (``b2 < b1`` bytes a token) and its later tokens are written in
+it. Blocks are allocated in units of the first format's block bytes, so a block of the second format
+packs ``b1 / b2`` times more tokens: ``kept(p) = p`` up to ``N`` and ``ceil(p * b2 / b1)``
+first-format token slots past it, and the sequence holds ``ceil((kept(p) + 1) / block_size)``
+blocks (error under one block per request). The crossing is a trim after the step that passes
+``N`` (as eviction's first trim: once the prompt is computed, so a prompt longer than ``N`` is
+prefilled in the first format and re-quantized whole): every resident token is read in the first
+format and written in the second (`EvictionWork.requant_tokens`, priced by the cost model), the
+blocks the smaller format frees return to the pool, and the sequence's cache entries are given up
+(re-quantized blocks are no hits for requests reading the first format; a shared entry is copied).
+A switched sequence's decode attention and its new tokens' quantize-on-write are priced in the
+second format (`SchedulerOutput.decode_switched`).
+
 Left out: attention-entropy eviction, per-head and per-layer budgets (all heads keep the same
 tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores need the prompt's
 attention first, so eviction starts with the first decode step).
@@ -38,14 +75,19 @@ from enum import Enum
 
 import numpy as np
 
+from kvsim.spec.formats import FormatSwitch, KVFormat
+from kvsim.spec.models import ModelSpec
 from kvsim.spec.scenario import EvictionConfig
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_TABLE_MAX = 1 << 22  # positions `kept_array` tables (32 MiB of int64 at most)
 
 
 class EvictionKind(str, Enum):
     H2O = "h2o"
     STREAMING = "streaming"
+    WINDOW = "window"  # sliding-window layers (the model's, not kv.eviction's): `window_eviction`
+    SWITCH = "switch"  # kv.format_switch: re-quantized to a smaller format past a length
 
 
 class Trigger(str, Enum):
@@ -69,6 +111,14 @@ class Eviction:
     trigger: Trigger = Trigger.ALWAYS
     pressure_threshold: float = 0.9
     pages: PagePolicy = PagePolicy.HYBRID
+    # window: W (the window plus its global tokens), and the KV layers that are windowed of all
+    window_tokens: int = 0
+    window_layers: int = 0
+    kv_layers: int = 1
+    # switch: N, and the second format's bytes per token over the first's (b2 / b1, lowest terms)
+    switch_after: int = 0
+    switch_num: int = 1
+    switch_den: int = 1
     keeps_all_up_to: int = field(init=False, default=0)
     # `kept` of positions 0..len-1 (int64), grown by doubling as longer sequences ask: one look-up
     # per window instead of a handful of array operations (`kept_array`)
@@ -90,6 +140,14 @@ class Eviction:
         """Tokens a sequence at its budget keeps of ``pos`` computed ones."""
         if self.kind is EvictionKind.STREAMING:
             return min(pos, self.sink_tokens + self.recent_tokens)
+        if self.kind is EvictionKind.SWITCH:
+            return pos if pos <= self.switch_after else -(-(pos * self.switch_num) // self.switch_den)
+        if self.kind is EvictionKind.WINDOW:
+            w = self.window_tokens
+            if pos <= w:
+                return pos
+            layers = self.kv_layers
+            return -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
         k = self.recent_tokens + math.ceil(self.heavy_ratio * pos)
         if self.budget_tokens and k > self.budget_tokens:
             k = self.budget_tokens
@@ -102,6 +160,8 @@ class Eviction:
         if top < 0:
             top = int(pos.max()) if pos.size else 0
         if top >= len(table):
+            if top >= _TABLE_MAX:  # multi-million-token contexts: computed, not tabled (memory)
+                return self._kept_range(pos)
             size = max(1024, len(table))
             while size <= top:
                 size *= 2
@@ -115,6 +175,15 @@ class Eviction:
         out: np.ndarray
         if self.kind is EvictionKind.STREAMING:
             out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
+            return out
+        if self.kind is EvictionKind.SWITCH:
+            past = -(-(pos * self.switch_num) // self.switch_den)
+            out = np.where(pos <= self.switch_after, pos, past).astype(np.int64)
+            return out
+        if self.kind is EvictionKind.WINDOW:
+            w, layers = self.window_tokens, self.kv_layers
+            past = -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
+            out = np.where(pos <= w, pos, past).astype(np.int64)
             return out
         out = np.ceil(self.heavy_ratio * pos).astype(np.int64)
         out += self.recent_tokens
@@ -153,12 +222,14 @@ class EvictionWork:
     (compaction on physical release, and copies of shared prefix blocks a trimmed sequence must own
     before rewriting them), ``table_entries`` block-table entries rewritten. The steady eviction of
     a sequence at its budget (one token out per token in, its slot reused) is priced with the step
-    instead (score accumulation and selection per attended token)."""
+    instead (score accumulation and selection per attended token). A format switch's crossing
+    re-quantizes ``requant_tokens`` tokens (`switch_eviction`)."""
 
     trims: int = 0
     select_tokens: int = 0
     moved_tokens: int = 0
     table_entries: int = 0
+    requant_tokens: int = 0  # format switch: tokens read in the first format, written in the second
 
     def __bool__(self) -> bool:
         return self.trims > 0
@@ -207,20 +278,38 @@ def first_trim(
     new: np.ndarray,
     num_blocks: int,
     block_size: int,
+    shortcut: bool = True,
 ) -> int:
     """How many steps of a decode run of `k` may run as one window, given the blocks referenced after
     each step (``used``): up to and including the first step after which some sequence trims
     (evicts more than its steady token, or frees blocks), and only up to the first step after which
-    the pressure trigger no longer holds while a sequence at its budget relies on it."""
+    the pressure trigger no longer holds while a sequence at its budget relies on it. `shortcut`
+    False: every step's events computed even where a closed form gives the answer (for its test)."""
     k = int(resident.shape[1])
     pressure_free = (
         ev.pages is not PagePolicy.HYBRID or used0 + new[k - 1] < ev.pressure_threshold * num_blocks
     )
-    if ev.trigger is Trigger.ALWAYS and pressure_free and capped.all():
-        # Every sequence at its budget, the trigger always on and hybrid pages (if any) never under
-        # pressure (blocks referenced only grow inside a run): no trim, since a capped sequence
-        # under physical release holds no block beyond what its kept tokens need.
-        return k
+    if ev.trigger is Trigger.ALWAYS and pressure_free:
+        # The trigger always on and hybrid pages (if any) never under pressure (blocks referenced
+        # only grow inside a run): a sequence at its budget never trims, since under physical
+        # release it holds no block beyond what its kept tokens need.
+        if capped.all():
+            return k
+    if ev.trigger is Trigger.ALWAYS and pressure_free and shortcut:
+        free = ~capped
+        c_u, r_u = c0[free], resident[free, 0]
+        if (r_u == c_u).all() and (
+            ev.pages is not PagePolicy.PHYSICAL
+            or (
+                (blocks[free, 0] <= (r_u + 1 + block_size) // block_size).all()
+                and (blocks[capped, 0] <= (resident[capped, 0] + block_size) // block_size).all()
+            )
+        ):
+            # The others never evicted and hold no block beyond their next token's (nor, under
+            # physical release, do those at their budget beyond their kept tokens'): each first
+            # trims at the step whose new token passes `keeps_all_up_to` (kept(p) == p up to it,
+            # p - kept(p) > 0 and never falling past it), the full computation below in one min.
+            return min(k, int(np.maximum(ev.keeps_all_up_to - c_u, 0).min()) + 1)
     used = used0 + new[:k]
     j = np.arange(k, dtype=np.int64)
     kept1 = ev.kept_array(c0[:, None] + (j + 1), int(c0.max()) + k if len(c0) else -1)
@@ -243,6 +332,39 @@ def first_trim(
     if capped.any() and not active.all():
         n = min(n, max(1, int(np.argmin(active))))
     return n
+
+
+def window_eviction(model: ModelSpec) -> Eviction | None:
+    """The model's sliding-window layers as a `Eviction` of kind ``window`` (None without any): see
+    the module docstring."""
+    win = model.windowed_kv_layers()
+    if not win:
+        return None
+    return Eviction(
+        kind=EvictionKind.WINDOW,
+        trigger=Trigger.ALWAYS,
+        pages=PagePolicy.PHYSICAL,
+        window_tokens=model.sliding_window + model.global_tokens,
+        window_layers=win,
+        kv_layers=model.kv_layers,
+    )
+
+
+def switch_eviction(model: ModelSpec, first: KVFormat, switch: FormatSwitch | None) -> Eviction | None:
+    """``kv.format_switch`` as a `Eviction` of kind ``switch`` (None without one): see the module
+    docstring. The bytes per token are the model's, all layers (the ratio is the same per GPU)."""
+    if switch is None:
+        return None
+    b1, b2 = model.kv_bytes_per_token(first), model.kv_bytes_per_token(switch.format)
+    g = math.gcd(b1, b2)
+    return Eviction(
+        kind=EvictionKind.SWITCH,
+        trigger=Trigger.ALWAYS,
+        pages=PagePolicy.PHYSICAL,
+        switch_after=switch.after_tokens,
+        switch_num=b2 // g,
+        switch_den=b1 // g,
+    )
 
 
 def eviction_from_config(cfg: EvictionConfig) -> Eviction | None:

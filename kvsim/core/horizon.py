@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.core.eviction import first_trim
+from kvsim.core.eviction import EvictionKind, first_trim
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput
@@ -57,6 +57,8 @@ class DecodeWindow:
     sum_ctx: np.ndarray  # (num_steps,) int64: cached tokens of all requests before step j
     bound: str  # the mechanism that set num_steps
     new_blocks: int  # blocks its steps after the first take (more than the empty ones: it evicts)
+    num_switched: int = 0  # format switch: requests in the second format (the same at every step)
+    switched_ctx: np.ndarray | None = None  # (num_steps,) their part of sum_ctx (None: none)
 
     @property
     def tokens_attended(self) -> np.ndarray:
@@ -126,7 +128,24 @@ def _evicting_decode_window(
     if j < k:
         k, bound = j, "eviction"
     sum_ctx = resident[:, :k].sum(axis=0)
-    return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]))
+    n_sw, sw_ctx = _switched(kv, c0, resident, k)
+    return DecodeWindow(k, len(reqs), sum_ctx, bound, int(new[k - 1]), n_sw, sw_ctx)
+
+
+def _switched(
+    kv: KVCacheManager, c0: np.ndarray, resident: np.ndarray, k: int
+) -> tuple[int, np.ndarray | None]:
+    """With a format switch: how many of a plan's requests are past their crossing (they hold
+    fewer tokens than they computed: evicted > 0, as the scheduler counts them), and their resident
+    tokens summed per step (a window ends at the step after which another crosses: `first_trim`)."""
+    ev = kv.eviction
+    if ev is None or ev.kind is not EvictionKind.SWITCH:
+        return 0, None
+    sw = resident[:, 0] < c0
+    n = int(np.count_nonzero(sw))
+    if not n:
+        return 0, None
+    return n, resident[sw, :k].sum(axis=0)
 
 
 def _evicting_mixed_window(
@@ -144,6 +163,17 @@ def _evicting_mixed_window(
     chunk = out.prefill_new[0]
     c_p = out.prefill_ctx[0]
     bs = kv.block_size
+    if ev.kind is EvictionKind.WINDOW:
+        # A window frees a prefilling request's out-of-window blocks after each chunk: the window
+        # ends with the first step after which it has passed the length kept whole (the trim is
+        # applied at the window's end, as stepping applies it at that step's), and a request that
+        # trims already steps one by one.
+        top = ev.keeps_all_up_to
+        if p.evicted or c_p + chunk > top:
+            return None
+        j = (top - c_p) // chunk  # the first step after which c_p + (j + 1) x chunk > top
+        if j + 1 < k:
+            k, bound = j + 1, "window"
     steps = np.arange(k, dtype=np.int64)
     p_blocks = np.maximum(p.num_blocks, -(-(c_p + (steps + 1) * chunk) // bs))
     new = p_blocks - p_blocks[0]
@@ -165,10 +195,11 @@ def _evicting_mixed_window(
         return None
     steps = steps[:k]
     dec = resident[:, :k].sum(axis=0) if m else np.zeros(k, dtype=np.int64)
+    n_sw, sw_ctx = _switched(kv, c0, resident, k) if m else (0, None)
     sampling = np.full(k, m, dtype=np.int64)
     if c_p + k * chunk == p.num_tokens:
         sampling[-1] += 1
-    return MixedWindow(k, m, chunk, dec, c_p + steps * chunk, sampling, bound, int(new[k - 1]))
+    return MixedWindow(k, m, chunk, dec, c_p + steps * chunk, sampling, bound, int(new[k - 1]), n_sw, sw_ctx)
 
 
 @dataclass(frozen=True)
@@ -282,6 +313,8 @@ class MixedWindow:
     num_sampling: np.ndarray  # (num_steps,) int64: LM-head rows (the prefill samples at its last chunk)
     bound: str
     new_blocks: int = -1  # with eviction on: blocks its steps after the first take (-1: not computed)
+    num_switched: int = 0  # format switch: decoding requests in the second format
+    dec_switched_ctx: np.ndarray | None = None  # (num_steps,) their part of dec_sum_ctx (None: none)
 
 
 def mixed_window(

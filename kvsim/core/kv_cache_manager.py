@@ -70,6 +70,8 @@ class KVCacheManager:
         self.blocks_released = 0  # freed by physical release
         self.blocks_copied = 0  # shared prefix blocks a trimmed sequence copied to own them
         self.entries_uncached = 0  # cache entries rewritten by their only holder: no longer hits
+        self.tokens_requantized = 0  # format switch: tokens re-quantized at their sequence's crossing
+        self.switched_ids: set[int] = set()  # format switch: requests that crossed (a recompute again)
         self._work = EvictionWork()
         self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
 
@@ -164,12 +166,18 @@ class KVCacheManager:
         # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
         # decoding request at every step end)
         streaming = ev.kind is EvictionKind.STREAMING
+        sliding = ev.kind is EvictionKind.WINDOW
+        switching = ev.kind is EvictionKind.SWITCH
+        sw_after, sw_num, sw_den = ev.switch_after, ev.switch_num, ev.switch_den
         window, rec, ratio, cap = (
             ev.sink_tokens + ev.recent_tokens,
             ev.recent_tokens,
             ev.heavy_ratio,
             ev.budget_tokens,
         )
+        w_tok, w_layers, layers = ev.window_tokens, ev.window_layers, ev.kv_layers
+        w_part = w_layers * w_tok
+        full = layers - w_layers
         multi = steps > 1 and prev  # after a window whose steps evicted (a request at its budget)
         # Steady to the end, the common case (under physical release a sequence at its budget holds
         # no block beyond what its kept tokens need): one look-up.
@@ -177,13 +185,21 @@ class KVCacheManager:
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
-                continue  # still prefilling (or recomputing): eviction starts after the prompt
+                # Still prefilling (or recomputing): eviction starts after the prompt; a window
+                # frees the blocks its chunks leave behind (its next chunk fills their slots).
+                if sliding and c > short and c - r.evicted > (kc := -(-(full * c + w_part) // layers)):
+                    self._trim(r, kc, True)
+                continue
             e = r.evicted
             if c <= short and not e:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - e
             if streaming:  # kept(c), inlined
                 kc = c if c < window else window
+            elif sliding:
+                kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
+            elif switching:
+                kc = c if c <= sw_after else -(-(c * sw_num) // sw_den)
             else:
                 kc = rec + ceil(ratio * c)
                 if cap and kc > cap:
@@ -194,6 +210,10 @@ class KVCacheManager:
                 p = c - steps  # kept(p), inlined: was it at its budget when the window began?
                 if streaming:
                     kp = p if p < window else window
+                elif sliding:
+                    kp = p if p <= w_tok else -(-(full * p + w_part) // layers)
+                elif switching:
+                    kp = p if p <= sw_after else -(-(p * sw_num) // sw_den)
                 else:
                     kp = rec + ceil(ratio * p)
                     if cap and kp > cap:
@@ -274,11 +294,20 @@ class KVCacheManager:
         if freed:
             pool.release(freed, [])
         res = r.num_computed - r.evicted
-        w = self._work
-        w.trims += 1
-        w.select_tokens += res if self.eviction is not None and self.eviction.scores() else 0
-        w.moved_tokens += (target if freed else 0) + copies * bs
-        w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
+        ev = self.eviction
+        if ev is not None and ev.kind is EvictionKind.SWITCH:  # the crossing: everything re-quantized
+            w = self._work
+            w.trims += 1
+            w.requant_tokens += res  # (shared entries' copies included: they are written anew)
+            w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
+            self.tokens_requantized += res
+            self.switched_ids.add(r.id)
+        elif ev is not None and ev.kind is not EvictionKind.WINDOW:  # a window's trim costs nothing
+            w = self._work
+            w.trims += 1
+            w.select_tokens += res if ev.scores() else 0
+            w.moved_tokens += (target if freed else 0) + copies * bs
+            w.table_entries += abs(r.num_blocks - final) + len(in_place) + len(others)
         self.trims += 1
         self.tokens_evicted += res - target
         self.blocks_released += freed
@@ -370,8 +399,8 @@ class KVCacheManager:
         """Cache the request's entries that are full once `num_computed_tokens` tokens are computed
         (or, where equal content is cached already, share it and free the request's copy)."""
         start = len(req.held_keys)
-        if start == len(req.keys):
-            return
+        if start == len(req.keys) or req.evicted:
+            return  # (a request that evicted tokens, or a window's, holds private blocks only)
         cum = req.key_cum
         end = bisect_right(cum, num_computed_tokens // self.block_size) - 1  # entries fully computed
         if end <= start:

@@ -39,6 +39,11 @@ On every GPU (not fitted: the tables hold no such data):
   at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
 - mixed formats per head: each part's decode attention at its own speed-up, weighted by its share
   of the cached vectors.
+- a format switch (``kv.format_switch``): a switched sequence's decode attention at the second
+  format's speed-up over its real tokens (b1 / b2 per first-format slot), its new tokens'
+  quantize-on-write in the second format, and the crossing's re-quantization (every resident token
+  read in the first format, written in the second, dequantize plus quantize vector operations) at
+  the quantize-on-write rates, priced with the trims.
 - token eviction (`kvsim.core.eviction`): H2O's per-step score accumulation and selection priced
   per attended token like decode attention (its bytes at the decode efficiency, its QK^T FLOPs at
   the prefill efficiency), a prompt's scores as the QK^T half of its prefill attention; a trim's
@@ -57,8 +62,15 @@ import numpy as np
 from kvsim.core.eviction import Eviction, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
-from kvsim.costs.work import ModelWork, decode_tokens_read, format_parts
-from kvsim.spec.formats import FormatMix, KVFormat
+from kvsim.costs.work import (
+    ModelWork,
+    decode_tokens_read,
+    format_parts,
+    kv_bytes_per_token_gpu,
+    quant_write_work_per_token,
+    requant_work_per_token,
+)
+from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 from kvsim.spec.topology import Link, Topology
@@ -106,8 +118,10 @@ class AnalyticCostModel(StepCostModel):
         ops: OpFits | None = None,
         mix: FormatMix | None = None,
         eviction: Eviction | None = None,
+        switch: FormatSwitch | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.switch = switch
         self.mix = mix
         self.eff = eff or Efficiencies()
         self.fit = fit_for(gpu) if ops is None else None
@@ -153,6 +167,28 @@ class AnalyticCostModel(StepCostModel):
             w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
             w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
         )
+        # A format switch: a switched sequence's decode reads its tokens at the second format's
+        # speed-up (per first-format token slot: times b1 / b2 tokens), writes its new tokens in it,
+        # and its crossing reads every token in the first format and writes it in the second.
+        self.switch_s_per_slot = 0.0
+        self.switch_flops_s_per_slot = 0.0
+        self.switch_write_s_per_token = 0.0
+        self.requant_bytes_per_token = 0.0
+        self.requant_flops_per_token = 0.0
+        if switch is not None:
+            f2 = switch.format
+            slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
+            speed = self.eff.format_decode_speedup.get(f2.kind.value, 1.0)
+            self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speed
+            self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
+            qb, qf = quant_write_work_per_token(m, f2, tp, None)
+            self.switch_write_s_per_token = max(
+                qb / (self.bw * self.eff.kv_write_bw),
+                qf / (gpu.bf16_flops * self.eff.vector_flops_fraction),
+            )
+            self.requant_bytes_per_token, self.requant_flops_per_token = requant_work_per_token(
+                m, fmt, f2, tp
+            )
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
@@ -171,6 +207,24 @@ class AnalyticCostModel(StepCostModel):
 
     def _write_time(self, num_tokens: int) -> float:
         return num_tokens * self.write_s_per_token
+
+    def _switched_write_time(self, num_tokens: int) -> float:
+        return num_tokens * self.switch_write_s_per_token
+
+    def _switched_decode_attn_time(
+        self, num_seqs: int, sum_ctx: np.ndarray, num_switched: int, switched_ctx: np.ndarray
+    ) -> np.ndarray:
+        # One kernel call for all: the unswitched tokens at the first format's speed, the switched
+        # ones' slots at the second's (no H2O: eviction and a switch are refused together).
+        tokens = decode_tokens_read(num_seqs, sum_ctx)
+        sw = decode_tokens_read(num_switched, switched_ctx)
+        rest = tokens - sw
+        fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
+        out: np.ndarray = fixed + np.maximum(
+            rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot,
+            rest * self.decode_attn_flops_s_per_token + sw * self.switch_flops_s_per_slot,
+        )
+        return out
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
@@ -207,6 +261,9 @@ class AnalyticCostModel(StepCostModel):
 
     def eviction_time(self, work: EvictionWork) -> float:
         nbytes, flops = self.work.trim_work(work.select_tokens, work.moved_tokens, work.table_entries)
+        if work.requant_tokens:  # a format switch's crossings
+            nbytes += work.requant_tokens * self.requant_bytes_per_token
+            flops += work.requant_tokens * self.requant_flops_per_token
         e = self.eff
         return TRIM_LAUNCHES * TRIM_LAUNCH_S + max(
             nbytes / (self.bw * e.kv_write_bw), flops / (self.gpu.bf16_flops * e.vector_flops_fraction)

@@ -33,12 +33,17 @@ class ForwardBatch:
     ``ctx_before[i]`` cached ones (a decode computes exactly one; a verify one plus its drafts).
     ``num_sampling`` rows go through the LM head (sequences that produce a token; a verify samples
     at every position). Verify rows come from speculative decoding (`kvsim.core.spec_decode`).
+    A format switch's switched decode rows are ``num_switched`` and ``switched_ctx``.
     """
 
     kinds: tuple[SeqKind, ...]
     num_new: tuple[int, ...]
     ctx_before: tuple[int, ...]
     num_sampling: int
+    # Format switch (`kv.format_switch`): of the decode rows, how many are in the second format and
+    # their ``ctx_before`` summed (first-format token slots); their attention and writes in it.
+    num_switched: int = 0
+    switched_ctx: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.kinds) == len(self.num_new) == len(self.ctx_before)
@@ -78,11 +83,19 @@ class CostModel(Protocol):
         """``price(batch).seconds``."""
         ...
 
-    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+    def decode_step_times(
+        self,
+        num_seqs: int,
+        sum_ctx: np.ndarray,
+        num_switched: int = 0,
+        switched_ctx: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Seconds of decode-only steps: `num_seqs` sequences, one token each, whose cached
-        contexts sum to ``sum_ctx[j]`` at step j. Must agree exactly with `price` of the
-        decode-only batch, element by element, so multi-step fast-forward equals stepping one by
-        one. No side effects: fast-forward prices candidate steps past the next event too."""
+        contexts sum to ``sum_ctx[j]`` at step j (``num_switched`` of them in a format switch's
+        second format, their contexts ``switched_ctx[j]`` of that sum). Must agree exactly with
+        `price` of the decode-only batch, element by element, so multi-step fast-forward equals
+        stepping one by one. No side effects: fast-forward prices candidate steps past the next
+        event too."""
         ...
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
@@ -96,11 +109,14 @@ class CostModel(Protocol):
         chunk: int,
         prefill_ctx: np.ndarray,
         num_sampling: np.ndarray,
+        num_switched: int = 0,
+        dec_switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
         """Seconds of steps j that each run `num_decode` decodes (contexts summing to
-        ``dec_sum_ctx[j]``) and one prefill chunk of `chunk` tokens on ``prefill_ctx[j]`` cached
-        ones, with ``num_sampling[j]`` LM-head rows. Equal, element by element, to `price` of the
-        same batches (fast-forward relies on it). No side effects."""
+        ``dec_sum_ctx[j]``, ``num_switched`` of them switched as in `decode_step_times`) and one
+        prefill chunk of `chunk` tokens on ``prefill_ctx[j]`` cached ones, with ``num_sampling[j]``
+        LM-head rows. Equal, element by element, to `price` of the same batches (fast-forward
+        relies on it). No side effects."""
         ...
 
     def mixed_off_grid(
@@ -172,6 +188,31 @@ class StepCostModel:
         """Quantize-on-write of the step's new tokens (0 for a bf16/fp16 cache)."""
         return 0.0
 
+    def _switched_write_time(self, num_tokens: int) -> float:
+        """Quantize-on-write of new tokens in a format switch's second format."""
+        raise NotImplementedError
+
+    def _switched_decode_attn_time(
+        self, num_seqs: int, sum_ctx: np.ndarray, num_switched: int, switched_ctx: np.ndarray
+    ) -> np.ndarray:
+        """Decode attention of `num_seqs` sequences, `num_switched` of them (their contexts
+        ``switched_ctx`` of ``sum_ctx``, in first-format token slots) in the second format."""
+        raise NotImplementedError
+
+    def _write_part(self, num_tokens: int, num_switched: int) -> float:
+        if not num_switched:
+            return self._write_time(num_tokens)
+        return self._write_time(num_tokens - num_switched) + self._switched_write_time(num_switched)
+
+    def _decode_part(
+        self, num_seqs: int, sum_ctx: np.ndarray, num_switched: int, switched_ctx: np.ndarray | None
+    ) -> np.ndarray:
+        if not num_switched or switched_ctx is None:
+            return self._decode_attn_time(num_seqs, sum_ctx)
+        return self._switched_decode_attn_time(
+            num_seqs, sum_ctx, num_switched, switched_ctx.astype(np.float64)
+        )
+
     def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
         """Flags of a step's parts: GEMMs over ``tokens`` with ``rows`` sampled, attention of the
         ``chunks`` ((n, ctx) of each prefill/verify sequence) and of ``n_dec`` decoding sequences
@@ -204,26 +245,33 @@ class StepCostModel:
             self.overhead_s
             + self._gemm_time(total, batch.num_sampling)
             + self._comm_time(total)
-            + self._write_time(total)
+            + self._write_part(total, batch.num_switched)
             + prefill
         )
         ctx = _NO_DECODE
         if dec_n:
             ctx = np.array([dec_ctx], dtype=np.float64)
-            t += float(self._decode_attn_time(dec_n, ctx)[0])
+            sw = np.array([batch.switched_ctx], dtype=np.float64) if batch.num_switched else None
+            t += float(self._decode_part(dec_n, ctx, batch.num_switched, sw)[0])
         return StepPrice(t, self._off_grid(total, batch.num_sampling, chunks, dec_n, ctx))
 
     def step_time(self, batch: ForwardBatch) -> float:
         return self.price(batch).seconds
 
-    def decode_step_times(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
+    def decode_step_times(
+        self,
+        num_seqs: int,
+        sum_ctx: np.ndarray,
+        num_switched: int = 0,
+        switched_ctx: np.ndarray | None = None,
+    ) -> np.ndarray:
         fixed = (
             self.overhead_s
             + self._gemm_time(num_seqs, num_seqs)
             + self._comm_time(num_seqs)
-            + self._write_time(num_seqs)
+            + self._write_part(num_seqs, num_switched)
         )
-        return fixed + self._decode_attn_time(num_seqs, sum_ctx.astype(np.float64))
+        return fixed + self._decode_part(num_seqs, sum_ctx.astype(np.float64), num_switched, switched_ctx)
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
         if type(self)._off_grid is StepCostModel._off_grid:  # a model without a grid: nothing to flag
@@ -237,11 +285,13 @@ class StepCostModel:
         chunk: int,
         prefill_ctx: np.ndarray,
         num_sampling: np.ndarray,
+        num_switched: int = 0,
+        dec_switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
         # The same operations in the same order as `price`, one step per element.
         total = num_decode + chunk
         comm = self._comm_time(total)
-        write = self._write_time(total)
+        write = self._write_part(total, num_switched)
         gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
         t = np.array(
             [
@@ -255,7 +305,9 @@ class StepCostModel:
             dtype=np.float64,
         )
         if num_decode:
-            t = t + self._decode_attn_time(num_decode, dec_sum_ctx.astype(np.float64))
+            t = t + self._decode_part(
+                num_decode, dec_sum_ctx.astype(np.float64), num_switched, dec_switched_ctx
+            )
         return t
 
     def mixed_off_grid(

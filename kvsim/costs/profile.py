@@ -21,13 +21,14 @@ The 1.1 ops price, at their bytes per token (`kvsim.costs.work`) times the layer
 per-step score cost (plus its steady one-token selection, the scores re-read at the analytic decode
 rate: not timed), a trim's top-k and compaction (one call per op over all sequences a step trims;
 other block-table writes as the analytic model's kernel), and the write of a lossy cache's new
-tokens (a bf16/fp16 cache pays none, as in the analytic model). An op the profile lacks, or lacks
+tokens (a bf16/fp16 cache pays none, as in the analytic model), a format switch's second format
+included. An op the profile lacks, or lacks
 for a format of the cache, is priced by the analytic model, with a note in `warnings` naming it;
 a profile with none of them prices exactly as the analytic model does.
 
 Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
-all-reduces, a prompt's H2O scores (the QK^T half of its prefill attention), and transfers over
-links the profile did not measure. MoE and MLA models are refused:
+all-reduces, a prompt's H2O scores (the QK^T half of its prefill attention), a format switch's
+re-quantization, and transfers over links the profile did not measure. MoE and MLA models are refused:
 the calibrator measures dense GQA layers only.
 """
 
@@ -51,8 +52,8 @@ from kvsim.costs.profile_schema import (
     model_shapes,
 )
 from kvsim.costs.work import (
+    attended_pairs,
     attn_flops_per_pair_layer,
-    causal_pairs,
     compact_bytes_per_token_layer,
     decode_tokens_read,
     format_parts,
@@ -190,6 +191,21 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        # A format switch: switched sequences decode at the second format's measured rates (a
+        # profile without that format is refused unless forced, as for kv.format).
+        sw = analytic.switch
+        self._switch_decode: RateTable | None = None
+        self._switch_bytes_layer = 0.0
+        self._switch_tokens_per_slot = 1.0
+        if sw is not None:
+            self._switch_decode = self._by_format(
+                ops, "paged_decode", ("batch", "context"), "bytes", sw.format
+            )
+            self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
+            self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
+            self._notes.append(
+                "profile: the format switch's re-quantization is not measured; analytic estimate used"
+            )
         self._init_kv_ops(ops, parts)
         self._copy: dict[str, RateTable] = {}
         if "copy" in ops:
@@ -246,6 +262,8 @@ class ProfileCostModel(StepCostModel):
         self._select: RateTable | None = None
         self._compact: list[tuple[RateTable, float]] | None = None
         self._write: list[tuple[RateTable, float]] | None = None
+        self._switch_write: list[tuple[RateTable, float]] | None = None
+        self._switch_write_cache: dict[int, tuple[float, bool]] = {}
         self._select_s_per_token = 0.0
         if ev is not None and ev.scores():
             tabs = self._optional_tables(
@@ -284,6 +302,12 @@ class ProfileCostModel(StepCostModel):
                     (tab, share * quant_write_bytes_per_token_layer(m, f, tp))
                     for tab, (f, share) in zip(tabs, lossy, strict=True)
                 ]
+        sw = self.analytic.switch
+        if sw is not None and sw.format.lossy:
+            second = [(sw.format, 1.0)]
+            tabs = self._optional_tables(ops, "kv_write", ("tokens",), second, "the format switch's writes")
+            if tabs is not None:
+                self._switch_write = [(tabs[0], quant_write_bytes_per_token_layer(m, sw.format, tp))]
 
     def _optional_tables(
         self,
@@ -419,18 +443,53 @@ class ProfileCostModel(StepCostModel):
                 return True
         return False
 
-    def _write_entry(self, num_tokens: int) -> tuple[float, bool]:
-        hit = self._write_cache.get(num_tokens)
+    def _write_entry(
+        self,
+        num_tokens: int,
+        tables: list[tuple[RateTable, float]] | None = None,
+        memo: dict[int, tuple[float, bool]] | None = None,
+    ) -> tuple[float, bool]:
+        """Seconds of writing `num_tokens` new tokens through `tables` (the cache's lossy parts by
+        default; a format switch's second format), memoised, and whether they left the grid."""
+        tables = self._write if tables is None else tables
+        memo = self._write_cache if memo is None else memo
+        hit = memo.get(num_tokens)
         if hit is None:
-            assert self._write is not None
+            assert tables is not None
             t, outside = 0.0, False
             n = np.array([float(max(num_tokens, 1))])
-            for tab, per_tok in self._write:
+            for tab, per_tok in tables:
                 rate, out = tab(n)
                 t += self._kv_layers * num_tokens * per_tok / float(rate[0])
                 outside = outside or bool(out[0])
-            hit = self._write_cache[num_tokens] = (t, outside)
+            hit = memo[num_tokens] = (t, outside)
         return hit
+
+    def _switched_decode_attn_time(
+        self, num_seqs: int, sum_ctx: np.ndarray, num_switched: int, switched_ctx: np.ndarray
+    ) -> np.ndarray:
+        # The unswitched sequences as a batch of their own, the switched ones at the second format's
+        # rates over their real tokens (b1 / b2 per first-format slot). Off-grid flags cover the first.
+        tab = self._switch_decode
+        assert tab is not None
+        t = np.zeros(sum_ctx.shape)
+        if num_seqs > num_switched:
+            t = t + self._decode_attn_time(num_seqs - num_switched, sum_ctx - switched_ctx)
+        tokens = decode_tokens_read(num_switched, switched_ctx) * self._switch_tokens_per_slot
+        i, w, _ = _axis_weights(tab.axes[0], np.array([math.log(num_switched)]))
+        lo = int(i[0])
+        hi = min(lo + 1, len(tab.axes[0]) - 1)
+        row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+        rate = np.exp(np.interp(np.log(tokens / num_switched), tab.axes[1], row))
+        out: np.ndarray = t + self.model.num_layers * tokens * self._switch_bytes_layer / rate
+        return out
+
+    def _switched_write_time(self, num_tokens: int) -> float:
+        """Quantize-on-write of switched sequences' new tokens in the second format: `kv_write`'s
+        measured rate for it, the analytic model's without those points."""
+        if self._switch_write is None:
+            return self.analytic._switched_write_time(num_tokens)
+        return self._write_entry(num_tokens, self._switch_write, self._switch_write_cache)[0]
 
     def _decode_outside(self, num_seqs: int, sum_ctx: np.ndarray) -> bool:
         """Whether decode steps of ``num_seqs`` sequences over the runs ``sum_ctx`` leave the grid."""
@@ -446,7 +505,7 @@ class ProfileCostModel(StepCostModel):
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * causal_pairs(n, ctx)
+            flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, ctx)
             if len(self._prefills) == 1:
                 rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
                 hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
@@ -475,7 +534,11 @@ class ProfileCostModel(StepCostModel):
             flags.append("paged_decode")
         if n_dec and self.analytic.score_s_per_token and self._score_outside(n_dec, dec):
             flags.append("h2o_accumulate")
-        if self._write is not None and self._write_entry(tokens)[1]:
+        # A format switch's writes are flagged over the step's tokens (how many switched is not passed).
+        sw = self._switch_write
+        if (self._write is not None and self._write_entry(tokens)[1]) or (
+            sw is not None and self._write_entry(tokens, sw, self._switch_write_cache)[1]
+        ):
             flags.append("kv_write")
         return frozenset(flags) if flags else NO_FLAGS
 
@@ -491,9 +554,11 @@ class ProfileCostModel(StepCostModel):
         tokens (`h2o_select`) and the compaction of the moved ones (`compact_kv`, block-table update
         included) at their measured rates, times the layers holding KV; the other block-table
         writes, and an op the profile lacks, as the analytic model's kernel for it. Without either
-        measured op, exactly the analytic model's `eviction_time`."""
+        measured op, or with a format switch's re-quantization in the work (not measured; the
+        analytic model's `requant_tokens` pricing, and a switch is refused with kv.eviction), exactly
+        the analytic model's `eviction_time`."""
         a = self.analytic
-        if self._select is None and self._compact is None:
+        if (self._select is None and self._compact is None) or work.requant_tokens:
             return StepPrice(a.eviction_time(work))
         t, flags = 0.0, []
         if work.select_tokens:
@@ -597,6 +662,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         sc.cluster.topology,
         mix=mix,
         eviction=eviction_from_config(sc.kv.eviction),
+        switch=sc.kv.format_switch,
     )
     model = ProfileCostModel(
         prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force

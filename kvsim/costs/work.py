@@ -26,6 +26,12 @@ same arithmetic.
   up-projected to per-head K (nope part) and V before attention, 2 x ctx x kv_lora_rank x heads x
   (qk_nope_head_dim + v_head_dim) FLOPs per layer (`mla_upproj_flops`); new tokens' up-projection
   is in the GEMMs (``kv_b_proj``). Decode runs absorbed, with no up-projection.
+- Sliding-window layers (``ModelSpec.sliding_window``): a prefill chunk's queries attend to at
+  most the window (plus its global tokens) in those layers (`window_pairs`, `attended_pairs`) and
+  read only the window of the prefix; a decode reads the sequence's resident tokens, which the KV
+  cache manager keeps as the layer average (`kvsim.core.eviction.window_eviction`).
+- Format switch (`kv.format_switch`): re-quantizing a cached token reads it in the first format,
+  writes it in the second, with both formats' vector operations per element (`requant_work_per_token`).
 - Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
   each part's share of the cached vectors so a model can price each part at its own rate.
 
@@ -69,6 +75,41 @@ def causal_pairs(n: Size, ctx: Size) -> Size:
     return n * ctx + n * (n + 1) / 2
 
 
+def window_pairs(n: int, ctx: int, window: int) -> int:
+    """(query, key) pairs of a causal chunk of ``n`` new tokens over ``ctx`` cached ones in a layer
+    that attends to the last ``window`` tokens (the query at position i to min(i + 1, window)):
+    `causal_pairs` up to the window, ``window`` per query past it."""
+    lo, hi = ctx + 1, ctx + n  # keys each query sees if nothing were cut: lo .. hi
+    pairs = 0
+    if lo <= window:
+        top = min(hi, window)
+        pairs += (lo + top) * (top - lo + 1) // 2
+    if hi > window:
+        pairs += window * (hi - max(lo - 1, window))
+    return pairs
+
+
+def attended_pairs(model: ModelSpec, n: int, ctx: int) -> float:
+    """`causal_pairs` averaged over the model's layers, its sliding-window layers attending only to
+    their window (``sliding_window`` plus ``global_tokens``, as `ModelSpec.resident_tokens` keeps)."""
+    full = causal_pairs(n, ctx)
+    win = model.sliding_window_layers if model.sliding_window else 0
+    if not win:
+        return full
+    w = window_pairs(n, ctx, model.sliding_window + model.global_tokens)
+    return ((model.num_layers - win) * full + win * w) / model.num_layers
+
+
+def attended_prefix(model: ModelSpec, ctx: int) -> float:
+    """Cached tokens a prefill chunk reads over ``ctx`` cached ones, averaged over the KV layers
+    (a windowed layer reads its window only)."""
+    win = model.windowed_kv_layers()
+    if not win:
+        return float(ctx)
+    capped = min(ctx, model.sliding_window + model.global_tokens)
+    return ((model.kv_layers - win) * ctx + win * capped) / model.kv_layers
+
+
 def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
     """Tokens of KV a decode step reads: each sequence's cache plus its new token."""
     return sum_ctx + num_seqs
@@ -109,6 +150,19 @@ def quant_write_work_per_token(
         nbytes += share * (kv_bytes_per_token_gpu(model, BF16, tp) + kv_bytes_per_token_gpu(model, f, tp))
         flops += share * elements * QUANT_FLOPS_PER_ELEMENT[f.kind]
     return nbytes, flops
+
+
+def requant_work_per_token(
+    model: ModelSpec, first: KVFormat, second: KVFormat, tp: int
+) -> tuple[float, float]:
+    """(bytes, vector FLOPs) of re-quantizing one cached token from `first` to `second` (a format
+    switch's crossing), one GPU, all layers: read in the first format, written in the second, and
+    dequantize plus quantize operations per element (`QUANT_FLOPS_PER_ELEMENT` of each: dequantizing
+    is taken to cost as much as quantizing, an estimate)."""
+    elements = model.kv_layers * model.kv_vectors_per_layer * model.kv_vector_dim * model.kv_share(tp)
+    nbytes = kv_bytes_per_token_gpu(model, first, tp) + kv_bytes_per_token_gpu(model, second, tp)
+    ops = QUANT_FLOPS_PER_ELEMENT[first.kind] + QUANT_FLOPS_PER_ELEMENT[second.kind]
+    return nbytes, elements * ops
 
 
 # ---- token eviction and quantize-on-write, one layer, one GPU (the measured ops' work) ------------
@@ -262,7 +316,10 @@ class ModelWork:
         return self.dense_weight_bytes + self.moe_expert_bytes * touched
 
     def prefill_attn_flops(self, n: int, ctx: int) -> float:
-        """Attention FLOPs of a chunk of ``n`` new tokens over ``ctx`` cached ones, all layers."""
+        """Attention FLOPs of a chunk of ``n`` new tokens over ``ctx`` cached ones, all layers
+        (sliding-window layers over their window: `attended_pairs`)."""
+        if self.model.sliding_window:
+            return self.attn_flops_per_pair * attended_pairs(self.model, n, ctx)
         return self.attn_flops_per_pair * causal_pairs(n, ctx)
 
     def mla_upproj_flops(self, ctx: int) -> float:
@@ -270,7 +327,10 @@ class ModelWork:
         return self.mla_upproj_flops_per_token * ctx
 
     def prefill_kv_bytes(self, n: int, ctx: int) -> float:
-        """KV bytes a prefill chunk touches: its prefix read and its own tokens, all layers."""
+        """KV bytes a prefill chunk touches: its prefix read (a windowed layer's window only:
+        `attended_prefix`) and its own tokens, all layers."""
+        if self.model.sliding_window:
+            return (attended_prefix(self.model, ctx) + n) * self.kv_bytes_per_token
         return (ctx + n) * self.kv_bytes_per_token
 
     def h2o_score_work_per_token(self) -> tuple[float, float]:

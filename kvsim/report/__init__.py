@@ -41,8 +41,10 @@ from kvsim.report.tables import (
     _rejections_section,
     _replicas_section,
     _sessions_section,
+    _switch_section,
     _tiers_section,
     _warnings_section,
+    _window_section,
 )
 from kvsim.results.record import RunSummary
 
@@ -97,6 +99,8 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         _rejections_section(s),
         _accuracy_section(s),
         _eviction_section(s),
+        _window_section(s),
+        _switch_section(s),
         _config_section(s),
         _extras_section(s),
     ]

@@ -112,7 +112,7 @@ _KNOWN_KEYS = frozenset(
     hbm_peak_bytes hbm_capacity_bytes weight_bytes_per_gpu kv_blocks_per_replica kv_block_bytes prefix_hit_rate
     preemptions cost_per_mtok_usd cost_per_output_mtok_usd gpu_hours simulated_s wall_s warnings config
     accuracy tokens cost_usd sim_speed_x schema version replicas offload swap global_pool links
-    sessions eviction""".split()
+    sessions eviction sliding_window format_switch""".split()
 )
 
 
@@ -410,9 +410,49 @@ def _eviction_section(s: dict[str, Any]) -> str:
         ("cache_entries_invalidated", "prefix-cache entries invalidated"),
         ("trim_s", "seconds of trims"),
     )
-    rows = [(label, _plain(ev.get(k))) for k, label in keys if k in ev]
-    out = ["<h2>Token eviction</h2>", _table(rows, cls="kv")]
-    acc = ev.get("accuracy")
+    return _part_section("Token eviction", ev, keys)
+
+
+def _window_section(s: dict[str, Any]) -> str:
+    sw = s.get("sliding_window")
+    if not isinstance(sw, dict):
+        return ""
+    keys = (
+        ("window_tokens", "window (tokens)"),
+        ("global_tokens", "global tokens"),
+        ("windowed_kv_layers", "windowed KV layers"),
+        ("kv_layers", "KV layers"),
+        ("tokens_out_of_window", "token slots freed (layer average)"),
+        ("blocks_freed", "blocks freed"),
+        ("blocks_copied", "shared blocks counted as a sequence's own"),
+        ("cache_entries_invalidated", "prefix-cache entries given up"),
+    )
+    return _part_section("Sliding-window layers", sw, keys)
+
+
+def _switch_section(s: dict[str, Any]) -> str:
+    fs = s.get("format_switch")
+    if not isinstance(fs, dict):
+        return ""
+    keys = (
+        ("after_tokens", "switch after (tokens)"),
+        ("format", "second format"),
+        ("requests_switched", "requests switched"),
+        ("switches", "crossings (recomputes included)"),
+        ("tokens_requantized", "tokens re-quantized"),
+        ("requant_s", "seconds of re-quantization"),
+        ("blocks_freed", "blocks freed"),
+        ("blocks_copied", "shared blocks re-quantized into own"),
+        ("cache_entries_invalidated", "prefix-cache entries invalidated"),
+    )
+    return _part_section("Format switch", fs, keys)
+
+
+def _part_section(title: str, part: dict[str, Any], keys: tuple[tuple[str, str], ...]) -> str:
+    """One optional summary part as a table, and its cited accuracy estimate if it has one."""
+    rows = [(label, _plain(part.get(k))) for k, label in keys if k in part]
+    out = [f"<h2>{html.escape(title)}</h2>", _table(rows, cls="kv")]
+    acc = part.get("accuracy")
     if isinstance(acc, dict):
         out.append(
             f'<p class="note">Accuracy (estimate, not measured by the simulator) for {_plain(acc.get("format"))}'

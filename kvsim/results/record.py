@@ -227,6 +227,39 @@ class EvictionRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlidingWindowRecord:
+    """What the model's sliding-window layers freed (`kvsim.core.eviction.window_eviction`), all
+    replicas together; absent for a model without them."""
+
+    window_tokens: int
+    global_tokens: int
+    windowed_kv_layers: int
+    kv_layers: int
+    tokens_out_of_window: int  # token slots given up by windowed sequences (layer average)
+    blocks_freed: int  # returned to the pool as they fell out of the window
+    blocks_copied: int  # blocks of shared prefix entries still in a window, counted as its own
+    cache_entries_invalidated: int  # prefix-cache entries given up by a windowed sequence: no hits
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatSwitchRecord:
+    """What ``kv.format_switch`` did, all replicas together; absent when it is off."""
+
+    after_tokens: int
+    format: str  # the second format's name
+    requests_switched: int  # requests whose length passed after_tokens
+    switches: int  # crossings (a request recomputed after a preemption crosses again)
+    tokens_requantized: int  # read in kv.format and written in the second format at the crossings
+    requant_s: float  # simulated seconds of those re-quantizations, between steps
+    blocks_freed: int  # returned to the pool by the smaller format
+    blocks_copied: int  # shared prefix blocks a switching sequence re-quantized into its own
+    cache_entries_invalidated: int  # prefix-cache entries re-quantized in place: no longer hits
+    accuracy: AccuracyNote | None = None  # the second format's cited estimate, for tokens past the switch
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SpecDecodeRecord:
     """What speculative decoding (``scheduler.spec_decode``) did, all replicas together; absent when
     it is off. Its effect on TPOT is the summary's ``tpot_s`` against a run without it; on memory,
@@ -284,6 +317,7 @@ class RunConfig:
     scenario_path: str = ""  # the scenario file the run was loaded from ("" before it was recorded)
     profile: str = ""  # the measured profile priced with ("" for the analytic model)
     kv_format_mix: str = ""  # kv.format_mix: "H/N heads FORMAT" ("" without a mix)
+    kv_format_switch: str = ""  # kv.format_switch: "FORMAT after N tokens" ("" without a switch)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -378,6 +412,8 @@ class RunSummary:
     sessions: SessionRecord | None = None  # agent workloads only
     eviction: EvictionRecord | None = None  # kv.eviction's effect (None when off)
     spec_decode: SpecDecodeRecord | None = None  # scheduler.spec_decode's effect (None when off)
+    sliding_window: SlidingWindowRecord | None = None  # the model's windowed layers (None without)
+    format_switch: FormatSwitchRecord | None = None  # kv.format_switch's effect (None when off)
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

@@ -305,6 +305,8 @@ class Replica:
                         (1,) * m + tuple(plan.prefill_new),
                         tuple(plan.decode_ctx + plan.prefill_ctx),
                         plan.num_sampling,
+                        plan.decode_switched,
+                        plan.decode_switched_ctx,
                     )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
@@ -379,7 +381,7 @@ class Replica:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
             evicts = window.new_blocks > kv.num_empty_blocks
-            d = self.cost.decode_step_times(m, sum_ctx)
+            d = self.cost.decode_step_times(m, sum_ctx, window.num_switched, window.switched_ctx)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:
@@ -395,7 +397,7 @@ class Replica:
             if off is not None and off.publishes_on_register and len(p.held_keys) < len(p.keys):
                 return None  # its registrations are written through at the schedule that makes them
             args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
-            d = self.cost.mixed_step_times(*args)
+            d = self.cost.mixed_step_times(*args, mw.num_switched, mw.dec_switched_ctx)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:

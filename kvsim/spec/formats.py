@@ -214,3 +214,17 @@ class FormatMix:
     @property
     def name(self) -> str:
         return f"{self.heads}/{self.num_kv_heads} heads {self.format.name}"
+
+
+@dataclass(frozen=True)
+class FormatSwitch:
+    """``kv.format_switch``: a sequence's KV is re-quantized to ``format`` once its length passes
+    ``after_tokens`` (the design documents' "FP8 below 500K tokens, outlier-aware 4-bit above",
+    000 section 7.3); its later tokens are written in ``format`` (`kvsim.core.eviction`)."""
+
+    after_tokens: int
+    format: KVFormat
+
+    @property
+    def name(self) -> str:
+        return f"{self.format.name} after {self.after_tokens:,} tokens"

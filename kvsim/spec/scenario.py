@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import FormatMix, KVFormat, make_format
+from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
 from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
@@ -153,6 +153,7 @@ class KVConfig:
     pin_segments: tuple[str, ...] = ()
     pin_max_share: float = 0.25
     format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
+    format_switch: FormatSwitch | None = None  # re-quantized past a length (None: `format` throughout)
 
 
 MAX_DRAFT_TOKENS = 32  # k's bound: vLLM's examples use 1-10, EAGLE trees up to ~60 nodes but
@@ -365,6 +366,44 @@ def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix 
     return FormatMix(fmt, share, round(share * model.num_kv_heads), model.num_kv_heads)
 
 
+def _read_format_switch(
+    s: Section, model: ModelSpec, main: KVFormat, mix: FormatMix | None
+) -> FormatSwitch | None:
+    """``kv.format_switch``: {after_tokens, format, and the format's own group_size / scale /
+    outlier_fraction}: a second format that stores fewer bytes per token than ``kv.format``."""
+    if s.raw("format_switch", None) is None:
+        return None
+    x = s.section("format_switch")
+    after = x.int("after_tokens", lo=1, hi=1 << 40)
+    if after >= model.max_context:
+        raise x.err(
+            "after_tokens",
+            f"{after:,} is not below {model.name}'s context ({model.max_context:,} tokens): no sequence "
+            "would switch",
+        )
+    name = x.raw("format", None)
+    if not isinstance(name, str):
+        raise x.err("format", f"expected a format name, got {show(name)}")
+    group = x.int("group_size", main.group_size or 64, lo=1, hi=4096)
+    scale = x.choice("scale", ("per_tensor", "per_head"), main.scale.value)
+    out_frac = x.float("outlier_fraction", main.outlier_fraction or 0.01, lo=0.0, hi=0.5)
+    try:
+        fmt, _ = make_format(name, group_size=group, scale=scale, outlier_fraction=out_frac)
+    except KvsimError as exc:
+        raise x.err("format", shorten(exc.message, 200)) from None
+    x.done()
+    b1, b2 = model.kv_bytes_per_token(main), model.kv_bytes_per_token(fmt)
+    if b2 >= b1:
+        raise x.err(
+            "format",
+            f"{fmt.name} stores {b2:,} bytes per token, not fewer than kv.format {main.name} ({b1:,}): "
+            "a switch must shrink the cache",
+        )
+    if mix is not None:
+        raise x.err("format", "a switch of kv.format_mix's two formats is not simulated; drop one of them")
+    return FormatSwitch(after, fmt)
+
+
 def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     s = root.section("kv")
     bs = s.int("block_size", 16, lo=1, hi=4096)
@@ -428,6 +467,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     ev.done()
     offload = _read_offload(s.section("offload"))
     mix = _read_format_mix(s, model, fmt)
+    switch = _read_format_switch(s, model, fmt, mix)
     s.done()
     return KVConfig(
         bs,
@@ -440,6 +480,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         pin_segments=pin,
         pin_max_share=pin_share,
         format_mix=mix,
+        format_switch=switch,
     )
 
 

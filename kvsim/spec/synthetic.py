@@ -42,11 +42,14 @@ def _lengths(rng: np.random.Generator, dist: LengthDist, n: int) -> np.ndarray:
 
 def synthetic_workload(
     syn: SyntheticConfig, *, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int, list[np.ndarray] | None]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray] | None, int, list[np.ndarray] | None]:
     """Generate (arrival_s, prompt_tokens, output_tokens, hash_ids, G, output_hash_ids), sorted by
     arrival. ``output_hash_ids[i]``: the ids of the full blocks request i's answer completes (the
     blocks after its prompt's full ones, up to its last stored token) that a later turn of its
-    session holds in its prompt; None without multi-turn sessions."""
+    session holds in its prompt; None without multi-turn sessions. ``hash_ids`` is None when no two
+    prompts can share a block (no shared prefix, one turn per session): every prompt is then its
+    own, as in a trace without hash ids (the engine names its blocks in entries of its own,
+    `kvsim.core.block_hash.private_keys`), which saves one id and one cache entry per block."""
     rng = np.random.Generator(np.random.PCG64(seed))
     n, turns, g = syn.num_requests, syn.session_turns, SYNTHETIC_BLOCK_TOKENS
     num_sessions = -(-n // turns)
@@ -81,6 +84,16 @@ def synthetic_workload(
     session_base = syn.shared_prefix_count * sys_blocks + np.cumsum(span) - span - sys_blocks
     partial_base = syn.shared_prefix_count * sys_blocks + int(span.sum())
 
+    if not shared and turns == 1:  # nothing to share: no content ids (see the docstring)
+        order = np.argsort(arrival, kind="stable")
+        return (
+            arrival[order].astype(np.float64),
+            prompt[order].astype(np.int64),
+            output[order].astype(np.int64),
+            None,
+            g,
+            None,
+        )
     order = np.argsort(arrival, kind="stable")
     arrival, prompt, output, full, session = (
         arrival[order],

@@ -28,6 +28,10 @@ class SeqKind(str, Enum):
 class SchedulerOutput:
     decode_reqs: list[Request] = field(default_factory=list)
     decode_ctx: list[int] = field(default_factory=list)
+    # Of the decode rows, those in a format switch's second format (`kvsim.core.eviction`): how
+    # many, and their ``decode_ctx`` summed (first-format token slots), priced in that format.
+    decode_switched: int = 0
+    decode_switched_ctx: int = 0
     # Verify rows (speculative decoding, `kvsim.core.spec_decode`): the last sampled token plus
     # ``verify_drafts[i]`` draft tokens on top of ``verify_ctx[i]`` cached ones; they sample at
     # every position.

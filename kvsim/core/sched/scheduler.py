@@ -49,6 +49,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvsim.core.eviction import EvictionKind
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
@@ -129,6 +130,8 @@ class Scheduler:
         add_smp = out.prefill_sampling.append
         bs = self.block_size
         spec = self.spec
+        # A format switch: decode rows past their crossing (evicted > 0) are in its second format.
+        switching = kv.eviction is not None and kv.eviction.kind is EvictionKind.SWITCH
         last_is_prefill = False
         i = 0
         while i < len(running) and budget > 0:
@@ -148,6 +151,9 @@ class Scheduler:
                 if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
                     add_dec(req)
                     add_dec_ctx(c)
+                    if switching and req.evicted:
+                        out.decode_switched += 1
+                        out.decode_switched_ctx += c
                     last_is_prefill = False
                     budget -= 1
                     i += 1
@@ -158,7 +164,8 @@ class Scheduler:
                 decoding = False
                 if num_new > budget:
                     num_new = budget
-                need = -(-(c + num_new) // bs) - req.num_blocks  # kv.blocks_needed, inlined: hot loop
+                # kv.blocks_needed, inlined (hot loop); a window's chunk fills the slots it freed
+                need = -(-(c - req.evicted + num_new) // bs) - req.num_blocks
             if need > 0 and not kv.allocate_slots(req, need):
                 kv.note_peak()  # memory is at its fullest just before a preemption
                 preempted_self = False
@@ -176,6 +183,9 @@ class Scheduler:
             if decoding:
                 add_dec(req)
                 add_dec_ctx(c)
+                if switching and req.evicted:
+                    out.decode_switched += 1
+                    out.decode_switched_ctx += c
             elif drafts:
                 out.verify_reqs.append(req)
                 out.verify_drafts.append(drafts)
