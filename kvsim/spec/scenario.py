@@ -349,10 +349,20 @@ def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix 
     if s.raw("format_mix", None) is None:
         return None
     x = s.section("format_mix")
+    fmt = _read_second_format(x, main)
+    share = x.float("share", lo=0.0, hi=1.0)
+    x.done()
+    if model.attention is Attention.MLA:
+        raise x.err("format", f"{model.name} caches one MLA latent per token: there are no KV heads to split")
+    return FormatMix(fmt, share, round(share * model.num_kv_heads), model.num_kv_heads)
+
+
+def _read_second_format(x: Section, main: KVFormat) -> KVFormat:
+    """A second KV format's fields in section `x` (``kv.format_mix``, ``kv.format_switch``): its name
+    and its own group_size / scale / outlier_fraction, defaulting to ``kv.format``'s."""
     name = x.raw("format", None)
     if not isinstance(name, str):
         raise x.err("format", f"expected a format name, got {show(name)}")
-    share = x.float("share", lo=0.0, hi=1.0)
     group = x.int("group_size", main.group_size or 64, lo=1, hi=4096)
     scale = x.choice("scale", ("per_tensor", "per_head"), main.scale.value)
     out_frac = x.float("outlier_fraction", main.outlier_fraction or 0.01, lo=0.0, hi=0.5)
@@ -360,10 +370,7 @@ def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix 
         fmt, _ = make_format(name, group_size=group, scale=scale, outlier_fraction=out_frac)
     except KvsimError as exc:
         raise x.err("format", shorten(exc.message, 200)) from None
-    x.done()
-    if model.attention is Attention.MLA:
-        raise x.err("format", f"{model.name} caches one MLA latent per token: there are no KV heads to split")
-    return FormatMix(fmt, share, round(share * model.num_kv_heads), model.num_kv_heads)
+    return fmt
 
 
 def _read_format_switch(
@@ -381,16 +388,7 @@ def _read_format_switch(
             f"{after:,} is not below {model.name}'s context ({model.max_context:,} tokens): no sequence "
             "would switch",
         )
-    name = x.raw("format", None)
-    if not isinstance(name, str):
-        raise x.err("format", f"expected a format name, got {show(name)}")
-    group = x.int("group_size", main.group_size or 64, lo=1, hi=4096)
-    scale = x.choice("scale", ("per_tensor", "per_head"), main.scale.value)
-    out_frac = x.float("outlier_fraction", main.outlier_fraction or 0.01, lo=0.0, hi=0.5)
-    try:
-        fmt, _ = make_format(name, group_size=group, scale=scale, outlier_fraction=out_frac)
-    except KvsimError as exc:
-        raise x.err("format", shorten(exc.message, 200)) from None
+    fmt = _read_second_format(x, main)
     x.done()
     b1, b2 = model.kv_bytes_per_token(main), model.kv_bytes_per_token(fmt)
     if b2 >= b1:
