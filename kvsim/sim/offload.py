@@ -74,7 +74,7 @@ from typing import Any
 import simpy
 from simpy.events import URGENT
 
-from kvsim.core.block_pool import BlockRemoved, BlockStored
+from kvsim.core.block_pool import BlockRemoved, BlockStored, PoolEvent
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import GlobalPool, HostTier
@@ -161,7 +161,7 @@ class OffloadPort:
         write: OffloadWrite,
         copy: CopyMode,
         ready: dict[int, Any],
-        swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
+        swap: tuple[SwapSpace, Callable[[Request, int], bool]] | None = None,
         glob: GlobalSide | None = None,
         load_weight: float = 0.0,
         ssd: SSDSide | None = None,
@@ -322,7 +322,7 @@ class OffloadPort:
         if events and self.glob is not None:
             self._publish(now, events)
 
-    def _publish(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
+    def _publish(self, now: float, events: list[PoolEvent]) -> None:
         glob = self.glob
         assert glob is not None
         keys: list[int] = []
@@ -348,8 +348,12 @@ class OffloadPort:
         swap space, and (``auto``) swapping is the cheaper."""
         space = self.swap_space
         assert space is not None
-        blocks = -(-req.num_computed // self.sched.block_size)
-        ok = blocks > 0 and space.used_blocks + blocks <= space.capacity_blocks and self._cheaper_to_swap(req)
+        blocks = self.sched.swap_blocks(req)
+        ok = (
+            blocks > 0
+            and space.used_blocks + blocks <= space.capacity_blocks
+            and self._cheaper_to_swap(req, blocks)
+        )
         if ok:
             space.used_blocks += blocks  # held from now until its swap-in ends
             space.peak_blocks = max(space.peak_blocks, space.used_blocks)
@@ -376,7 +380,7 @@ class OffloadPort:
         _, end = self.h2d.reserve(start, blocks * self.h2d_block_bytes, calls)
         self._await(now, end, req, blocks)
 
-    def _write(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
+    def _write(self, now: float, events: list[PoolEvent]) -> None:
         kind = BlockRemoved if self.write is OffloadWrite.BACK else BlockStored
         keys: list[int] = []
         sizes: list[int] = []
