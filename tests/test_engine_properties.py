@@ -20,6 +20,10 @@ class CheckedScheduler(Scheduler):
 
     checks = 0
 
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.swapped_state: dict[int, tuple[int, int, int]] = {}  # swapped out: (computed, evicted, blocks)
+
     def check(self) -> None:
         self.checks += 1
         kv = self.kv
@@ -61,6 +65,19 @@ class CheckedScheduler(Scheduler):
             for s in [*self.running, *self.waiting, *loading, *self.swapped]
         )
         assert remaining == self.outstanding_tokens
+
+    def _preempt(self, req):  # type: ignore[no-untyped-def]
+        state = (req.num_computed, req.evicted, self.swap_blocks(req))
+        super()._preempt(req)
+        if req in self.swapped:
+            self.swapped_state[req.id] = state
+
+    def finish_load(self, req):  # type: ignore[no-untyped-def]
+        swap_in = any(r is req and n < 0 for r, n in self.loading)
+        out = super().finish_load(req)
+        if swap_in:  # it resumes as it left: the same computed and evicted tokens, the same blocks
+            assert self.swapped_state.pop(req.id) == (req.num_computed, req.evicted, req.num_blocks)
+        return out
 
     def schedule(self):  # type: ignore[no-untyped-def]
         plan = super().schedule()
@@ -128,7 +145,7 @@ def cases(  # type: ignore[no-untyped-def]
                 fresh += 1
         arrivals.append(t)
         prompts.append(p)
-        outputs.append(draw(st.integers(1, 90)))
+        outputs.append(draw(st.integers(1, 300 if evict else 90)))  # evict: decoders outgrow HBM
         ids.append(h)
     need = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True))
     num_blocks = draw(st.integers(need, need + 4) if evict else st.integers(need, 3 * need))
@@ -145,7 +162,7 @@ def cases(  # type: ignore[no-untyped-def]
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
         scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
-        scheduler["swap_space"] = draw(st.sampled_from(["8MiB", "4GiB"]))
+        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if evict else ["8MiB", "4GiB"]))
     if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
@@ -195,7 +212,9 @@ def cases(  # type: ignore[no-untyped-def]
     policy = (
         "none"
         if spec or window or switch
-        else draw(st.sampled_from(["h2o", "streaming"] if evict else ["none", "none", "h2o", "streaming"]))
+        else draw(
+            st.sampled_from(["h2o", "h2o", "streaming"] if evict else ["none", "none", "h2o", "streaming"])
+        )
     )
     if policy != "none":
         ev = {
@@ -207,7 +226,9 @@ def cases(  # type: ignore[no-untyped-def]
         }
         if policy == "h2o":
             ev.update(
-                heavy_ratio=draw(st.sampled_from([0.1, 0.5, 1.0])),
+                # (evict: sequences that still grow at their budget, so decoders that evicted are
+                # preempted and swapped)
+                heavy_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.5, 1.0])),
                 budget_tokens=draw(st.sampled_from([0, 120])),
             )
         else:
@@ -286,8 +307,9 @@ def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(offload=True, evict=True))
 def test_invariants_and_fast_forward_equality_with_eviction_and_tiers(case):
-    """Token eviction under tight HBM with the tiers below it: a swapped request keeps its evicted
-    count, trimmed entries never reach DRAM, and fast-forward equals stepping."""
+    """Token eviction under tight HBM with the tiers below it: a swapped request comes back with its
+    computed and evicted tokens and blocks, the tiers stay consistent, and fast-forward equals
+    stepping."""
     a, b = _check_invariants_and_fast_forward(case)
     for key in ("offload", "swap", "links", "global_pool", "eviction"):
         assert a.summary[key] == b.summary[key]

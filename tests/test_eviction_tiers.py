@@ -172,3 +172,43 @@ def test_recompute_of_a_request_that_evicted_recomputes_its_whole_context_and_ev
     b = res.seqs[1]
     assert b.preemptions == 1 and res.summary["requests"]["completed"] == 2
     assert res.summary["eviction"]["trims"] == 3  # A's, B's, B's again after its recompute
+
+
+# ---- statistics that must not depend on fast-forward ------------------------------------------------
+@pytest.mark.parametrize("evict", [True, False])
+def test_declined_pool_lookups_count_requests_not_schedules(evict):
+    """Found by the property test: request 13, blocked at the head of node 1's queue, looks up a
+    prefix homed on node 0 that the slow network makes cheaper to recompute. Stepping looked it up
+    at every step (114 declines without eviction), fast-forward once per window (22): a decline
+    now counts once per request, the same in both modes."""
+    one = [1000000]
+    long = [1000001 + j for j in range(5)]
+    wl = make_workload(
+        [0.0] * 14,
+        [1] * 6 + [289] + [1] * 6 + [289],
+        [1, 1, 192] + [1] * 11,
+        hash_ids=[one] * 6 + [long] + [one] * 6 + [long],
+        block_tokens=64,
+    )
+    kv: dict = {
+        "prefix_cache": {"scope": "global", "fetch": "auto", "pool_bytes": 8 * BLOCK},
+        "offload": {"enabled": True, "host_bytes": 2 * BLOCK},
+    }
+    if evict:
+        kv["eviction"] = {"policy": "h2o", "heavy_ratio": 0.5, "recent_tokens": 1, "pages": "soft_mark"}
+    got = []
+    for ff in (True, False):
+        sc = small_scenario(
+            num_blocks=19,
+            scheduler={"max_num_seqs": 4, "max_batched_tokens": 16},
+            cluster={
+                "nodes": 2,
+                "router": "round_robin",
+                "topology": {"pcie": {"bw": "1GB/s"}, "network": {"bw": "1GB/s"}},
+            },
+            kv=kv,
+            sim={"seed": 1, "fast_forward": ff},
+        )
+        got.append(krun.run_scenario(sc, workload=wl).summary["global_pool"])
+    assert got[0] == got[1]
+    assert got[0]["declined_lookups"] == 1

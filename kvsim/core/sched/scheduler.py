@@ -31,9 +31,11 @@ Preemption by swap (`swap_decider`, set by the engine for ``scheduler.preemption
 a victim the decider accepts keeps its computed tokens; its blocks are released (their KV was
 copied to host memory: `new_swaps` tells the engine, which queues the copy) and it joins the
 `swapped` queue, which is served before the waiting one (vLLM v0's order): a swapped request is
-readmitted with blocks for all its computed tokens, once its next step's blocks and 1% of the
-pool stay free beside them, waits for KV while they are copied back, and
-resumes where it stopped. A victim the decider refuses is recomputed as above.
+readmitted with as many blocks as it swapped out (`swap_blocks`: its computed tokens'; with token
+eviction, the blocks it held, and its evicted count is kept, so it resumes with the same kept
+tokens), once its next step's blocks and 1% of the pool stay free beside them, waits for KV while
+they are copied back, and resumes where it stopped. A victim the decider refuses is recomputed as
+above (with token eviction: its whole context, which trims again after its prompt).
 
 Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
 plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
