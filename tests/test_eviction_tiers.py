@@ -85,6 +85,32 @@ def test_the_global_pool_keeps_what_was_published_before_a_trim(ff):
     assert [s.num_cached_tokens for s in res.seqs] == [0, 0, FULL]
 
 
+@pytest.mark.parametrize("ff", [True, False])
+def test_cold_offload_still_moves_unreferenced_entries_down_with_eviction_on(ff):
+    """A (20 entries, one output token: it never decodes, so never evicts) is released at step 1;
+    D decodes 200 steps and evicts past 80 tokens (H2O keeps 64 + 20%), rewriting its one prompt
+    entry. At the schedule of step 52 A's entries have gone 50 steps untouched and move to DRAM;
+    D's rewritten entry never does. C, A's prompt again, loads 19 of A's entries from DRAM."""
+    ids_a = list(range(20))
+    wl = make_workload(
+        [0.0, 0.5, 10.0], [320, 16, 320], [1, 200, 1], hash_ids=[ids_a, [500], ids_a], block_tokens=16
+    )
+    sc = small_scenario(
+        num_blocks=400,
+        kv={"offload": {"enabled": True, "cold_after_steps": 50}, "eviction": H2O},
+        sim={"seed": 1, "fast_forward": ff},
+    )
+    res = krun.run_scenario(sc, workload=wl)
+    off = res.summary["offload"]
+    assert off["cold_demoted_bytes"] == off["written_bytes"] == 20 * BLOCK  # A's, not D's
+    assert res.summary["eviction"]["cache_entries_invalidated"] == 1  # D's prompt entry
+    c = res.seqs[2]
+    load = transfer_time(19 * BLOCK, sc.cluster.topology.host_h2d)
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert c.num_cached_tokens == 304
+    assert c.first_token_s == pytest.approx(10.0 + load + prefill, rel=1e-12)
+
+
 # ---- swap -----------------------------------------------------------------------------------------
 # Two decoders that evict (H2O at 50%): each keeps 16 + c/2 of c tokens, so together they outgrow
 # 96 blocks near their ends; B (the newest) is swapped out with its evicted tokens.
