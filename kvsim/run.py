@@ -84,12 +84,12 @@ class RunResult:
 def _refuse_unsimulated(sc: Scenario) -> None:
     """Options the engine does not simulate together yet: one line naming the field.
 
-    Token eviction rewrites a sequence's blocks in place (its cached entries leave the index),
-    which the host tiers' write-back, the global pool's index and swap do not follow yet. Sliding-
-    window layers free a sequence's out-of-window blocks through the same closed forms
-    (`kvsim.core.eviction.window_eviction`), so they are refused with the same options, with token
-    eviction (one policy per sequence) and with speculative decoding (its verify slots assume every
-    computed token is held)."""
+    Token eviction is simulated with the host tiers, the global pool and swap (`kvsim.sim.offload`,
+    `kvsim.core.sched.scheduler`). Sliding-window layers free a sequence's out-of-window blocks
+    through the same closed forms (`kvsim.core.eviction.window_eviction`), but are refused with the
+    tiers, with token eviction (one policy per sequence) and with speculative decoding (its verify
+    slots assume every computed token is held); speculative decoding's rollback is not followed by
+    token eviction, the tiers or swap."""
     kv = sc.kv
     preempt = sc.scheduler.preemption
     tiers = (
@@ -137,8 +137,6 @@ def _refuse_unsimulated(sc: Scenario) -> None:
             "scheduler.spec_decode",
             (("kv.eviction", kv.eviction.policy != "none"), *tiers),
         )
-    if kv.eviction.policy != "none":
-        _refuse_with(sc, "token eviction", "kv.eviction.policy", tiers)
 
 
 def _refuse_with(sc: Scenario, what: str, path: str, others: tuple[tuple[str, bool], ...]) -> None:
@@ -647,16 +645,17 @@ class _Offload:
         self.ports.append(p)
         return p
 
-    def _swap_policy(self, h2d: Link, d2h: Link, n_h2d: int, n_d2h: int) -> Callable[[Request], bool]:
+    def _swap_policy(self, h2d: Link, d2h: Link, n_h2d: int, n_d2h: int) -> Callable[[Request, int], bool]:
         """``swap``: always (where swap space allows); ``auto``: when the copies out and back over
-        idle links take less than one prefill of the victim's computed tokens."""
+        idle links of the blocks the victim holds (`Scheduler.swap_blocks`: its resident tokens'
+        with token eviction on) take less than one prefill of its computed tokens (a request that
+        evicted tokens recomputes its whole context, prompt and generated, and evicts again)."""
         if self.sc.scheduler.preemption == "swap":
-            return lambda req: True
-        cost, bpg, bs = self.cost, self.block_bytes_per_gpu, self.sc.kv.block_size
+            return lambda req, blocks: True
+        cost, bpg = self.cost, self.block_bytes_per_gpu
         per_block = self.sc.kv.offload.copy is CopyMode.PER_BLOCK
 
-        def cheaper(req: Request) -> bool:
-            blocks = -(-req.num_computed // bs)
+        def cheaper(req: Request, blocks: int) -> bool:
             calls = blocks if per_block else 1
             swap_s = cost.transfer_time(blocks * bpg * n_d2h, d2h, calls) + cost.transfer_time(
                 blocks * bpg * n_h2d, h2d, calls

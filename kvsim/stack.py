@@ -11,10 +11,11 @@ One row per added technique, each simulated on the scenario's workload with ever
 4. + H2O keeping 20% of each sequence (``heavy_ratio: 0.2``, no recent window, always, physical
    release: the table's memory column assumes the blocks are freed);
 5. + offload: a host-DRAM tier of twice the HBM pool, write-back (SGLang HiCache's default host
-   pool ratio, `kvsim.spec.offload`), on top of row 3, *without* H2O: the engine does not combine
-   token eviction with the host tiers yet (`kvsim run` refuses it), and the row says so. A running
-   sequence touches all its blocks every step, so none is cold: the tier holds released prefixes
-   and the HBM column does not fall, unlike the documents' "4 GB (GPU) + 2 GB (DRAM)".
+   pool ratio, `kvsim.spec.offload`), on top of row 4, H2O on. A running sequence touches all its
+   blocks every step, so none is cold, and the prefix blocks a sequence trimmed are rewritten, not
+   reusable, so write-back copies none of them down (`kvsim.sim.offload`): the tier holds only
+   released prefixes no sequence evicted from, and the HBM column does not fall, unlike the
+   documents' "4 GB (GPU) + 2 GB (DRAM)".
 
 A scenario's ``kv.format_switch`` is left out of every row (the rows add the documents' techniques
 one at a time). A model with sliding-window layers leaves rows 4 and 5 unsimulated (its windows are not combined
@@ -129,13 +130,14 @@ def _variants(sc: Scenario) -> list[tuple[Scenario | None, str]]:
         out.append((None, why + "token eviction yet"))
         out.append((None, why + "host-DRAM offload yet"))
         return out
-    out.append((dataclasses.replace(shared, kv=dataclasses.replace(shared.kv, eviction=h2o)), note))
+    evicting = dataclasses.replace(shared, kv=dataclasses.replace(shared.kv, eviction=h2o))
+    out.append((evicting, note))
     offload = dataclasses.replace(shared.kv.offload, enabled=True, hbm_ratio=2.0, write=OffloadWrite.BACK)
     out.append(
         (
-            dataclasses.replace(shared, kv=dataclasses.replace(shared.kv, offload=offload)),
-            "host DRAM 2x the HBM pool, write-back, on row 4 without H2O (eviction with host tiers is "
-            "not simulated yet); running sequences' blocks are never cold, so HBM does not fall",
+            dataclasses.replace(evicting, kv=dataclasses.replace(evicting.kv, offload=offload)),
+            "host DRAM 2x the HBM pool, write-back, on row 4 (H2O on); running sequences' blocks are "
+            "never cold, so HBM does not fall, and prefix blocks a sequence trimmed are not written back",
         )
     )
     return out

@@ -20,6 +20,10 @@ class CheckedScheduler(Scheduler):
 
     checks = 0
 
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.swapped_state: dict[int, tuple[int, int, int]] = {}  # swapped out: (computed, evicted, blocks)
+
     def check(self) -> None:
         self.checks += 1
         kv = self.kv
@@ -50,8 +54,10 @@ class CheckedScheduler(Scheduler):
             private += seq.num_private
             for k in seq.held_keys:
                 refs[k] = refs.get(k, 0) + 1
+        for seq in self.swapped:  # its kept tokens come back as they left
+            assert 0 <= seq.evicted < seq.num_computed
         for seq in self.waiting:
-            assert seq.num_blocks == 0 and seq.num_computed == 0 and not seq.held_keys
+            assert seq.num_blocks == 0 and seq.num_computed == 0 and not seq.held_keys and not seq.evicted
         assert private == pool.private
         assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         remaining = sum(
@@ -59,6 +65,19 @@ class CheckedScheduler(Scheduler):
             for s in [*self.running, *self.waiting, *loading, *self.swapped]
         )
         assert remaining == self.outstanding_tokens
+
+    def _preempt(self, req):  # type: ignore[no-untyped-def]
+        state = (req.num_computed, req.evicted, self.swap_blocks(req))
+        super()._preempt(req)
+        if req in self.swapped:
+            self.swapped_state[req.id] = state
+
+    def finish_load(self, req):  # type: ignore[no-untyped-def]
+        swap_in = any(r is req and n < 0 for r, n in self.loading)
+        out = super().finish_load(req)
+        if swap_in:  # it resumes as it left: the same computed and evicted tokens, the same blocks
+            assert self.swapped_state.pop(req.id) == (req.num_computed, req.evicted, req.num_blocks)
+        return out
 
     def schedule(self):  # type: ignore[no-untyped-def]
         plan = super().schedule()
@@ -92,7 +111,16 @@ def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_p
 
 
 @st.composite
-def cases(draw, offload: bool = False, spec: bool = False, window: bool = False, switch: bool = False):  # type: ignore[no-untyped-def]
+def cases(  # type: ignore[no-untyped-def]
+    draw,
+    offload: bool = False,
+    spec: bool = False,
+    window: bool = False,
+    switch: bool = False,
+    evict: bool = False,
+):
+    """`evict`: token eviction always on, and HBM tight (preemptions, swaps of requests that
+    evicted, write-backs of what the trims' copies push out)."""
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -100,7 +128,7 @@ def cases(draw, offload: bool = False, spec: bool = False, window: bool = False,
     t = 0.0
     fresh = 10**6
     for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.01, 0.2, 1.0]))
+        t += draw(st.sampled_from([0.0, 0.01] if evict else [0.0, 0.01, 0.2, 1.0]))  # evict: bursts
         if ids and draw(st.integers(0, 9)) == 0:  # an exact copy of an earlier prompt
             j = draw(st.integers(0, len(ids) - 1))
             p, h = prompts[j], list(ids[j])
@@ -117,12 +145,12 @@ def cases(draw, offload: bool = False, spec: bool = False, window: bool = False,
                 fresh += 1
         arrivals.append(t)
         prompts.append(p)
-        outputs.append(draw(st.integers(1, 90)))
+        outputs.append(draw(st.integers(1, 300 if evict else 90)))  # evict: decoders outgrow HBM
         ids.append(h)
     need = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True))
-    num_blocks = draw(st.integers(need, 3 * need))
+    num_blocks = draw(st.integers(need, need + 4) if evict else st.integers(need, 3 * need))
     scheduler = {
-        "max_num_seqs": draw(st.sampled_from([1, 2, 4, 64])),
+        "max_num_seqs": draw(st.sampled_from([4, 64] if evict else [1, 2, 4, 64])),
         "max_batched_tokens": draw(st.sampled_from([16, 64, 256, 2048])),
     }
     cluster = {
@@ -134,7 +162,7 @@ def cases(draw, offload: bool = False, spec: bool = False, window: bool = False,
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
         scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
-        scheduler["swap_space"] = draw(st.sampled_from(["8MiB", "4GiB"]))
+        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if evict else ["8MiB", "4GiB"]))
     if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
@@ -178,12 +206,15 @@ def cases(draw, offload: bool = False, spec: bool = False, window: bool = False,
         if fmt == "mix"
         else {"format": fmt}
     )
-    # Token eviction: H2O and StreamingLLM, every trigger and page policy.
-    # (Not with the host tiers, the global pool or swap: `kvsim run` refuses those combinations.)
+    # Token eviction: H2O and StreamingLLM, every trigger and page policy, with the host tiers,
+    # the global pool and swap too (not with speculative decoding, sliding windows or a format
+    # switch: `kvsim run` refuses those).
     policy = (
         "none"
-        if offload or spec or window or switch
-        else draw(st.sampled_from(["none", "none", "h2o", "streaming"]))
+        if spec or window or switch
+        else draw(
+            st.sampled_from(["h2o", "h2o", "streaming"] if evict else ["none", "none", "h2o", "streaming"])
+        )
     )
     if policy != "none":
         ev = {
@@ -195,7 +226,9 @@ def cases(draw, offload: bool = False, spec: bool = False, window: bool = False,
         }
         if policy == "h2o":
             ev.update(
-                heavy_ratio=draw(st.sampled_from([0.1, 0.5, 1.0])),
+                # (evict: sequences that still grow at their budget, so decoders that evicted are
+                # preempted and swapped)
+                heavy_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.5, 1.0])),
                 budget_tokens=draw(st.sampled_from([0, 120])),
             )
         else:
@@ -269,6 +302,17 @@ def test_invariants_and_fast_forward_equality_with_host_dram_offload(case):
     assert a.summary["swap"] == b.summary["swap"]
     assert a.summary["links"] == b.summary["links"]
     assert a.summary["global_pool"] == b.summary["global_pool"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True, evict=True))
+def test_invariants_and_fast_forward_equality_with_eviction_and_tiers(case):
+    """Token eviction under tight HBM with the tiers below it: a swapped request comes back with its
+    computed and evicted tokens and blocks, the tiers stay consistent, and fast-forward equals
+    stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    for key in ("offload", "swap", "links", "global_pool", "eviction"):
+        assert a.summary[key] == b.summary[key]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

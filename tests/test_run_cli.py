@@ -102,7 +102,12 @@ def test_a_check_that_needs_the_memory_plan_is_one_line_at_run_time(scenario, tm
 def test_a_run_refused_at_run_time_leaves_no_output_directory(scenario, tmp_path, capsys):
     """The output directory is made before the work (to fail early); a run refused once the plan or
     the engine exists removes it again if it made it, and keeps one it found."""
-    combo = ["--set", "kv.eviction.policy=h2o", "--set", "kv.offload.enabled=true"]
+    combo = [
+        "--set",
+        "scheduler.spec_decode={k: 3, acceptance: {mean: 0.7}, draft: {kind: mtp}}",
+        "--set",
+        "kv.offload.enabled=true",
+    ]
     assert main(["run", str(scenario), "--out", str(tmp_path / "new"), *combo]) == 2
     assert "not simulated together" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()

@@ -29,9 +29,10 @@ def test_rows_shrink_the_sequence_as_each_technique_is_added():
     assert kv[1] == 2 * 32 * 8 * 128 * 2 * ONE_M == kv[0] // 4
     assert kv[2] == kv[1] // 2 == kv[3]  # paging + sharing: the same bytes for one sequence
     assert kv[4] == kv[3] * math.ceil(0.2 * ONE_M) // ONE_M  # H2O keeps 20%
-    # Offload is simulated on the sharing row without H2O (eviction with host tiers is refused):
-    # the same bytes for one sequence as row 3, and the note says H2O is off.
-    assert kv[5] == kv[3] and "without H2O" in rows[5].note
+    # Offload is simulated on the H2O row, H2O on: the same bytes for one sequence as row 4. With
+    # HBM to spare nothing goes down a tier (and trimmed prefixes never would): row 4's numbers.
+    assert kv[5] == kv[4] and "H2O on" in rows[5].note
+    assert (rows[5].hbm_peak_bytes, rows[5].ttft_p99_s) == (rows[4].hbm_peak_bytes, rows[4].ttft_p99_s)
     assert all(r.completed == 40 for r in rows)
     # Sharing the 1,024-token prefix cuts time to first token; H2O cuts per-token time.
     assert rows[3].ttft_p99_s < rows[2].ttft_p99_s

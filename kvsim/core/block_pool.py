@@ -25,7 +25,9 @@ its value in the LRU. Memory: an hour of traffic leaves hundreds of thousands of
 cluster, so an entry costs one `refs` slot and, while unreferenced, one LRU node; its size is stored
 only when it is not one block. With ``events=True`` the
 pool records `BlockStored` / `BlockRemoved` events (vLLM's KV events, which KV-aware routers and a
-cluster-wide prefix index consume); `take_events` hands them over and clears the list.
+cluster-wide prefix index consume), and `BlockRewritten` for an entry token eviction rewrote in place
+(it left the index but its blocks are no reusable copy: a write-back must not move them down);
+`take_events` hands them over and clears the list.
 
 Pinning (``kv.prefix_cache.pin``, agent system prompts and tool definitions, design documents 003:
 "前缀缓存 + 永久保留", kept permanently): entries whose keys are in `pin_keys` go, when their last
@@ -60,7 +62,18 @@ class BlockRemoved:
     sizes: tuple[int, ...] = ()  # blocks each covered (a write-back to a lower tier moves them)
 
 
-PoolEvent = BlockStored | BlockRemoved
+@dataclass(frozen=True)
+class BlockRewritten:
+    """Cache entries their only holder rewrote in place (token eviction, `uncache`): they left the
+    index and their blocks stay, private to the holder, but no longer hold the keys' content. Not a
+    removal of reusable content: a write-back tier must not copy them down as prefix blocks; a copy
+    below written before (a write-through, a publication, an earlier write-back) holds the full
+    content and stays valid."""
+
+    keys: tuple[int, ...]
+
+
+PoolEvent = BlockStored | BlockRemoved | BlockRewritten
 
 
 class BlockPool:
@@ -283,7 +296,7 @@ class BlockPool:
         s = self.sizes.pop(key, 1)
         self.private += s
         if self._events is not None:
-            self._events.append(BlockRemoved((key,)))
+            self._events.append(BlockRewritten((key,)))
         return s
 
     def drop_ref(self, key: int) -> None:

@@ -295,7 +295,7 @@ def _tiers_section(rec: RunSummary) -> str:
             ),
             ("of which over the network", _gib(pool.remote_bytes)),
             ("published / dropped (per GPU)", f"{_gib(pool.published_bytes)} / {_gib(pool.dropped_bytes)}"),
-            ("lookups that recomputed instead", _int(pool.declined_lookups)),
+            ("requests that recomputed a remote prefix instead", _int(pool.declined_lookups)),
         ]
     if swap is not None:
         kv += [

@@ -167,7 +167,7 @@ class GlobalPoolRecord:
     remote_bytes: float  # of those, from another node over the network, per GPU
     published_bytes: float  # HBM -> the pool, per GPU
     dropped_bytes: float  # dropped to make room (LRU or LFU), per GPU
-    declined_lookups: int  # lookups that stopped at a remote entry cheaper to recompute (fetch: auto)
+    declined_lookups: int  # requests whose lookup stopped at a remote entry cheaper to recompute, each once
     eviction: str = "lru"  # lru | lfu (kv.prefix_cache.pool_eviction)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -22,13 +22,25 @@ fast-forwards), which
   that overwrites them); the step does not wait for it. A DRAM entry can be looked up at once, but
   a load of it starts no earlier than its write has arrived.
 
+Token eviction (``kv.eviction``): an entry its only holder trims is rewritten in place and leaves
+HBM's index as a `BlockRewritten` event, which no write path copies: its blocks no longer hold the
+prefix (a write-back of it would store wrong content as a hit). A copy below written before the
+trim (a write-through or a publication to the global pool, queued at the schedule that registered
+the entry, ahead of the steps that rewrite it; or an earlier write-back) holds the full content and
+stays valid: a trim un-publishes nothing. Cold-block offload moves unreferenced cached entries
+only, which trimmed ones never are.
+
 Swap preemption (``scheduler.preemption: swap | auto``) goes over the same links: a swap-out is a
-device-to-host copy of the victim's computed blocks at the schedule that preempts it, within the
-node's swap space (`SwapSpace`; a victim that does not fit is recomputed), and a swap-in a load
-like the others, starting no earlier than its swap-out has arrived; the swap space is returned
-when the swap-in ends. ``auto`` swaps a victim when copying its KV out and back over idle links
-takes less than recomputing its computed tokens in one prefill (the cost model's price; queueing
-and prefix hits that would shorten the recompute are not weighed).
+device-to-host copy of the victim's blocks (`Scheduler.swap_blocks`: its computed tokens' blocks;
+for a request that evicted tokens, the blocks it holds, its resident tokens' with soft-marked
+slots) at the schedule that preempts it, within the node's swap space (`SwapSpace`; a victim that
+does not fit is recomputed), and a swap-in a load like the others, starting no earlier than its
+swap-out has arrived; the swap space is returned when the swap-in ends. A swapped request comes
+back with the same computed and evicted tokens in the same number of blocks. ``auto`` swaps a
+victim when copying those blocks out and back over idle links takes less than recomputing its
+computed tokens in one prefill (the cost model's price; a request that evicted recomputes its whole
+context, prompt and generated tokens, and trims again; queueing and prefix hits that would shorten
+the recompute are not weighed).
 
 The global pool (``kv.prefix_cache.scope: global``, `GlobalSide`) is fed with every entry an HBM
 pool registers (`BlockStored`): published to the pool in the publisher's node DRAM over its D2H
@@ -74,7 +86,7 @@ from typing import Any
 import simpy
 from simpy.events import URGENT
 
-from kvsim.core.block_pool import BlockRemoved, BlockStored
+from kvsim.core.block_pool import BlockRemoved, BlockStored, PoolEvent
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import GlobalPool, HostTier
@@ -135,7 +147,7 @@ class OffloadStats:
     fetched_blocks: int = 0  # of the loaded blocks, from the global pool
     remote_blocks: int = 0  # of those, from another node (over the network)
     fetched_tokens: int = 0
-    declined: int = 0  # lookups that stopped at a remote entry not worth fetching
+    declined: int = 0  # requests whose lookup stopped at a remote entry not worth fetching
     published_blocks: int = 0
     first_admission_ssd: dict[int, int] = field(default_factory=dict)  # request id -> SSD tokens
     ssd_written_blocks: int = 0
@@ -161,7 +173,7 @@ class OffloadPort:
         write: OffloadWrite,
         copy: CopyMode,
         ready: dict[int, Any],
-        swap: tuple[SwapSpace, Callable[[Request], bool]] | None = None,
+        swap: tuple[SwapSpace, Callable[[Request, int], bool]] | None = None,
         glob: GlobalSide | None = None,
         load_weight: float = 0.0,
         ssd: SSDSide | None = None,
@@ -209,6 +221,7 @@ class OffloadPort:
         self.node = -1 if glob is None else glob.node
         if host is not None or glob is not None:
             sched.host = self  # the scheduler's `TierLookup`
+        self._declined: dict[int, Sequence[int]] = {}  # requests (their keys) whose lookup declined
         self.swap_space: SwapSpace | None = None
         if swap is not None:
             self.swap_space, self._cheaper_to_swap = swap
@@ -239,7 +252,10 @@ class OffloadPort:
             if size is None:
                 break
             if glob.pool.home[k] != self.node and not glob.worth(size):
-                if count:
+                if count and id(keys) not in self._declined:
+                    # Once per request (its keys' list): stepping looks a blocked head up at every
+                    # step, fast-forward once per window, with the same outcome each time.
+                    self._declined[id(keys)] = keys  # (kept alive, so the id is not reused)
                     self.stats.declined += 1
                 break
             n += 1
@@ -322,7 +338,7 @@ class OffloadPort:
         if events and self.glob is not None:
             self._publish(now, events)
 
-    def _publish(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
+    def _publish(self, now: float, events: list[PoolEvent]) -> None:
         glob = self.glob
         assert glob is not None
         keys: list[int] = []
@@ -348,8 +364,12 @@ class OffloadPort:
         swap space, and (``auto``) swapping is the cheaper."""
         space = self.swap_space
         assert space is not None
-        blocks = -(-req.num_computed // self.sched.block_size)
-        ok = blocks > 0 and space.used_blocks + blocks <= space.capacity_blocks and self._cheaper_to_swap(req)
+        blocks = self.sched.swap_blocks(req)
+        ok = (
+            blocks > 0
+            and space.used_blocks + blocks <= space.capacity_blocks
+            and self._cheaper_to_swap(req, blocks)
+        )
         if ok:
             space.used_blocks += blocks  # held from now until its swap-in ends
             space.peak_blocks = max(space.peak_blocks, space.used_blocks)
@@ -376,7 +396,7 @@ class OffloadPort:
         _, end = self.h2d.reserve(start, blocks * self.h2d_block_bytes, calls)
         self._await(now, end, req, blocks)
 
-    def _write(self, now: float, events: list[BlockStored | BlockRemoved]) -> None:
+    def _write(self, now: float, events: list[PoolEvent]) -> None:
         kind = BlockRemoved if self.write is OffloadWrite.BACK else BlockStored
         keys: list[int] = []
         sizes: list[int] = []

@@ -31,9 +31,11 @@ Preemption by swap (`swap_decider`, set by the engine for ``scheduler.preemption
 a victim the decider accepts keeps its computed tokens; its blocks are released (their KV was
 copied to host memory: `new_swaps` tells the engine, which queues the copy) and it joins the
 `swapped` queue, which is served before the waiting one (vLLM v0's order): a swapped request is
-readmitted with blocks for all its computed tokens, once its next step's blocks and 1% of the
-pool stay free beside them, waits for KV while they are copied back, and
-resumes where it stopped. A victim the decider refuses is recomputed as above.
+readmitted with as many blocks as it swapped out (`swap_blocks`: its computed tokens'; with token
+eviction, the blocks it held, and its evicted count is kept, so it resumes with the same kept
+tokens), once its next step's blocks and 1% of the pool stay free beside them, waits for KV while
+they are copied back, and resumes where it stopped. A victim the decider refuses is recomputed as
+above (with token eviction: its whole context, which trims again after its prompt).
 
 Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
 plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
@@ -86,6 +88,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()  # swapped out, KV in host memory, to swap back in
         self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
         # (request, blocks, out: True for a swap-out, False for a swap-in)
+        self._swapped_blocks: dict[int, int] = {}  # request id -> blocks its swap-out copied
         self.spec: SpecDecoder | None = None  # speculative decoding's acceptance (None: off)
 
     # ---- admission --------------------------------------------------------------------------------
@@ -104,10 +107,22 @@ class Scheduler:
         next: nothing waits, or the running cap is reached (`kvsim.core.horizon`)."""
         return not self.waiting or len(self.running) >= self.max_num_seqs
 
+    def swap_blocks(self, req: Request) -> int:
+        """Blocks a swap of running `req` copies out (and back in): the blocks holding its computed
+        tokens; for a request that evicted tokens, the blocks it holds (its resident tokens' blocks,
+        with the masked slots of soft-mark pages), not its computed tokens'."""
+        if req.evicted:
+            return req.num_blocks
+        return -(-req.num_computed // self.block_size)
+
     def _preempt(self, req: Request) -> None:
         if self.swap_decider is not None and self.swap_decider(req):
-            self.new_swaps.append((req, -(-req.num_computed // self.block_size), True))
+            blocks = self.swap_blocks(req)
+            self.new_swaps.append((req, blocks, True))
+            self._swapped_blocks[req.id] = blocks
+            evicted = req.evicted
             self.kv.free(req)  # its KV is copied out first (the engine queues the copy)
+            req.evicted = evicted  # its kept tokens come back as they left
             req.preemptions += 1
             req.status = RequestStatus.PREEMPTED
             self.swapped.appendleft(req)
@@ -210,7 +225,7 @@ class Scheduler:
         swapped = self.swapped
         while swapped and len(running) + len(loading) < self.max_num_seqs:
             req = swapped[0]
-            blocks = -(-req.num_computed // self.block_size)
+            blocks = self._swapped_blocks[req.id]
             # vLLM v0's swap-in watermark (BlockSpaceManager's watermark=0.01: 1% of the blocks stay
             # free after it), plus, kvsim's addition, the blocks of the request's own next step (a
             # prefill chunk or one token), so it is not that step's victim: else a request swapped
@@ -218,12 +233,14 @@ class Scheduler:
             # waived when nothing else runs or loads: no one else can free blocks, and a request
             # admitted at all fits a replica alone (else it would wait forever).
             c = req.num_computed
-            nxt = -(-(c + min(req.num_tokens - c, self.max_batched_tokens)) // self.block_size) - blocks
+            res = c - req.evicted  # its next step's slots follow its resident tokens
+            nxt = -(-(res + min(req.num_tokens - c, self.max_batched_tokens)) // self.block_size) - blocks
             alone = not running and not loading
             headroom = (0 if alone else max(1, kv.num_blocks // 100)) + max(0, nxt)
             if blocks + headroom > kv.num_free_blocks or not kv.allocate_slots(req, blocks):
                 break
             swapped.popleft()
+            del self._swapped_blocks[req.id]
             req.status = RequestStatus.WAITING_FOR_KV_TRANSFER
             loading.append((req, -1))
             self.new_swaps.append((req, blocks, False))
