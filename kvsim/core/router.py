@@ -70,4 +70,4 @@ class Router:
             best = max(range(len(reps)), key=lambda i: (hits[i], -load[i], -i))
             if hits[best] > 0:
                 return reps[best]
-        return reps[min(range(len(reps)), key=lambda i: (load[i], i))]
+        return reps[load.index(min(load))]  # the least loaded, the lowest index among equals
