@@ -84,12 +84,13 @@ class RunResult:
 def _refuse_unsimulated(sc: Scenario) -> None:
     """Options the engine does not simulate together yet: one line naming the field.
 
-    Token eviction is simulated with the host tiers, the global pool and swap (`kvsim.sim.offload`,
-    `kvsim.core.sched.scheduler`). Sliding-window layers free a sequence's out-of-window blocks
-    through the same closed forms (`kvsim.core.eviction.window_eviction`), but are refused with the
-    tiers, with token eviction (one policy per sequence) and with speculative decoding (its verify
-    slots assume every computed token is held); speculative decoding's rollback is not followed by
-    token eviction, the tiers or swap."""
+    Token eviction, sliding-window layers and a format switch are simulated with the host tiers,
+    the global pool and swap (`kvsim.sim.offload`, `kvsim.core.sched.scheduler`): windows and the
+    switch trim through eviction's closed forms (`kvsim.core.eviction.window_eviction`,
+    `switch_eviction`), so a trimmed entry leaves HBM as rewritten and a swap copies the blocks held.
+    They are refused with token eviction and with each other (one policy per sequence) and with
+    speculative decoding (its verify slots assume every computed token is held); speculative
+    decoding's rollback is not followed by token eviction, the tiers or swap."""
     kv = sc.kv
     preempt = sc.scheduler.preemption
     tiers = (
@@ -105,7 +106,6 @@ def _refuse_unsimulated(sc: Scenario) -> None:
                 ("kv.eviction", kv.eviction.policy != "none"),
                 ("sliding-window layers", m.windowed_kv_layers() > 0),
                 ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
-                *tiers,
             )
             if enabled
         ]
@@ -119,7 +119,6 @@ def _refuse_unsimulated(sc: Scenario) -> None:
         others = (
             ("kv.eviction", kv.eviction.policy != "none"),
             ("scheduler.spec_decode", sc.scheduler.spec_decode is not None),
-            *tiers,
         )
         on = [name for name, enabled in others if enabled]
         if on:

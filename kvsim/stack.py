@@ -18,8 +18,9 @@ One row per added technique, each simulated on the scenario's workload with ever
    documents' "4 GB (GPU) + 2 GB (DRAM)".
 
 A scenario's ``kv.format_switch`` is left out of every row (the rows add the documents' techniques
-one at a time). A model with sliding-window layers leaves rows 4 and 5 unsimulated (its windows are not combined
-with eviction or offload yet), and they say so.
+one at a time). A model with sliding-window layers leaves row 4 unsimulated (its windows are not
+combined with token eviction yet) and says so; its row 5 adds the offload tier to row 3 instead,
+the windows freeing blocks as in every row.
 
 Columns: KV bytes of one 1,048,576-token sequence (the model's arithmetic, window caps applied,
 times H2O's kept share; paging and sharing change nothing for one sequence), HBM in use per GPU at
@@ -125,14 +126,25 @@ def _variants(sc: Scenario) -> list[tuple[Scenario | None, str]]:
         "heavy_ratio 0.2, physical release (soft-marked pages would keep the blocks); a sequence that "
         "evicts gives up its shared prefix"
     )
-    if m.windowed_kv_layers():  # `kvsim run` refuses both with sliding-window layers (`_refuse_unsimulated`)
-        why = f"{m.name}'s sliding-window layers free blocks already; not simulated together with "
-        out.append((None, why + "token eviction yet"))
-        out.append((None, why + "host-DRAM offload yet"))
+    offload = dataclasses.replace(shared.kv.offload, enabled=True, hbm_ratio=2.0, write=OffloadWrite.BACK)
+    if m.windowed_kv_layers():  # `kvsim run` refuses token eviction with them (`_refuse_unsimulated`)
+        out.append(
+            (
+                None,
+                f"{m.name}'s sliding-window layers free blocks already; not simulated together with "
+                "token eviction yet (one policy per sequence)",
+            )
+        )
+        out.append(
+            (
+                dataclasses.replace(shared, kv=dataclasses.replace(shared.kv, offload=offload)),
+                "host DRAM 2x the HBM pool, write-back, on row 3 (H2O is not simulated with the "
+                "windows); prefix blocks a window trimmed are not written back",
+            )
+        )
         return out
     evicting = dataclasses.replace(shared, kv=dataclasses.replace(shared.kv, eviction=h2o))
     out.append((evicting, note))
-    offload = dataclasses.replace(shared.kv.offload, enabled=True, hbm_ratio=2.0, write=OffloadWrite.BACK)
     out.append(
         (
             dataclasses.replace(evicting, kv=dataclasses.replace(evicting.kv, offload=offload)),

@@ -118,9 +118,12 @@ def cases(  # type: ignore[no-untyped-def]
     window: bool = False,
     switch: bool = False,
     evict: bool = False,
+    tight: bool = False,
 ):
     """`evict`: token eviction always on, and HBM tight (preemptions, swaps of requests that
-    evicted, write-backs of what the trims' copies push out)."""
+    evicted, write-backs of what the trims' copies push out). `tight`: HBM as tight without token
+    eviction (with `window` or `switch`: swaps of requests that trimmed)."""
+    tight = tight or evict
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -128,7 +131,7 @@ def cases(  # type: ignore[no-untyped-def]
     t = 0.0
     fresh = 10**6
     for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.01] if evict else [0.0, 0.01, 0.2, 1.0]))  # evict: bursts
+        t += draw(st.sampled_from([0.0, 0.01] if tight else [0.0, 0.01, 0.2, 1.0]))  # tight: bursts
         if ids and draw(st.integers(0, 9)) == 0:  # an exact copy of an earlier prompt
             j = draw(st.integers(0, len(ids) - 1))
             p, h = prompts[j], list(ids[j])
@@ -145,12 +148,12 @@ def cases(  # type: ignore[no-untyped-def]
                 fresh += 1
         arrivals.append(t)
         prompts.append(p)
-        outputs.append(draw(st.integers(1, 300 if evict else 90)))  # evict: decoders outgrow HBM
+        outputs.append(draw(st.integers(1, 300 if tight else 90)))  # tight: decoders outgrow HBM
         ids.append(h)
     need = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True))
-    num_blocks = draw(st.integers(need, need + 4) if evict else st.integers(need, 3 * need))
+    num_blocks = draw(st.integers(need, need + 4) if tight else st.integers(need, 3 * need))
     scheduler = {
-        "max_num_seqs": draw(st.sampled_from([4, 64] if evict else [1, 2, 4, 64])),
+        "max_num_seqs": draw(st.sampled_from([4, 64] if tight else [1, 2, 4, 64])),
         "max_batched_tokens": draw(st.sampled_from([16, 64, 256, 2048])),
     }
     cluster = {
@@ -162,7 +165,7 @@ def cases(  # type: ignore[no-untyped-def]
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
         scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
-        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if evict else ["8MiB", "4GiB"]))
+        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if tight else ["8MiB", "4GiB"]))
     if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
@@ -235,28 +238,22 @@ def cases(  # type: ignore[no-untyped-def]
             ev["sink_tokens"] = draw(st.sampled_from([0, 4]))
         kv["eviction"] = ev
     # Sliding-window layers (every layer, half, or one windowed; with global tokens or not) free
-    # their out-of-window blocks (not with eviction, speculative decoding or the host tiers).
+    # their out-of-window blocks, with the host tiers, the global pool and swap too (not with
+    # eviction or speculative decoding).
     model: dict | None = None
-    if (
-        policy == "none"
-        and not offload
-        and not spec
-        and not switch
-        and (window or draw(st.integers(0, 3)) == 0)
-    ):
+    if policy == "none" and not spec and not switch and (window or draw(st.integers(0, 3)) == 0):
         model = {
             "name": "llama-3.1-8b",
             "sliding_window": draw(st.sampled_from([20, 64, 200])),
             "sliding_window_layers": draw(st.sampled_from([32, 16, 1])),
             "global_tokens": draw(st.sampled_from([0, 4])),
         }
-    # A format switch to a smaller format past a length (not with eviction, windows, speculative
-    # decoding, the host tiers or a format mix).
+    # A format switch to a smaller format past a length, with the host tiers, the global pool and
+    # swap too (not with eviction, windows, speculative decoding or a format mix).
     smaller = {"bf16": ["fp8", "int4", "kvquant4"], "int8": ["int4", "kvquant4"], "kvquant4": ["int4"]}
     if (
         policy == "none"
         and model is None
-        and not offload
         and not spec
         and fmt != "mix"
         and (switch or draw(st.integers(0, 3)) == 0)
@@ -313,6 +310,30 @@ def test_invariants_and_fast_forward_equality_with_eviction_and_tiers(case):
     a, b = _check_invariants_and_fast_forward(case)
     for key in ("offload", "swap", "links", "global_pool", "eviction"):
         assert a.summary[key] == b.summary[key]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True, tight=True, window=True))
+def test_invariants_and_fast_forward_equality_with_sliding_windows_and_tiers(case):
+    """A sliding-window model under tight HBM with the tiers below it: its trimmed prompt entries
+    leave HBM as rewritten (no write-back copies them), a swapped request comes back with its kept
+    tokens and blocks, and fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    for key in ("offload", "swap", "links", "global_pool", "sliding_window"):
+        assert a.summary[key] == b.summary[key]
+    assert a.summary["sliding_window"] is not None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True, tight=True, switch=True))
+def test_invariants_and_fast_forward_equality_with_a_format_switch_and_tiers(case):
+    """A format switch under tight HBM with the tiers below it: re-quantized entries leave HBM as
+    rewritten, a swapped request that crossed comes back in the second format's blocks, and
+    fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    for key in ("offload", "swap", "links", "global_pool", "format_switch"):
+        assert a.summary[key] == b.summary[key]
+    assert a.summary["format_switch"] is not None
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

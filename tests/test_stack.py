@@ -40,14 +40,18 @@ def test_rows_shrink_the_sequence_as_each_technique_is_added():
     assert rows[0].claimed_memory == "~435 GB" and rows[4].claimed_cost == "~$5"
 
 
-def test_a_sliding_window_model_leaves_eviction_and_offload_rows_unsimulated():
+def test_a_sliding_window_model_leaves_the_eviction_row_unsimulated_and_offloads_row_3():
     rows = stack_rows(small_scenario(model="mistral-7b", workload=WL))
-    assert [r.simulated for r in rows] == [True] * 4 + [False] * 2
+    assert [r.simulated for r in rows] == [True] * 4 + [False, True]
     # Mistral-7B keeps its 4,096-token window on every layer: a 1M-token sequence holds 4,096
     # tokens of 32 layers x 8 KV heads x 128 dims in fp16 (MHA: 32 heads, four times that).
     assert rows[1].kv_bytes_1m == 2 * 32 * 8 * 128 * 2 * 4096 == rows[0].kv_bytes_1m // 4
-    assert "sliding-window" in rows[4].note and "offload" in rows[5].note
-    assert all(r.completed == 40 for r in rows[:4])
+    assert "sliding-window" in rows[4].note and "token eviction" in rows[4].note
+    # Offload on row 3: the same bytes for one sequence; the 3,000-token prompts fit the window,
+    # nothing goes cold, and HBM has room: row 3's numbers.
+    assert "row 3" in rows[5].note and rows[5].kv_bytes_1m == rows[3].kv_bytes_1m
+    assert (rows[5].hbm_peak_bytes, rows[5].ttft_p99_s) == (rows[3].hbm_peak_bytes, rows[3].ttft_p99_s)
+    assert all(r.completed == 40 for r in rows if r.simulated)
 
 
 def test_a_format_switch_in_the_scenario_is_left_out_of_the_rows():

@@ -45,7 +45,9 @@ than the window never holds all its blocks. At its first trim a sequence gives u
 entries as eviction does (`KVCacheManager._trim`; it registers none after that):
 blocks that fall out of the window are no hits for later requests, and a shared entry still inside
 the window is counted as blocks of its own (kvsim's entries are the unit of sharing; vLLM keeps
-referencing the shared blocks until they leave the window).
+referencing the shared blocks until they leave the window). With the memory tiers, those entries
+leave HBM as rewritten (never written back); copies made below at registration stay hits, of which
+a request takes no more than the blocks of its kept tokens (`KVCacheManager.window_hit_blocks`).
 
 A format switch (``kv.format_switch``; `switch_eviction`) is a fourth kind, ``switch``: a sequence
 keeps its KV in ``kv.format`` (``b1`` bytes a token) up to ``N = after_tokens`` tokens; past them it

@@ -101,8 +101,25 @@ class KVCacheManager:
         if not req.keys:
             return 0, 0
         hits = self.pool.num_prefix_hits(req.keys)
+        cap = self.window_hit_blocks(req)
+        if cap >= 0 and req.key_cum[hits] > cap:
+            hits = bisect_right(req.key_cum, cap) - 1
         hit_blocks = min(req.key_cum[hits], (req.num_tokens - 1) // self.block_size)
         return hits, hit_blocks * self.block_size
+
+    def window_hit_blocks(self, req: Request) -> int:
+        """With sliding-window layers, the most blocks a waiting request's prefix hits may cover
+        (-1: no cap): the blocks of ``kept(n)`` tokens of its ``n = P + O - 1``. kvsim's block holds
+        every layer's KV, so hits are taken whole and trimmed after the request's first step; with
+        more than it keeps, that step could outgrow what `kvsim run` admits a request for (its kept
+        tokens plus one step's new ones), and a prompt longer than HBM would wait forever. Only a
+        lower tier can hold more: HBM holds no entry of a request past its first trim. The tokens
+        past the cap are recomputed (vLLM would take only the windowed layers' in-window blocks of a
+        longer hit: an underestimate of such hits' saving)."""
+        ev = self.eviction
+        if ev is None or ev.kind is not EvictionKind.WINDOW:
+            return -1
+        return ev.kept(req.prompt_len + req.output_len - 1) // self.block_size
 
     def blocks_needed(self, req: Request, num_tokens: int) -> int:
         """New blocks a running request needs to hold `num_tokens` tokens."""

@@ -28,7 +28,10 @@ prefix (a write-back of it would store wrong content as a hit). A copy below wri
 trim (a write-through or a publication to the global pool, queued at the schedule that registered
 the entry, ahead of the steps that rewrite it; or an earlier write-back) holds the full content and
 stays valid: a trim un-publishes nothing. Cold-block offload moves unreferenced cached entries
-only, which trimmed ones never are.
+only, which trimmed ones never are. Sliding-window layers and a format switch trim the same way (a
+window's out-of-window blocks and a switch's re-quantized ones are no first-format prefix), so the
+same holds for them; a windowed request takes no more hits from the tiers than the blocks of the
+tokens it keeps (`KVCacheManager.window_hit_blocks`).
 
 Swap preemption (``scheduler.preemption: swap | auto``) goes over the same links: a swap-out is a
 device-to-host copy of the victim's blocks (`Scheduler.swap_blocks`: its computed tokens' blocks;

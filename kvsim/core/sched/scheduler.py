@@ -45,7 +45,7 @@ back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 
@@ -290,6 +290,11 @@ class Scheduler:
         if cum[hits] >= cap:
             return 0
         stop = min(len(req.keys), bisect_left(cum, cap, hits))
+        win = self.kv.window_hit_blocks(req)  # sliding windows: no more than the request keeps
+        if win >= 0:
+            stop = min(stop, bisect_right(cum, win) - 1)
+            if stop <= hits:
+                return 0
         return host.num_prefix_hits(req.keys, hits, stop)
 
     def finish_load(self, req: Request) -> int:
