@@ -88,8 +88,13 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     `kvsim.core.sched.scheduler`). Sliding-window layers free a sequence's out-of-window blocks
     through the same closed forms (`kvsim.core.eviction.window_eviction`), but are refused with the
     tiers, with token eviction (one policy per sequence) and with speculative decoding (its verify
-    slots assume every computed token is held); speculative decoding's rollback is not followed by
-    token eviction, the tiers or swap."""
+    slots assume every computed token is held). Speculative decoding runs with the tiers, the
+    global pool and swap (a swap copies the blocks a request holds, its look-ahead blocks too;
+    verify windows end at a load's arrival and at a cold entry as other windows do), but not with
+    token eviction: eviction's closed forms (`KVCacheManager.decode_plan`, `first_trim`) advance
+    every decoding request by one token per step, while a verify step advances it by its accepted
+    drafts plus one and allocates look-ahead slots for rejected ones, which a trim would have to
+    count as resident; and the verify path's slot count ignores evicted tokens."""
     kv = sc.kv
     preempt = sc.scheduler.preemption
     tiers = (
@@ -135,7 +140,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
             sc,
             "speculative decoding",
             "scheduler.spec_decode",
-            (("kv.eviction", kv.eviction.policy != "none"), *tiers),
+            (("kv.eviction", kv.eviction.policy != "none"),),
         )
 
 

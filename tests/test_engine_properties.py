@@ -120,7 +120,9 @@ def cases(  # type: ignore[no-untyped-def]
     evict: bool = False,
 ):
     """`evict`: token eviction always on, and HBM tight (preemptions, swaps of requests that
-    evicted, write-backs of what the trims' copies push out)."""
+    evicted, write-backs of what the trims' copies push out). With `offload` and `spec` HBM is as
+    tight (swaps of requests holding look-ahead blocks)."""
+    tight = evict or (offload and spec)
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -128,7 +130,7 @@ def cases(  # type: ignore[no-untyped-def]
     t = 0.0
     fresh = 10**6
     for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.01] if evict else [0.0, 0.01, 0.2, 1.0]))  # evict: bursts
+        t += draw(st.sampled_from([0.0, 0.01] if tight else [0.0, 0.01, 0.2, 1.0]))  # tight: bursts
         if ids and draw(st.integers(0, 9)) == 0:  # an exact copy of an earlier prompt
             j = draw(st.integers(0, len(ids) - 1))
             p, h = prompts[j], list(ids[j])
@@ -145,12 +147,12 @@ def cases(  # type: ignore[no-untyped-def]
                 fresh += 1
         arrivals.append(t)
         prompts.append(p)
-        outputs.append(draw(st.integers(1, 300 if evict else 90)))  # evict: decoders outgrow HBM
+        outputs.append(draw(st.integers(1, 300 if tight else 90)))  # tight: decoders outgrow HBM
         ids.append(h)
     need = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True))
-    num_blocks = draw(st.integers(need, need + 4) if evict else st.integers(need, 3 * need))
+    num_blocks = draw(st.integers(need, need + 4) if tight else st.integers(need, 3 * need))
     scheduler = {
-        "max_num_seqs": draw(st.sampled_from([4, 64] if evict else [1, 2, 4, 64])),
+        "max_num_seqs": draw(st.sampled_from([4, 64] if tight else [1, 2, 4, 64])),
         "max_batched_tokens": draw(st.sampled_from([16, 64, 256, 2048])),
     }
     cluster = {
@@ -162,7 +164,7 @@ def cases(  # type: ignore[no-untyped-def]
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
         scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
-        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if evict else ["8MiB", "4GiB"]))
+        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if tight else ["8MiB", "4GiB"]))
     if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
@@ -265,12 +267,12 @@ def cases(  # type: ignore[no-untyped-def]
             "after_tokens": draw(st.sampled_from([1, 30, 100, 400])),
             "format": draw(st.sampled_from(smaller[fmt])),
         }
-    # Speculative decoding (not with eviction or the host tiers: `kvsim run` refuses those).
+    # Speculative decoding, with the host tiers, the global pool and swap too (not with eviction,
+    # sliding windows or a format switch: `kvsim run` refuses those).
     if (
         policy == "none"
         and model is None
         and "format_switch" not in kv
-        and not offload
         and (spec or draw(st.integers(0, 3)) == 0)
     ):
         acc: dict = {"mean": draw(st.sampled_from([0.0, 0.4, 0.8, 1.0]))}
@@ -325,6 +327,19 @@ def test_invariants_and_fast_forward_equality_with_spec_decode(case):
     assert sa == sb
     assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
     assert sum(sa["accepted_per_step_hist"]) == sa["verify_rows"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True, spec=True))
+def test_invariants_and_fast_forward_equality_with_spec_decode_and_tiers(case):
+    """Speculative decoding with the tiers: swap copies the blocks a request holds (its look-ahead
+    blocks too) and it resumes with the same computed tokens and blocks; verify windows end at a
+    load's arrival and at a cold entry; fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    for key in ("offload", "swap", "links", "global_pool", "spec_decode"):
+        assert a.summary[key] == b.summary[key]
+    sa = a.summary["spec_decode"]
+    assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
