@@ -175,3 +175,35 @@ def test_spec_decoding_is_still_refused_with_token_eviction():
     )
     with pytest.raises(KvsimError, match="not simulated together with kv.eviction yet"):
         krun.run_scenario(sc, workload=make_workload([0.0], [10], [5]))
+
+
+def _swapped_b(extra: int):  # type: ignore[no-untyped-def]
+    """A (prompt 16) and B (prompt 40) prefilled and verified once (k = 7, drafts rejected): B at 41
+    computed holding 3 blocks (slots to 48), then swapped out; A takes `extra` more blocks of the 10."""
+    sched = make_pool_and_scheduler(10, 16, 4, 256, True)
+    sched.spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
+    sched.swap_decider = lambda r: True
+    a, b = Request(0, 0.0, 16, 100, [], []), Request(1, 0.0, 40, 40, [], [])
+    sched.add(a)
+    sched.add(b)
+    sched.complete(sched.schedule())
+    sched.complete(sched.schedule())
+    assert (b.num_computed, b.num_blocks) == (41, 3)
+    sched.running.remove(b)
+    sched._preempt(b)
+    assert sched.new_swaps == [(b, 3, True)]
+    sched.new_swaps.clear()
+    assert sched.kv.allocate_slots(a, extra)
+    return sched, b
+
+
+@pytest.mark.parametrize(("extra", "swapped_in"), [(4, False), (3, True)])
+def test_a_swap_in_keeps_room_for_its_next_verify_steps_slots(extra, swapped_in):
+    """B's next verify step writes slots 41..49: a fourth block. Its swap-in waits for its 3 blocks,
+    the 1% watermark (one block) and that fourth block to be free: 5 of them, not the 4 a plain
+    decode of one token would ask (else it comes back to be that step's victim)."""
+    sched, b = _swapped_b(extra)
+    assert sched.kv.num_free_blocks == 8 - extra
+    sched.schedule()
+    assert (sched.new_swaps == [(b, 3, False)]) is swapped_in
+    assert (b in sched.swapped) is not swapped_in
