@@ -89,15 +89,20 @@ def _refuse_unsimulated(sc: Scenario) -> None:
     switch trim through eviction's closed forms (`kvsim.core.eviction.window_eviction`,
     `switch_eviction`), so a trimmed entry leaves HBM as rewritten and a swap copies the blocks held.
     They are refused with token eviction and with each other (one policy per sequence) and with
-    speculative decoding (its verify slots assume every computed token is held); speculative
-    decoding's rollback is not followed by token eviction, the tiers or swap."""
+    speculative decoding (its verify slots assume every computed token is held). Speculative
+    decoding runs with the tiers, the global pool and swap (a swap copies the blocks a request
+    holds, its look-ahead blocks too; verify windows end at a load's arrival and at a cold entry as
+    other windows do), but not with token eviction, which assumes one token per decoding step
+    throughout: the closed forms that bound and price windows (`KVCacheManager.decode_plan`,
+    `first_trim`) advance a request one token a step, while a verify step advances it by its
+    accepted drafts plus one; after a step, `KVCacheManager.apply_evictions` treats evicting exactly
+    one token past the budget as steady (its slot reused, priced with the step), so a verify step
+    would count as a trim every step; under physical or hybrid release the look-ahead blocks a
+    verify step keeps for its rejected drafts lie beyond the kept tokens' blocks and would be freed
+    at each step and taken again at the next; and the verify row's slots and context are counted
+    from computed tokens, not resident ones. Each needs a modelling choice (what a multi-token
+    steady eviction costs, whether look-ahead blocks survive a trim), not only arithmetic."""
     kv = sc.kv
-    preempt = sc.scheduler.preemption
-    tiers = (
-        ("kv.offload", kv.offload.enabled),
-        ("a global prefix pool", kv.prefix_cache == "global"),
-        (f"scheduler.preemption: {preempt}", preempt != "recompute"),
-    )
     m = sc.model
     if kv.format_switch is not None:
         on = [
@@ -134,7 +139,7 @@ def _refuse_unsimulated(sc: Scenario) -> None:
             sc,
             "speculative decoding",
             "scheduler.spec_decode",
-            (("kv.eviction", kv.eviction.policy != "none"), *tiers),
+            (("kv.eviction", kv.eviction.policy != "none"),),
         )
 
 

@@ -122,8 +122,9 @@ def cases(  # type: ignore[no-untyped-def]
 ):
     """`evict`: token eviction always on, and HBM tight (preemptions, swaps of requests that
     evicted, write-backs of what the trims' copies push out). `tight`: HBM as tight without token
-    eviction (with `window` or `switch`: swaps of requests that trimmed)."""
-    tight = tight or evict
+    eviction (with `window` or `switch`: swaps of requests that trimmed); with `offload` and `spec`
+    HBM is as tight too (swaps of requests holding look-ahead blocks)."""
+    tight = tight or evict or (offload and spec)
     g = draw(st.sampled_from([16, 64]))
     n = draw(st.integers(2, 14))
     bases = 3
@@ -262,12 +263,12 @@ def cases(  # type: ignore[no-untyped-def]
             "after_tokens": draw(st.sampled_from([1, 30, 100, 400])),
             "format": draw(st.sampled_from(smaller[fmt])),
         }
-    # Speculative decoding (not with eviction or the host tiers: `kvsim run` refuses those).
+    # Speculative decoding, with the host tiers, the global pool and swap too (not with eviction,
+    # sliding windows or a format switch: `kvsim run` refuses those).
     if (
         policy == "none"
         and model is None
         and "format_switch" not in kv
-        and not offload
         and (spec or draw(st.integers(0, 3)) == 0)
     ):
         acc: dict = {"mean": draw(st.sampled_from([0.0, 0.4, 0.8, 1.0]))}
@@ -346,6 +347,19 @@ def test_invariants_and_fast_forward_equality_with_spec_decode(case):
     assert sa == sb
     assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
     assert sum(sa["accepted_per_step_hist"]) == sa["verify_rows"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(offload=True, spec=True))
+def test_invariants_and_fast_forward_equality_with_spec_decode_and_tiers(case):
+    """Speculative decoding with the tiers: swap copies the blocks a request holds (its look-ahead
+    blocks too) and it resumes with the same computed tokens and blocks; verify windows end at a
+    load's arrival and at a cold entry; fast-forward equals stepping."""
+    a, b = _check_invariants_and_fast_forward(case)
+    for key in ("offload", "swap", "links", "global_pool", "spec_decode"):
+        assert a.summary[key] == b.summary[key]
+    sa = a.summary["spec_decode"]
+    assert sa["kv_discarded_tokens"] == sa["drafted_tokens"] - sa["accepted_tokens"]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

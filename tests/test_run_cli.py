@@ -106,7 +106,7 @@ def test_a_run_refused_at_run_time_leaves_no_output_directory(scenario, tmp_path
         "--set",
         "scheduler.spec_decode={k: 3, acceptance: {mean: 0.7}, draft: {kind: mtp}}",
         "--set",
-        "kv.offload.enabled=true",
+        "kv.eviction.policy=h2o",
     ]
     assert main(["run", str(scenario), "--out", str(tmp_path / "new"), *combo]) == 2
     assert "not simulated together" in capsys.readouterr().err

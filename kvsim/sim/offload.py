@@ -36,7 +36,8 @@ tokens it keeps (`KVCacheManager.window_hit_blocks`).
 Swap preemption (``scheduler.preemption: swap | auto``) goes over the same links: a swap-out is a
 device-to-host copy of the victim's blocks (`Scheduler.swap_blocks`: its computed tokens' blocks;
 for a request that evicted tokens, the blocks it holds, its resident tokens' with soft-marked
-slots) at the schedule that preempts it, within the node's swap space (`SwapSpace`; a victim that
+slots; with speculative decoding, the blocks it holds, its last verify step's look-ahead ones too)
+at the schedule that preempts it, within the node's swap space (`SwapSpace`; a victim that
 does not fit is recomputed), and a swap-in a load like the others, starting no earlier than its
 swap-out has arrived; the swap space is returned when the swap-in ends. A swapped request comes
 back with the same computed and evicted tokens in the same number of blocks. ``auto`` swaps a

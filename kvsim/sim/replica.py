@@ -17,7 +17,7 @@ modes. So engine events grow with the requests, not with requests x replicas.
 Only the occupancy time series, sampled once per event, is sparser than stepping's.
 Speculative decoding's verify steps run in windows of their own (`kvsim.core.horizon.verify_window`),
 each step priced with `CostModel.price` and its draft passes, the router reading per-step token
-counts.
+counts; they end where the other windows end for the tiers below HBM (`_steps_within`).
 """
 
 from __future__ import annotations
@@ -368,10 +368,10 @@ class Replica:
         with `CostModel.price`, so the tests that compare the two modes compare two code paths."""
         sched = self.sched
         kv = sched.kv
-        if sched.spec is not None and (plan.decode_reqs or plan.verify_reqs):
-            return self._verify_window(plan)
         if self.offload is not None and self.offload.tier_changed and sched.waiting:
             return None  # the host tier changed at this schedule: the next may admit differently
+        if sched.spec is not None and (plan.decode_reqs or plan.verify_reqs):
+            return self._verify_window(plan)
         if plan.decode_only:
             m = len(plan.decode_reqs)
             reqs = plan.decode_reqs
@@ -415,7 +415,13 @@ class Replica:
             evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
-        # Only steps that end strictly before the next outside event; always at least one.
+        k = self._steps_within(ends)
+        return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+
+    def _steps_within(self, ends: list[float]) -> int:
+        """Steps of a window with these step ends that may run: those that end strictly before the
+        next outside event (the end of the simulation, a load's arrival), and none past the schedule
+        at which a cached entry goes cold (offload's ``cold_after_steps``); always at least one."""
         outside = self.next_outside_event()
         if self.offload is not None:
             outside = min(outside, self.offload.next_event())
@@ -424,7 +430,7 @@ class Replica:
             cold = self.offload.cold_steps_left()  # the schedule at which an entry goes cold
             if cold is not None and cold < k:
                 k = max(1, cold)
-        return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+        return k
 
     def _verify_window(self, plan: SchedulerOutput) -> _Window | None:
         """A window of speculative-decoding steps (`kvsim.core.horizon.verify_window`), each priced
@@ -463,7 +469,7 @@ class Replica:
             flags.append(price.off_grid)
         d_arr = np.array(durations, dtype=np.float64)
         ends = np.cumsum(np.concatenate(([self.clock], d_arr)))[1:].tolist()
-        k = max(1, steps_before(ends, self.next_outside_event()))
+        k = self._steps_within(ends)  # the bounds of `_window`'s windows: a load's end, a cold entry
         cum = np.cumsum([0, *vw.tokens]).tolist()
 
         def off_grid(n: int) -> frozenset[str]:

@@ -40,7 +40,9 @@ above (with token eviction: its whole context, which trims again after its promp
 Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
 plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
 draws its accepted drafts and advances it by accepted + 1 tokens, the rejected drafts' slots rolled
-back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends).
+back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends). A swapped victim
+copies the blocks it holds, look-ahead ones too (`swap_blocks`), and resumes with the same computed
+tokens and verify-step index; its swap-in keeps room for its next verify step's slots.
 """
 
 from __future__ import annotations
@@ -110,8 +112,11 @@ class Scheduler:
     def swap_blocks(self, req: Request) -> int:
         """Blocks a swap of running `req` copies out (and back in): the blocks holding its computed
         tokens; for a request that evicted tokens, the blocks it holds (its resident tokens' blocks,
-        with the masked slots of soft-mark pages), not its computed tokens'."""
-        if req.evicted:
+        with the masked slots of soft-mark pages), not its computed tokens'; with speculative
+        decoding, the blocks it holds too: its last verify step's look-ahead blocks (rejected drafts'
+        slots, rolled back but kept, as vLLM keeps them in the block table) go out and come back
+        with it, so it resumes with the same blocks and the same computed tokens."""
+        if req.evicted or self.spec is not None:
             return req.num_blocks
         return -(-req.num_computed // self.block_size)
 
@@ -228,13 +233,18 @@ class Scheduler:
             blocks = self._swapped_blocks[req.id]
             # vLLM v0's swap-in watermark (BlockSpaceManager's watermark=0.01: 1% of the blocks stay
             # free after it), plus, kvsim's addition, the blocks of the request's own next step (a
-            # prefill chunk or one token), so it is not that step's victim: else a request swapped
+            # prefill chunk, one token, or a verify step's token and drafts), so it is not that step's victim: else a request swapped
             # out mid-prefill ping-pongs between HBM and host without progress. The watermark is
             # waived when nothing else runs or loads: no one else can free blocks, and a request
             # admitted at all fits a replica alone (else it would wait forever).
             c = req.num_computed
             res = c - req.evicted  # its next step's slots follow its resident tokens
-            nxt = -(-(res + min(req.num_tokens - c, self.max_batched_tokens)) // self.block_size) - blocks
+            step = min(req.num_tokens - c, self.max_batched_tokens)
+            if step == 1 and req.num_generated > 0 and self.spec is not None:  # a verify step's drafts
+                step += max(
+                    0, min(self.spec.k, req.output_len - req.num_generated - 1, self.max_batched_tokens - 1)
+                )
+            nxt = -(-(res + step) // self.block_size) - blocks
             alone = not running and not loading
             headroom = (0 if alone else max(1, kv.num_blocks // 100)) + max(0, nxt)
             if blocks + headroom > kv.num_free_blocks or not kv.allocate_slots(req, blocks):
