@@ -89,3 +89,28 @@ def chromium_args(profile: Path, *extra: str) -> list[str]:
         f"--user-data-dir={profile}",
         *extra,
     ]
+
+
+def spy_preemptions(
+    monkeypatch: Any,
+) -> tuple[list[tuple[int, int, int, int, int]], list[tuple[int, int, int]]]:
+    """Record every preemption (id, computed, generated, evicted, blocks) and every load or swap-in
+    that finishes (computed, evicted, blocks), through `monkeypatch` on the scheduler."""
+    from kvsim.core.sched.scheduler import Scheduler
+
+    out: list[tuple[int, int, int, int, int]] = []
+    resumed: list[tuple[int, int, int]] = []
+    pre, fin = Scheduler._preempt, Scheduler.finish_load
+
+    def preempt(self, req):  # type: ignore[no-untyped-def]
+        out.append((req.id, req.num_computed, req.num_generated, req.evicted, req.num_blocks))
+        pre(self, req)
+
+    def finish(self, req):  # type: ignore[no-untyped-def]
+        n = fin(self, req)
+        resumed.append((req.num_computed, req.evicted, req.num_blocks))
+        return n
+
+    monkeypatch.setattr(Scheduler, "_preempt", preempt)
+    monkeypatch.setattr(Scheduler, "finish_load", finish)
+    return out, resumed

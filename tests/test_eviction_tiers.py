@@ -9,9 +9,8 @@ import pytest
 import kvsim.run as krun
 from kvsim.core.block_pool import BlockPool, BlockRemoved, BlockRewritten, BlockStored
 from kvsim.core.eviction import blocks_for, eviction_from_config
-from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import ForwardBatch, transfer_time
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import make_workload, small_scenario, spy_preemptions
 
 BLOCK = 16 * 131072  # Llama-3.1-8B bf16, 16-token block, per GPU (tests.helpers)
 H2O = {"policy": "h2o", "heavy_ratio": 0.2, "recent_tokens": 64, "pages": "physical"}
@@ -118,32 +117,13 @@ SWAP_H2O = {"policy": "h2o", "heavy_ratio": 0.5, "recent_tokens": 16, "pages": "
 SWAP_WL = make_workload([0.0, 0.05], [320, 320], [1200, 1200])
 
 
-def _spy(monkeypatch):  # type: ignore[no-untyped-def]
-    out: list[tuple[int, int, int, int, int]] = []
-    resumed: list[tuple[int, int, int]] = []
-    pre, fin = Scheduler._preempt, Scheduler.finish_load
-
-    def preempt(self, req):  # type: ignore[no-untyped-def]
-        out.append((req.id, req.num_computed, req.num_generated, req.evicted, req.num_blocks))
-        pre(self, req)
-
-    def finish(self, req):  # type: ignore[no-untyped-def]
-        n = fin(self, req)
-        resumed.append((req.num_computed, req.evicted, req.num_blocks))
-        return n
-
-    monkeypatch.setattr(Scheduler, "_preempt", preempt)
-    monkeypatch.setattr(Scheduler, "finish_load", finish)
-    return out, resumed
-
-
 @pytest.mark.parametrize("ff", [True, False])
 def test_a_swapped_request_that_evicted_copies_its_resident_blocks_and_resumes_with_them(ff, monkeypatch):
     """B is swapped out holding blocks for its kept tokens only (physical release): the copy is those
     blocks, not its computed tokens' (about twice as many); it comes back with the same evicted
     count and blocks, and decodes on at its budget: its finish is the swap-in plus decode steps
     attending kept(c) tokens."""
-    preempted, resumed = _spy(monkeypatch)
+    preempted, resumed = spy_preemptions(monkeypatch)
     sc = small_scenario(
         num_blocks=96,
         scheduler={"preemption": "swap"},
@@ -171,7 +151,7 @@ def test_a_swapped_request_that_evicted_copies_its_resident_blocks_and_resumes_w
 def test_auto_weighs_the_resident_blocks_of_a_victim_that_evicted(monkeypatch):
     """At 8 GB/s, copying B's 48 held blocks out and back beats recomputing its 1,496 tokens, while
     copying blocks for all its computed tokens would not: auto swaps it."""
-    preempted, _ = _spy(monkeypatch)
+    preempted, _ = spy_preemptions(monkeypatch)
     sc = small_scenario(
         num_blocks=96,
         scheduler={"preemption": "auto"},

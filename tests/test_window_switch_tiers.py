@@ -8,9 +8,8 @@ import pytest
 
 import kvsim.run as krun
 from kvsim.core.eviction import blocks_for, switch_eviction, window_eviction
-from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import ForwardBatch, transfer_time
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import make_workload, small_scenario, spy_preemptions
 
 BLOCK = 16 * 131072  # Llama-3.1-8B bf16, 16-token block, per GPU (tests.helpers)
 WIN = {"name": "llama-3.1-8b", "sliding_window": 1024}  # every layer windowed
@@ -100,25 +99,6 @@ def test_a_repeated_prompt_longer_than_hbm_runs_with_a_window():
 
 
 # ---- swap ----------------------------------------------------------------------------------------
-def _spy(monkeypatch):  # type: ignore[no-untyped-def]
-    out: list[tuple[int, int, int, int, int]] = []
-    resumed: list[tuple[int, int, int]] = []
-    pre, fin = Scheduler._preempt, Scheduler.finish_load
-
-    def preempt(self, req):  # type: ignore[no-untyped-def]
-        out.append((req.id, req.num_computed, req.num_generated, req.evicted, req.num_blocks))
-        pre(self, req)
-
-    def finish(self, req):  # type: ignore[no-untyped-def]
-        n = fin(self, req)
-        resumed.append((req.num_computed, req.evicted, req.num_blocks))
-        return n
-
-    monkeypatch.setattr(Scheduler, "_preempt", preempt)
-    monkeypatch.setattr(Scheduler, "finish_load", finish)
-    return out, resumed
-
-
 TWO = make_workload([0.0, 0.05], [320, 320], [1200, 1200])
 
 
@@ -127,7 +107,7 @@ def test_a_swapped_windowed_request_copies_its_held_blocks_and_resumes_with_them
     """Half the layers windowed at 256 tokens: a sequence keeps ceil((c + 256) / 2) of c tokens, so
     two decoders outgrow 96 blocks; B is swapped out at 1,272 tokens holding 48 blocks (its 764 kept
     tokens' and the next token's slot), not the 80 of its computed tokens, and comes back with them."""
-    preempted, resumed = _spy(monkeypatch)
+    preempted, resumed = spy_preemptions(monkeypatch)
     sc = small_scenario(
         num_blocks=96, model=HYBRID, scheduler={"preemption": "swap"}, sim={"seed": 1, "fast_forward": ff}
     )
@@ -144,7 +124,7 @@ def test_a_swapped_windowed_request_copies_its_held_blocks_and_resumes_with_them
 
 
 def test_auto_weighs_the_held_blocks_of_a_windowed_victim(monkeypatch):
-    preempted, _ = _spy(monkeypatch)
+    preempted, _ = spy_preemptions(monkeypatch)
     sc = small_scenario(
         num_blocks=96,
         model=HYBRID,
@@ -194,7 +174,7 @@ def test_a_swapped_switched_request_copies_its_second_format_blocks(ff, monkeypa
     """Three decoders re-quantized to fp8 past 256 tokens outgrow 96 blocks; the newest is swapped
     at 1,009 tokens holding 32 blocks (its 505 first-format token slots), not 64, and resumes
     switched with them."""
-    preempted, resumed = _spy(monkeypatch)
+    preempted, resumed = spy_preemptions(monkeypatch)
     sc = small_scenario(
         num_blocks=96, kv=SWITCH, scheduler={"preemption": "swap"}, sim={"seed": 1, "fast_forward": ff}
     )
