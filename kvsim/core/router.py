@@ -61,13 +61,19 @@ class Router:
             return r
         if policy == "least_outstanding_requests":
             return min(reps, key=lambda r: (r.num_requests, r.index))
+        if policy == "prefix_affinity" and req.keys:
+            # The most hits; among equals the least loaded, then the lowest index (loads are read
+            # only where they decide: a single best needs none).
+            hits = [r.num_prefix_hits(req.keys) for r in reps]
+            most = max(hits)
+            if most > 0:
+                tied = [i for i, h in enumerate(hits) if h == most]
+                if len(tied) == 1:
+                    return reps[tied[0]]
+                loads = [reps[i].outstanding_tokens_at(now) for i in tied]
+                return reps[tied[loads.index(min(loads))]]
         load = [r.outstanding_tokens_at(now) for r in reps]
         if policy == "cache_aware":
             score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
-            return reps[min(range(len(reps)), key=lambda i: (score[i], i))]
-        if policy == "prefix_affinity" and req.keys:
-            hits = [r.num_prefix_hits(req.keys) for r in reps]
-            best = max(range(len(reps)), key=lambda i: (hits[i], -load[i], -i))
-            if hits[best] > 0:
-                return reps[best]
+            return reps[score.index(min(score))]  # the lowest index among equals
         return reps[load.index(min(load))]  # the least loaded, the lowest index among equals
