@@ -121,7 +121,7 @@ class EvictionConfig:
     """``kv.eviction``; the policies themselves are `kvsim.core.eviction`."""
 
     policy: EvictionPolicy = EvictionPolicy.NONE
-    budget_tokens: int = 0  # h2o/entropy: a cap on tokens kept per sequence (0: none); streaming: >= sinks + recent
+    budget_tokens: int = 0  # h2o, entropy: a cap on tokens kept (0: none); streaming: >= sinks + recent
     sink_tokens: int = 4  # streaming: attention sinks (StreamingLLM keeps 4)
     recent_tokens: int = 0  # the recent window kept
     heavy_ratio: float = 0.2  # h2o: heavy hitters / sequence length (documents 000, 7.3: start at 20%)
