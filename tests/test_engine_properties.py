@@ -210,14 +210,18 @@ def cases(  # type: ignore[no-untyped-def]
         if fmt == "mix"
         else {"format": fmt}
     )
-    # Token eviction: H2O and StreamingLLM, every trigger and page policy, with the host tiers,
+    # Token eviction: H2O, StreamingLLM and attention entropy, every trigger and page policy, with the host tiers,
     # the global pool and swap too (not with speculative decoding, sliding windows or a format
     # switch: `kvsim run` refuses those).
     policy = (
         "none"
         if spec or window or switch
         else draw(
-            st.sampled_from(["h2o", "h2o", "streaming"] if evict else ["none", "none", "h2o", "streaming"])
+            st.sampled_from(
+                ["h2o", "h2o", "streaming", "entropy"]
+                if evict
+                else ["none", "none", "h2o", "streaming", "entropy"]
+            )
         )
     )
     if policy != "none":
@@ -233,6 +237,11 @@ def cases(  # type: ignore[no-untyped-def]
                 # (evict: sequences that still grow at their budget, so decoders that evicted are
                 # preempted and swapped)
                 heavy_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.5, 1.0])),
+                budget_tokens=draw(st.sampled_from([0, 120])),
+            )
+        elif policy == "entropy":
+            ev.update(
+                keep_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.25, 1.0])),
                 budget_tokens=draw(st.sampled_from([0, 120])),
             )
         else:

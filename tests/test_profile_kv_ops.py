@@ -359,3 +359,27 @@ def test_gpu_checks_profile_script_reads_every_calibrated_format_name():
     for name in names:
         sc = small_scenario(kv=check._kv_fields(name))
         assert sc.kv.format.name == name
+
+
+def test_entropy_statistics_never_priced_by_the_measured_h2o_accumulate(tmp_path):
+    # `h2o_accumulate` re-reads K and recomputes QK^T: entropy's statistics (fused into decode
+    # attention) are another kernel's work, so they stay analytic, with a note; a trim's top-k is
+    # the same ranking as H2O's and uses the measured `h2o_select`.
+    ent = {"policy": "entropy", "keep_ratio": 0.25, "recent_tokens": 64, "pages": "physical"}
+    cm = _model(tmp_path, _with_kv_ops(), eviction=ent)
+    a = cm.analytic
+    assert cm._score is None and cm._select is not None
+    tokens = np.array([1000.0, 9000.0])
+    assert np.array_equal(cm._score_time(8, tokens, np.log(tokens / 8)), a.decode_score_time(tokens))
+    assert a.score_s_per_token > 0.0
+    sums = np.array([8 * 128 - 8.0, 8 * 4096.0])
+    assert "h2o_accumulate" not in cm.decode_off_grid(8, sums)
+    assert any(
+        n.startswith("profile: entropy statistics not measured")
+        and n.endswith("attention-entropy statistics priced by the analytic model")
+        for n in cm.warnings()
+    )
+    assert not any("h2o_select not measured" in n for n in cm.warnings())
+    select = LAYERS * 3000 * SELECT / 3.2e8  # the measured top-k's rate, as for H2O
+    only_select = cm.eviction_price(EvictionWork(trims=1, select_tokens=3000))
+    assert only_select.seconds == pytest.approx(select, rel=1e-12)

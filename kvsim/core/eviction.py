@@ -7,7 +7,15 @@ A sequence that evicts keeps ``kept(p)`` of its ``p`` computed tokens once its p
   sequence length, 15-25% suggested, 000 section 4.2), capped at ``budget_tokens`` when one is given:
   ``kept(p) = min(p, recent + ceil(heavy_ratio * p), budget)``;
 - StreamingLLM (Xiao et al., 2023): ``sink_tokens`` attention sinks plus a window of
-  ``recent_tokens``: ``kept(p) = min(p, sinks + recent)``.
+  ``recent_tokens``: ``kept(p) = min(p, sinks + recent)``;
+- attention entropy (000 section 4.2: a token whose attention entropy is below a threshold is
+  kept, "only statistics before the softmax"): the ``recent_tokens`` newest plus the share
+  ``keep_ratio`` of the sequence that passes the threshold, capped at ``budget_tokens``:
+  ``kept(p) = min(p, recent + ceil(keep_ratio * p), budget)``, the closed form of H2O with its own
+  share. Which tokens pass a threshold depends on the attention a simulator does not compute, so
+  the share is an input (default 0.25, an estimate from 000 section 4.1: 70-80% of a long
+  sequence's tokens get near-zero attention). Its per-step statistics are priced apart from H2O's
+  score accumulation (`kvsim.costs.analytic`).
 
 ``kept`` grows by at most one token per token computed, so a sequence at its budget evicts exactly
 what it adds beyond it, every step: its resident tokens are ``kept(position)`` and the blocks it
@@ -64,9 +72,9 @@ blocks the smaller format frees return to the pool, and the sequence's cache ent
 A switched sequence's decode attention and its new tokens' quantize-on-write are priced in the
 second format (`SchedulerOutput.decode_switched`).
 
-Left out: attention-entropy eviction, per-head and per-layer budgets (all heads keep the same
-tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores need the prompt's
-attention first, so eviction starts with the first decode step).
+Left out: per-head and per-layer budgets (all heads keep the same
+tokens, as in ``kernels/h2o.py``), and evicting during prefill (H2O scores and entropy statistics
+need the prompt's attention first, so eviction starts with the first decode step).
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ class EvictionKind(str, Enum):
     STREAMING = "streaming"
     WINDOW = "window"  # sliding-window layers (the model's, not kv.eviction's): `window_eviction`
     SWITCH = "switch"  # kv.format_switch: re-quantized to a smaller format past a length
+    ENTROPY = "entropy"  # attention entropy below a threshold: H2O's closed form, `keep_ratio`
 
 
 class Trigger(str, Enum):
@@ -107,9 +116,10 @@ class PagePolicy(str, Enum):
 class Eviction:
     kind: EvictionKind
     heavy_ratio: float = 0.2  # h2o: heavy hitters kept / sequence length (000 section 7.3: start at 20%)
+    keep_ratio: float = 0.25  # entropy: share below the entropy threshold (estimate, 000 section 4.1)
     recent_tokens: int = 0
     sink_tokens: int = 0  # streaming
-    budget_tokens: int = 0  # h2o: a cap on tokens kept (0: none)
+    budget_tokens: int = 0  # h2o, entropy: a cap on tokens kept (0: none)
     trigger: Trigger = Trigger.ALWAYS
     pressure_threshold: float = 0.9
     pages: PagePolicy = PagePolicy.HYBRID
@@ -150,7 +160,7 @@ class Eviction:
                 return pos
             layers = self.kv_layers
             return -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
-        k = self.recent_tokens + math.ceil(self.heavy_ratio * pos)
+        k = self.recent_tokens + math.ceil(self.share * pos)
         if self.budget_tokens and k > self.budget_tokens:
             k = self.budget_tokens
         return pos if pos < k else k
@@ -187,12 +197,18 @@ class Eviction:
             past = -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
             out = np.where(pos <= w, pos, past).astype(np.int64)
             return out
-        out = np.ceil(self.heavy_ratio * pos).astype(np.int64)
+        out = np.ceil(self.share * pos).astype(np.int64)
         out += self.recent_tokens
         if self.budget_tokens:
             np.minimum(out, self.budget_tokens, out=out)
         np.minimum(pos, out, out=out)
         return out
+
+    @property
+    def share(self) -> float:
+        """The share of the sequence kept besides the recent window: H2O's heavy hitters, or the
+        tokens under the entropy threshold (``keep_ratio``)."""
+        return self.keep_ratio if self.kind is EvictionKind.ENTROPY else self.heavy_ratio
 
     def under_pressure(self, used_blocks: int, num_blocks: int) -> bool:
         return used_blocks >= self.pressure_threshold * num_blocks
@@ -208,8 +224,9 @@ class Eviction:
         return self.pages is PagePolicy.HYBRID and self.under_pressure(used_blocks, num_blocks)
 
     def scores(self) -> bool:
-        """Whether every decode step accumulates attention scores (H2O) or eviction is positional."""
-        return self.kind is EvictionKind.H2O
+        """Whether every decode step keeps per-token statistics and a trim ranks them (H2O's
+        accumulated scores, the entropy statistics), or eviction is positional."""
+        return self.kind is EvictionKind.H2O or self.kind is EvictionKind.ENTROPY
 
 
 def blocks_for(resident: int, block_size: int) -> int:
@@ -220,7 +237,7 @@ def blocks_for(resident: int, block_size: int) -> int:
 @dataclass
 class EvictionWork:
     """What the trims after one step did, for the cost model to price (`CostModel.eviction_time`):
-    ``select_tokens`` scored tokens ranked for top-k (H2O), ``moved_tokens`` tokens of KV moved
+    ``select_tokens`` scored tokens ranked for top-k (H2O, entropy), ``moved_tokens`` tokens of KV moved
     (compaction on physical release, and copies of shared prefix blocks a trimmed sequence must own
     before rewriting them), ``table_entries`` block-table entries rewritten. The steady eviction of
     a sequence at its budget (one token out per token in, its slot reused) is priced with the step
@@ -376,6 +393,7 @@ def eviction_from_config(cfg: EvictionConfig) -> Eviction | None:
     return Eviction(
         kind=EvictionKind(cfg.policy.value),
         heavy_ratio=cfg.heavy_ratio,
+        keep_ratio=cfg.keep_ratio,
         recent_tokens=cfg.recent_tokens,
         sink_tokens=cfg.sink_tokens,
         budget_tokens=cfg.budget_tokens,

@@ -189,7 +189,7 @@ class KVCacheManager:
         window, rec, ratio, cap = (
             ev.sink_tokens + ev.recent_tokens,
             ev.recent_tokens,
-            ev.heavy_ratio,
+            ev.share,  # h2o's heavy_ratio, entropy's keep_ratio (the same closed form)
             ev.budget_tokens,
         )
         w_tok, w_layers, layers = ev.window_tokens, ev.window_layers, ev.kv_layers
@@ -217,7 +217,7 @@ class KVCacheManager:
                 kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
             elif switching:
                 kc = c if c <= sw_after else -(-(c * sw_num) // sw_den)
-            else:
+            else:  # h2o, entropy
                 kc = rec + ceil(ratio * c)
                 if cap and kc > cap:
                     kc = cap
@@ -231,7 +231,7 @@ class KVCacheManager:
                     kp = p if p <= w_tok else -(-(full * p + w_part) // layers)
                 elif switching:
                     kp = p if p <= sw_after else -(-(p * sw_num) // sw_den)
-                else:
+                else:  # h2o, entropy
                     kp = rec + ceil(ratio * p)
                     if cap and kp > cap:
                         kp = cap

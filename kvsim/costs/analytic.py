@@ -49,6 +49,12 @@ On every GPU (not fitted: the tables hold no such data):
   the prefill efficiency), a prompt's scores as the QK^T half of its prefill attention; a trim's
   top-k, compaction and block-table writes at the quantize-on-write rates, plus 3 kernel launches
   of 5 us each (estimate, no measurement on file; `kernels/h2o.py` has the kernels to measure).
+  Attention entropy's per-step statistics (estimate: no kernel, no measurement on file): computed in
+  decode attention from the logits it already holds, so no K re-read and no QK^T recomputed, only
+  H2O's 12 bytes of fp32 statistics per KV head and layer at the decode efficiency and 4 vector
+  FLOPs per logit (`kvsim.costs.work.ENTROPY_FLOPS_PER_LOGIT`) at the quantize-on-write vector rate;
+  a prompt's statistics as those 4 FLOPs per pair of its prefill attention at the same rate; a
+  trim's selection as H2O's top-k.
 - per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
@@ -59,7 +65,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.core.eviction import Eviction, EvictionWork
+from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import (
@@ -156,13 +162,19 @@ class AnalyticCostModel(StepCostModel):
         )
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
         self.eviction = eviction
-        self.score_s_per_token = 0.0  # H2O score accumulation + selection per attended token
+        self.score_s_per_token = 0.0  # H2O score accumulation (or entropy statistics) + selection
         self.prefill_score = 0.0  # share of prefill attention added for the prompt's H2O scores
-        if eviction is not None and eviction.scores():
+        self.prefill_entropy_s_per_pair = 0.0  # entropy: the prompt's statistics per attended pair
+        e = self.eff
+        if eviction is not None and eviction.kind is EvictionKind.ENTROPY:
+            sb, sf = w.entropy_stat_work_per_token()
+            vector = gpu.bf16_flops * e.vector_flops_fraction
+            self.score_s_per_token = max(sb / (self.bw * d.e_max), sf / vector)
+            self.prefill_entropy_s_per_pair = w.entropy_flops_per_pair / vector
+        elif eviction is not None and eviction.scores():
             sb, sf = w.h2o_score_work_per_token()
             self.score_s_per_token = max(sb / (self.bw * d.e_max), sf / (gpu.bf16_flops * p.e_max))
             self.prefill_score = 0.5
-        e = self.eff
         self.write_s_per_token = max(
             w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
             w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
@@ -248,12 +260,17 @@ class AnalyticCostModel(StepCostModel):
         )
 
     def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:
-        """H2O score accumulation and selection over ``tokens`` attended tokens (0 without H2O)."""
+        """H2O score accumulation (or attention-entropy statistics) and selection over ``tokens``
+        attended tokens (0 without either)."""
         out: np.ndarray = tokens * self.score_s_per_token
         return out
 
     def prefill_score_time(self, n: int, ctx: int) -> float:
-        """H2O scores of a prefill chunk: the QK^T half of its attention FLOPs (0 without H2O)."""
+        """H2O scores of a prefill chunk: the QK^T half of its attention FLOPs (0 without H2O); the
+        entropy statistics of its attended pairs."""
+        if self.prefill_entropy_s_per_pair:
+            w = self.work
+            return self.prefill_entropy_s_per_pair * w.prefill_attn_flops(n, ctx) / w.attn_flops_per_pair
         if not self.prefill_score:
             return 0.0
         flops = self.prefill_score * self.work.prefill_attn_flops(n, ctx)

@@ -5,8 +5,9 @@ A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.1) holds timed g
 (one layer, over batch x context per sequence x KV format), ``chunked_prefill`` (one layer, one
 sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link); since 1.1, optionally,
 the token-eviction and quantize-on-write ops of ``kernels/`` (one layer each): ``h2o_accumulate``
-(H2O's score accumulation after a decode step, over batch x context x format), ``h2o_select`` (a
-trim's top-k, over tokens scored), ``compact_kv`` (a trim's compaction with its block-table update,
+(H2O's score accumulation after a decode step, over batch x context x format; never used for
+attention entropy's statistics, another kernel's work, which stay analytic with a note),
+``h2o_select`` (a trim's top-k, over tokens scored; H2O's and entropy's), ``compact_kv`` (a trim's compaction with its block-table update,
 over tokens moved x format) and ``kv_write`` (quantize-on-write, over new tokens x format). `ProfileCostModel`
 splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce + prefill attention
 + decode attention) and prices each part as ``work / rate``: the rate (work per second achieved at
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.core.eviction import EvictionWork, eviction_from_config
+from kvsim.core.eviction import EvictionKind, EvictionWork, eviction_from_config
 from kvsim.costs.analytic import AnalyticCostModel, Efficiencies
 from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
@@ -265,7 +266,14 @@ class ProfileCostModel(StepCostModel):
         self._switch_write: list[tuple[RateTable, float]] | None = None
         self._switch_write_cache: dict[int, tuple[float, bool]] = {}
         self._select_s_per_token = 0.0
-        if ev is not None and ev.scores():
+        if ev is not None and ev.kind is EvictionKind.ENTROPY:
+            # Not `h2o_accumulate`: that kernel re-reads K and recomputes QK^T, which the entropy
+            # statistics (fused into decode attention, `ModelWork.entropy_stat_work_per_token`) do not.
+            self._notes.append(
+                "profile: entropy statistics not measured (no kernel; h2o_accumulate, which re-reads "
+                "K, is not used for them); attention-entropy statistics priced by the analytic model"
+            )
+        elif ev is not None and ev.scores():
             tabs = self._optional_tables(
                 ops, "h2o_accumulate", ("batch", "context"), parts, "H2O score accumulation"
             )
@@ -278,6 +286,7 @@ class ProfileCostModel(StepCostModel):
                 # at the analytic decode rate.
                 sel = self._kv_layers * h2o_select_bytes_per_token_layer(m, tp)
                 self._select_s_per_token = sel / (self.analytic.bw * self.analytic.ops.decode_attn.e_max)
+        if ev is not None and ev.scores():  # a trim's top-k: the same for H2O scores and entropy
             if "h2o_select" in ops:
                 pts = ops["h2o_select"]["points"]
                 self._select = RateTable.build(

@@ -167,6 +167,9 @@ def requant_work_per_token(
 
 # ---- token eviction and quantize-on-write, one layer, one GPU (the measured ops' work) ------------
 SCORE_BYTES = 4  # one fp32 H2O score per token and KV head (kernels/h2o.py)
+# Attention entropy's statistic per logit: p = exp(s - m), p * log p and the sum (exp, log, multiply,
+# add), on the vector units. Estimate: no kernel in kernels/, no measurement on file.
+ENTROPY_FLOPS_PER_LOGIT = 4
 
 
 def kv_heads_gpu(model: ModelSpec, tp: int) -> float:
@@ -342,6 +345,23 @@ class ModelWork:
         m = self.model
         heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
         return self.kv_bytes_per_token / 2 + 12 * heads, self.decode_attn_flops_per_pair / 2
+
+    def entropy_stat_work_per_token(self) -> tuple[float, float]:
+        """(bytes, FLOPs) per attended token of one decode step's attention-entropy statistics and
+        selection, all layers, one GPU. Estimate (no kernel in ``kernels/``): the statistic is
+        computed inside decode attention from the logits it already holds and the softmax's running
+        max and sum (the documents' "only statistics before the softmax", 000 section 4.2), so,
+        unlike `h2o_score_work_per_token`, no K re-read and no QK^T recomputed: the same 12 bytes of
+        fp32 statistics per KV head and layer (read, written, read by the selection), and
+        `ENTROPY_FLOPS_PER_LOGIT` vector FLOPs per query head and layer."""
+        m = self.model
+        heads = m.kv_layers * max(1, m.num_kv_heads) * m.kv_share(self.tp)
+        return 12 * heads, float(self.entropy_flops_per_pair)
+
+    @property
+    def entropy_flops_per_pair(self) -> int:
+        """Entropy statistics' vector FLOPs per (query, key) pair, all layers, one GPU."""
+        return ENTROPY_FLOPS_PER_LOGIT * TPShapes.of(self.model, self.tp).heads * self.model.num_layers
 
     def trim_work(self, select_tokens: int, moved_tokens: int, table_entries: int) -> tuple[float, float]:
         """(bytes, FLOPs) of trims: the selected tokens' fp32 scores read and ranked (a sort,

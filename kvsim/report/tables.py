@@ -400,6 +400,7 @@ def _eviction_section(s: dict[str, Any]) -> str:
         ("trigger", "trigger"),
         ("pages", "page policy"),
         ("heavy_ratio", "heavy-hitter ratio"),
+        ("keep_ratio", "share kept below the entropy threshold"),
         ("recent_tokens", "recent tokens"),
         ("sink_tokens", "sink tokens"),
         ("budget_tokens", "token budget (0: none)"),

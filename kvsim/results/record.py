@@ -213,6 +213,7 @@ class EvictionRecord:
     trigger: str
     pages: str
     heavy_ratio: float | None
+    keep_ratio: float | None = None  # entropy: share kept below the threshold (an input, estimate)
     recent_tokens: int
     sink_tokens: int
     budget_tokens: int

@@ -59,6 +59,7 @@ class EvictionPolicy(Choice):
     NONE = "none"
     H2O = "h2o"
     STREAMING = "streaming"
+    ENTROPY = "entropy"  # attention entropy below a threshold (documents 000, section 4.2)
 
 
 class PreemptionMode(Choice):
@@ -120,13 +121,17 @@ class EvictionConfig:
     """``kv.eviction``; the policies themselves are `kvsim.core.eviction`."""
 
     policy: EvictionPolicy = EvictionPolicy.NONE
-    budget_tokens: int = 0  # h2o: a cap on tokens kept per sequence (0: none); streaming: >= sinks + recent
+    budget_tokens: int = 0  # h2o, entropy: a cap on tokens kept (0: none); streaming: >= sinks + recent
     sink_tokens: int = 4  # streaming: attention sinks (StreamingLLM keeps 4)
     recent_tokens: int = 0  # the recent window kept
     heavy_ratio: float = 0.2  # h2o: heavy hitters / sequence length (documents 000, 7.3: start at 20%)
     trigger: EvictionTrigger = EvictionTrigger.ALWAYS
     pressure_threshold: float = 0.9  # share of the pool referenced that counts as pressure (estimate)
     pages: PagePolicy = PagePolicy.HYBRID
+    # entropy: the share of a sequence whose attention entropy is below the threshold (kept).
+    # Estimate: a simulator cannot measure which tokens pass it; documents 000, section 4.1: 70-80%
+    # of a long sequence's tokens get near-zero attention ("dead tokens"), so about 25% stay.
+    keep_ratio: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -447,10 +452,11 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     sinks = ev.int("sink_tokens", 4, lo=0, hi=1 << 20)
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
     ratio = ev.float("heavy_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True)
+    keep = ev.float("keep_ratio", 0.25, lo=0.0, hi=1.0, lo_open=True)
     trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
     threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
     pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
-    if policy == "h2o" and budget and recent > budget:
+    if policy in ("h2o", "entropy") and budget and recent > budget:
         raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
     if policy == "streaming":
         if recent < 1:
@@ -472,7 +478,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         fmt,
         note,
         scope,
-        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages),
+        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages, keep),
         offload,
         gpool,
         pin_segments=pin,
