@@ -456,6 +456,14 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
     threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
     pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
+    # A policy's own share or sinks given for another policy would be silently ignored: refuse.
+    for field_name, owner in (
+        ("heavy_ratio", "h2o"),
+        ("keep_ratio", "entropy"),
+        ("sink_tokens", "streaming"),
+    ):
+        if policy != "none" and policy != owner and ev.raw(field_name, None) is not None:
+            raise ev.err(field_name, f"applies to policy {owner} only, not {policy}")
     if policy in ("h2o", "entropy") and budget and recent > budget:
         raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
     if policy == "streaming":
