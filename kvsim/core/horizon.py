@@ -104,8 +104,8 @@ def _evicting_decode_window(
     trims (``eviction``: it reaches its budget, the pressure trigger fires, or hybrid pages switch to
     physical release), that step included: the trim is applied when the window ends, as stepping
     applies it when that step ends."""
-    c0, capped, resident, blocks = kv.decode_plan(reqs, k)
-    new = blocks.sum(axis=0) - blocks[:, 0].sum()  # blocks taken by steps 1..j together
+    c0, capped, resident, blocks, total = kv.decode_plan(reqs, k)
+    new = total - total[0]  # blocks taken by steps 1..j together
     if new[-1] > avail:
         k, bound = (
             int(np.searchsorted(new, avail, side="right")),
@@ -178,8 +178,8 @@ def _evicting_mixed_window(
     p_blocks = np.maximum(p.num_blocks, -(-(c_p + (steps + 1) * chunk) // bs))
     new = p_blocks - p_blocks[0]
     if m:
-        c0, capped, resident, blocks = kv.decode_plan(decs, k)
-        new = new + (blocks.sum(axis=0) - blocks[:, 0].sum())
+        c0, capped, resident, blocks, total = kv.decode_plan(decs, k)
+        new = new + (total - total[0])
     if new[-1] > avail:
         k, bound = (
             int(np.searchsorted(new, avail, side="right")),

@@ -73,7 +73,8 @@ class KVCacheManager:
         self.tokens_requantized = 0  # format switch: tokens re-quantized at their sequence's crossing
         self.switched_ids: set[int] = set()  # format switch: requests that crossed (a recompute again)
         self._work = EvictionWork()
-        self._plan: tuple[list[Request], np.ndarray] | None = None  # the last window's blocks
+        # the last window's plan: its requests, their blocks per step, and those summed per step
+        self._plan: tuple[list[Request], np.ndarray, np.ndarray] | None = None
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -533,10 +534,11 @@ class KVCacheManager:
 
     def decode_plan(
         self, reqs: list[Request], k: int, advanced: int = 0
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """With eviction on: (c0, capped, resident, blocks) of `k` decode steps of `reqs` from where
-        they stood `advanced` steps ago (`kvsim.core.eviction.decode_steps`; resident and blocks are
-        (n, k)). A request is capped when it sits at its budget with the trigger active."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """With eviction on: (c0, capped, resident, blocks, total) of `k` decode steps of `reqs` from
+        where they stood `advanced` steps ago (`kvsim.core.eviction.decode_steps`; resident and
+        blocks are (n, k), total (k,) the blocks all of them hold at each step). A request is capped
+        when it sits at its budget with the trigger active."""
         ev = self.eviction
         assert ev is not None
         n = len(reqs)
@@ -546,9 +548,10 @@ class KVCacheManager:
         capped, resident, blocks = decode_steps(
             ev, c0, state[:, 1], state[:, 2], self.evict_active, k, self.block_size
         )
+        total = blocks.sum(axis=0)
         if not advanced:  # a window's plan: its first part's `grow_decode` reuses it
-            self._plan = (reqs, blocks)
-        return c0, capped, resident, blocks
+            self._plan = (reqs, blocks, total)
+        return c0, capped, resident, blocks, total
 
     def _grow_decode_evicting(
         self, reqs: list[Request], num_steps: int, chunk: int = 0
@@ -558,7 +561,6 @@ class KVCacheManager:
         prefilling request's (last, `chunk` tokens a step) as its chunks fill them."""
         decs = reqs[:-1] if chunk else reqs
         plan, self._plan = self._plan, None
-        taken = np.zeros(num_steps, dtype=np.int64)
         extra = 0
         if decs:
             same = plan is not None and (
@@ -566,11 +568,11 @@ class KVCacheManager:
                 or (len(plan[0]) == len(decs) and all(a is b for a, b in zip(plan[0], decs, strict=True)))
             )
             if plan is not None and same and plan[1].shape[1] >= num_steps:
-                blocks = plan[1][:, :num_steps]
+                blocks, total = plan[1][:, :num_steps], plan[2][:num_steps]
             else:
-                _, _, _, blocks = self.decode_plan(decs, num_steps, advanced=num_steps)
+                _, _, _, blocks, total = self.decode_plan(decs, num_steps, advanced=num_steps)
                 self._plan = None
-            total = blocks.sum(axis=0)
+            taken = np.zeros(num_steps, dtype=np.int64)  # entry 0: its blocks are held already
             taken[1:] = total[1:] - total[:-1]
             extra = int(total[-1] - total[0])
             for r, b in zip(decs, blocks[:, -1].tolist(), strict=True):
@@ -578,6 +580,8 @@ class KVCacheManager:
                 if grow > 0:
                     r.num_private += grow
                     r.num_blocks += grow
+        else:
+            taken = np.zeros(num_steps, dtype=np.int64)
         if chunk:
             p = reqs[-1]
             bs = self.block_size
