@@ -471,8 +471,12 @@ class KVCacheManager:
         blocks stepping would have taken at each step (entry 0 is 0)."""
         if self.eviction is not None:
             # (counts already advanced by the window's steps; a mixed window's prefill, last, evicts
-            # nothing before its prompt is done)
-            if not self.keeps_all(reqs[:-1] if chunk else reqs, 0):
+            # nothing before its prompt is done). A window planned in closed form (`decode_plan`)
+            # for these very requests grows by that plan: where they kept every token the two
+            # closed forms agree, so the check is skipped.
+            decs = reqs[:-1] if chunk else reqs
+            plan = self._plan
+            if (plan is not None and plan[0] is decs) or not self.keeps_all(decs, 0):
                 return self._grow_decode_evicting(reqs, num_steps, chunk)
             self._plan = None
         bs = self.block_size
