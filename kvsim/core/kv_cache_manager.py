@@ -156,8 +156,11 @@ class KVCacheManager:
         self.eviction = ev
 
     def take_eviction_work(self) -> EvictionWork:
-        """The trims since the last call, for pricing; resets."""
-        work, self._work = self._work, EvictionWork()
+        """The trims since the last call, for pricing; resets (an empty one is handed over as it is
+        and stays: nothing to reset, and most steps trim nothing)."""
+        work = self._work
+        if work.trims:
+            self._work = EvictionWork()
         return work
 
     def apply_evictions(self, reqs: list[Request], steps: int = 1) -> None:
