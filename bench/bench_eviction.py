@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from simrun import run_child
+from simrun import off_on
 
 ROOT = Path(__file__).resolve().parent.parent
 H2O = ("kv.eviction.policy=h2o", "kv.eviction.heavy_ratio=0.2", "kv.eviction.recent_tokens=128")
@@ -43,22 +42,11 @@ def main() -> None:
         **{k: (v[0], (), v[1:]) for k, v in EXTRA.items()},
     }
     for name, (scenario, base, extra) in cases.items():
-        off, on = [], []
-        for _ in range(args.repeats):
-            off.append(run_child(ROOT, ROOT / scenario, *base))
-            on.append(run_child(ROOT, ROOT / scenario, *base, *H2O, *extra))
-        w_off = statistics.median(r["wall_s"] for r in off)
-        w_on = statistics.median(r["wall_s"] for r in on)
-        c_off = statistics.median(r["cpu_s"] for r in off)
-        c_on = statistics.median(r["cpu_s"] for r in on)
+        off, on, med = off_on(ROOT, ROOT / scenario, base, (*base, *H2O, *extra), args.repeats)
+        w_off, w_on, c_off, c_on = med["off_wall_s"], med["on_wall_s"], med["off_cpu_s"], med["on_cpu_s"]
         row = {
             "case": name,
-            "off_wall_s": w_off,
-            "on_wall_s": w_on,
-            "ratio": w_on / w_off,
-            "off_cpu_s": c_off,
-            "on_cpu_s": c_on,
-            "cpu_ratio": c_on / c_off,
+            **med,
             "preemptions": (off[0]["preemptions"], on[0]["preemptions"]),
             "off_events": off[0]["events"],
             "on_events": on[0]["events"],

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from simrun import run_child
+from simrun import off_on
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios/default.yaml"
@@ -40,16 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for name, (off_args, on_args) in CASES.items():
-        off, on = [], []
-        for _ in range(args.repeats):
-            off.append(run_child(ROOT, SCENARIO, *off_args))
-            on.append(run_child(ROOT, SCENARIO, *on_args))
-        row = {"case": name}
-        for key in ("wall_s", "cpu_s"):
-            row[f"off_{key}"] = statistics.median(r[key] for r in off)
-            row[f"on_{key}"] = statistics.median(r[key] for r in on)
-        row["ratio"] = row["on_wall_s"] / row["off_wall_s"]
-        row["cpu_ratio"] = row["on_cpu_s"] / row["off_cpu_s"]
+        off, on, med = off_on(ROOT, SCENARIO, off_args, on_args, args.repeats)
+        row: dict = {"case": name, **med}
         for key in ("events", "steps", "preemptions", "completed"):
             row[key] = (off[0][key], on[0][key])
         rows.append(row)

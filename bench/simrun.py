@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,23 @@ def run_child(tree: Path, scenario: Path | str, *overrides: str) -> dict[str, fl
         text=True,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def off_on(
+    tree: Path, scenario: Path | str, off: tuple[str, ...], on: tuple[str, ...], repeats: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]], dict[str, float]]:
+    """`repeats` runs of `scenario` alternately with overrides `off` and `on`, each in a fresh
+    process; returns both lists of runs and the medians of wall and CPU seconds (``off_wall_s``,
+    ``on_wall_s``, ``off_cpu_s``, ``on_cpu_s``) with their ratios (``ratio``, ``cpu_ratio``)."""
+    runs_off: list[dict[str, float]] = []
+    runs_on: list[dict[str, float]] = []
+    for _ in range(repeats):
+        runs_off.append(run_child(tree, scenario, *off))
+        runs_on.append(run_child(tree, scenario, *on))
+    med: dict[str, float] = {}
+    for key in ("wall_s", "cpu_s"):
+        med[f"off_{key}"] = statistics.median(r[key] for r in runs_off)
+        med[f"on_{key}"] = statistics.median(r[key] for r in runs_on)
+    med["ratio"] = med["on_wall_s"] / med["off_wall_s"]
+    med["cpu_ratio"] = med["on_cpu_s"] / med["off_cpu_s"]
+    return runs_off, runs_on, med
