@@ -114,3 +114,24 @@ def spy_preemptions(
     monkeypatch.setattr(Scheduler, "_preempt", preempt)
     monkeypatch.setattr(Scheduler, "finish_load", finish)
     return out, resumed
+
+
+def assert_auto_swapped_its_held_blocks(
+    sc: Scenario, res: Any, computed: int, held: int, block_bytes: int
+) -> None:
+    """`preemption: auto` swapped the victim (`computed` tokens, `held` blocks) because copying its
+    held blocks out and back beats recomputing it, while copying blocks for all its computed tokens
+    would not."""
+    import kvsim.run as krun
+    from kvsim.costs.base import ForwardBatch, transfer_time
+
+    t = sc.cluster.topology
+    recompute = krun.make_cost_model(sc).price(ForwardBatch.prefill(computed, 0, sampling=False)).seconds
+
+    def round_trip(blocks: int) -> float:
+        return transfer_time(blocks * block_bytes, t.host_d2h) + transfer_time(
+            blocks * block_bytes, t.host_h2d
+        )
+
+    assert round_trip(held) < recompute < round_trip(-(-computed // 16))
+    assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (1, 0)

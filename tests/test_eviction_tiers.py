@@ -10,7 +10,7 @@ import kvsim.run as krun
 from kvsim.core.block_pool import BlockPool, BlockRemoved, BlockRewritten, BlockStored
 from kvsim.core.eviction import blocks_for, eviction_from_config
 from kvsim.costs.base import ForwardBatch, transfer_time
-from tests.helpers import make_workload, small_scenario, spy_preemptions
+from tests.helpers import assert_auto_swapped_its_held_blocks, make_workload, small_scenario, spy_preemptions
 
 BLOCK = 16 * 131072  # Llama-3.1-8B bf16, 16-token block, per GPU (tests.helpers)
 H2O = {"policy": "h2o", "heavy_ratio": 0.2, "recent_tokens": 64, "pages": "physical"}
@@ -160,14 +160,7 @@ def test_auto_weighs_the_resident_blocks_of_a_victim_that_evicted(monkeypatch):
     )
     res = krun.run_scenario(sc, workload=SWAP_WL)
     ((_, c, _, _, held),) = preempted
-    t = sc.cluster.topology
-    recompute = krun.make_cost_model(sc).price(ForwardBatch.prefill(c, 0, sampling=False)).seconds
-
-    def round_trip(blocks: int) -> float:
-        return transfer_time(blocks * BLOCK, t.host_d2h) + transfer_time(blocks * BLOCK, t.host_h2d)
-
-    assert round_trip(held) < recompute < round_trip(-(-c // 16))
-    assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (1, 0)
+    assert_auto_swapped_its_held_blocks(sc, res, c, held, BLOCK)
 
 
 def test_recompute_of_a_request_that_evicted_recomputes_its_whole_context_and_evicts_again():

@@ -9,7 +9,7 @@ import pytest
 import kvsim.run as krun
 from kvsim.core.eviction import blocks_for, switch_eviction, window_eviction
 from kvsim.costs.base import ForwardBatch, transfer_time
-from tests.helpers import make_workload, small_scenario, spy_preemptions
+from tests.helpers import assert_auto_swapped_its_held_blocks, make_workload, small_scenario, spy_preemptions
 
 BLOCK = 16 * 131072  # Llama-3.1-8B bf16, 16-token block, per GPU (tests.helpers)
 WIN = {"name": "llama-3.1-8b", "sliding_window": 1024}  # every layer windowed
@@ -133,14 +133,7 @@ def test_auto_weighs_the_held_blocks_of_a_windowed_victim(monkeypatch):
     )
     res = krun.run_scenario(sc, workload=TWO)
     ((_, c, _, _, held),) = preempted
-    t = sc.cluster.topology
-    recompute = krun.make_cost_model(sc).price(ForwardBatch.prefill(c, 0, sampling=False)).seconds
-
-    def round_trip(blocks: int) -> float:
-        return transfer_time(blocks * BLOCK, t.host_d2h) + transfer_time(blocks * BLOCK, t.host_h2d)
-
-    assert round_trip(held) < recompute < round_trip(-(-c // 16))
-    assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (1, 0)
+    assert_auto_swapped_its_held_blocks(sc, res, c, held, BLOCK)
 
 
 # ---- format switch -------------------------------------------------------------------------------
