@@ -93,8 +93,8 @@ from simpy.events import URGENT
 from kvsim.core.block_pool import BlockRemoved, BlockStored, PoolEvent
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.core.tiers import GlobalPool, HostTier
-from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, urgent_at
+from kvsim.core.tiers import GlobalPool, HostTier, PoolNodes
+from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, reserve_through, urgent_at
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
 
@@ -139,6 +139,15 @@ class GlobalSide:
     node: int
     worth: Callable[[int], bool]  # fetch a remote entry of this many blocks rather than recompute it
     watchers: list[OffloadPort]  # every replica's port (a pool change can matter to any)
+    # Dedicated pool nodes (``pool_nodes``; empty lists: the pool in the GPU nodes' DRAM): each pool
+    # node's NIC ingress and egress (`pool_in`, `pool_out`, by pool node), the replica's network
+    # egress (`out`, its first GPU's NIC group, the outbound direction of `net`), a replica's whole
+    # block (all its GPUs' shares, which a pool node's NICs carry) and the home id of pool node 0.
+    out: LinkQueue | None = None
+    pool_in: list[LinkQueue] = field(default_factory=list)
+    pool_out: list[LinkQueue] = field(default_factory=list)
+    pool_block_bytes: float = 0.0
+    first_pool: int = 0
 
 
 @dataclass
@@ -357,11 +366,39 @@ class OffloadPort:
         if not new:
             return
         blocks = sum(s for _, s in new)
-        end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
-        for k, _ in new:
-            glob.ready[k] = end
+        if glob.pool_in:
+            self._publish_to_pool_nodes(now, new)
+        else:
+            end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
+            for k, _ in new:
+                glob.ready[k] = end
         self.stats.published_blocks += blocks
         self._changed({*keys, *glob.pool.last_dropped}, glob.watchers, now)
+
+    def _publish_to_pool_nodes(self, now: float, new: list[tuple[int, int]]) -> None:
+        """RDMA writes of new entries from this replica's HBM to their pool nodes: one transfer per
+        pool node (in node order), each through the replica's NIC egress and the pool node's NIC
+        ingress at once (`reserve_through`)."""
+        glob = self.glob
+        assert glob is not None and glob.out is not None
+        pool = glob.pool
+        assert isinstance(pool, PoolNodes)
+        by_node: dict[int, list[tuple[int, int]]] = {}
+        for k, size in new:  # (by key: an entry this batch dropped again has no home left)
+            by_node.setdefault(pool.shard_of(k), []).append((k, size))
+        for j in sorted(by_node):
+            part = by_node[j]
+            nb = sum(s for _, s in part)
+            _, end = reserve_through(
+                glob.out,
+                glob.pool_in[j],
+                now,
+                nb * glob.net_block_bytes,
+                nb if self.per_block else 1,
+                nb * glob.pool_block_bytes,
+            )
+            for k, _ in part:
+                glob.ready[k] = end
 
     def _decide_swap(self, req: Request) -> bool:
         """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
@@ -549,6 +586,8 @@ class OffloadPort:
         host_deps: list[Arrival] = []
         ssd_deps: list[Arrival] = []
         net_deps: list[Arrival] = []
+        dedicated = glob is not None and bool(glob.pool_out)  # (refused with fair sharing)
+        by_pool: dict[int, tuple[int, float]] = {}  # pool node -> (blocks, start)
         for i in range(hits, hits + n):
             k = req.keys[i]
             size = cum[i + 1] - cum[i]
@@ -578,6 +617,16 @@ class OffloadPort:
                 remote = glob.pool.home[k] != self.node
                 if remote:
                     remote_blocks += size
+                    if dedicated:  # per pool node: its blocks and the instant the last is written
+                        j = glob.pool.home[k] - glob.first_pool
+                        nb, t0 = by_pool.get(j, (0, now))
+                        t = ready.get(k)
+                        if t is not None and t <= now:
+                            del ready[k]
+                        elif t is not None:
+                            t0 = max(t0, t)
+                        by_pool[j] = (nb + size, t0)
+                        continue
                 else:
                     host_blocks += size
             t = ready.get(k)
@@ -624,7 +673,20 @@ class OffloadPort:
             read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
             calls = ssd_blocks if self.per_block else 1
             end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if remote_blocks and not fair:
+        if by_pool:  # from each pool node over its NIC egress and this replica's NIC, at once
+            assert glob is not None
+            for j in sorted(by_pool):
+                nb, t0 = by_pool[j]
+                _, e = reserve_through(
+                    glob.pool_out[j],
+                    glob.net,
+                    t0,
+                    nb * glob.pool_block_bytes,
+                    nb if self.per_block else 1,
+                    nb * glob.net_block_bytes,
+                )
+                end = max(end, e)
+        elif remote_blocks and not fair:
             assert glob is not None
             calls = remote_blocks if self.per_block else 1
             end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])

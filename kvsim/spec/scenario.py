@@ -142,6 +142,30 @@ class GlobalPoolConfig:
     pool_bytes: int = 0  # per node (0: the host DRAM left beside the offload tier and swap space)
     fetch: str = "auto"  # auto: fetch an entry only where it beats recomputing it; always
     eviction: str = "lru"  # pool_eviction: lru | lfu (`kvsim.core.tiers`)
+    # Dedicated pool nodes (Mooncake Store on memory servers of its own): 0 keeps the pool in the
+    # GPU nodes' DRAM. With N > 0 each pool node gives `pool_node_bytes` of DRAM (0: cluster.host_dram)
+    # and has `pool_node_nics` NICs of cluster.topology.network's bandwidth; its price is added to
+    # the run's cost. The defaults' sources: `POOL_NODE_SOURCES`.
+    pool_nodes: int = 0
+    pool_node_bytes: int = 0
+    pool_node_nics: int = 2
+    pool_node_cost_per_hour: float = 13.338
+
+
+# Where the pool nodes' defaults come from (shown with the run's sources).
+POOL_NODE_SOURCES = (
+    ("pool node dram", "cluster.host_dram: 2 TiB, as a DGX H100 node's system memory"),
+    (
+        "pool node nics",
+        "2 NICs of cluster.topology.network's bandwidth each (estimate: a CPU memory server's 1-2 "
+        "ConnectX-7 400 Gb/s NICs; Mooncake's own nodes carry 8 x 400 Gb/s RoCE, striped by its "
+        "Transfer Engine to 190 GB/s measured, Mooncake doc/en/transfer-engine.md)",
+    ),
+    (
+        "pool node price",
+        "$13.338/h: AWS EC2 x2idn.32xlarge (128 vCPU, 2,048 GiB) on-demand Linux list price, us-east-1",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -431,15 +455,35 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
         scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
-        for key in ("pool_bytes", "fetch", "pool_eviction"):
+        for key in ("pool_bytes", "fetch", "pool_eviction", "pool_nodes"):
             if pc.raw(key, None) is not None and scope != "global":
                 raise pc.err(key, "only with scope: global")
+        n_pool = pc.int("pool_nodes", 0, lo=0, hi=10_000)
+        node_keys = ("pool_node_bytes", "pool_node_nics", "pool_node_cost_per_hour")
+        for key in node_keys:
+            if pc.raw(key, None) is not None and not n_pool:
+                raise pc.err(key, "only with pool_nodes (dedicated pool nodes)")
+        if n_pool and pc.raw("pool_bytes", None) is not None:
+            raise pc.err(
+                "pool_bytes",
+                "is the pool's share of each GPU node's DRAM, unused with pool_nodes; size the pool "
+                "nodes with pool_node_bytes",
+            )
+        dflt = GlobalPoolConfig()
         gpool = GlobalPoolConfig(
             pool_bytes=pc.parsed("pool_bytes", parse_size, 0)
             if pc.raw("pool_bytes", None) is not None
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
             eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
+            pool_nodes=n_pool,
+            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size, 0)
+            if pc.raw("pool_node_bytes", None) is not None
+            else 0,
+            pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
+            pool_node_cost_per_hour=pc.parsed(
+                "pool_node_cost_per_hour", parse_price_per_hour, dflt.pool_node_cost_per_hour
+            ),
         )
         pin = pc.parsed("pin", _read_pin, ())
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
@@ -879,6 +923,14 @@ def scenario_from_dict(
             f"{off.host_bytes:,} bytes exceed the node's host DRAM (cluster.host_dram: {cluster.host_dram_bytes:,})",
             source=source,
             path="kv.offload.host_bytes",
+        )
+    if kv.global_pool.pool_nodes and cluster.topology.sharing == "fair":
+        # A transfer through two fair-shared links (the pool node's NIC and the GPU's) has a rate
+        # set by both links' shares at once, which `FairLinkQueue` (one link) does not model.
+        raise KvsimError(
+            "dedicated pool nodes are simulated with FIFO links only, not cluster.topology.sharing: fair",
+            source=source,
+            path="kv.prefix_cache.pool_nodes",
         )
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
