@@ -477,7 +477,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
             eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
             pool_nodes=n_pool,
-            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size, 0)
+            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size)
             if pc.raw("pool_node_bytes", None) is not None
             else 0,
             pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
