@@ -756,6 +756,9 @@ class _Offload:
         for p in self.ports:
             first.update(p.stats.first_admission_global)
         got = sum(first.get(s.id, 0) for s in admitted)
+        waits: dict[int, float] = {}
+        for p in self.ports:
+            waits.update(p.stats.waits)
         return GlobalPoolRecord(
             fetch=self.sc.kv.global_pool.fetch,
             capacity_bytes=int(pool.capacity_blocks * self.block_bytes),
@@ -769,6 +772,8 @@ class _Offload:
             declined_lookups=sum(p.stats.declined for p in self.ports),
             eviction=self.sc.kv.global_pool.eviction,
             pool_nodes=self._pool_nodes_record(simulated) if isinstance(pool, PoolNodes) else None,
+            requests_waited=len(waits),
+            kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
         )
 
     def _pool_nodes_record(self, simulated: float) -> PoolNodesRecord:

@@ -19,6 +19,7 @@ stays here too, so writing it back again when HBM evicts it costs nothing.
 A `GlobalPool` is the same store cluster-wide (``kv.prefix_cache.scope: global``, as Mooncake
 Store keeps prefix KV in the DRAM of every node): each entry also knows its home node, whose DRAM
 holds it, so a fetch from another node crosses the network. One LRU (or LFU) over the whole pool.
+`PoolNodes` is the pool on dedicated pool nodes (``pool_nodes``): each node its own DRAM and LRU.
 
 The scheduler asks a `TierLookup` (the shell's view of a replica's lower tiers, local DRAM then the
 global pool) how far a prefix continues below HBM.
@@ -281,22 +282,27 @@ class PoolNodes(GlobalPool):
             HostTier(capacity_blocks_per_node, name=f"pool{j}", eviction=eviction) for j in range(num_nodes)
         ]
         self.first_home = first_home
+        self.last_by_node: list[tuple[int, list[tuple[int, int]]]] = []  # the last publish's, by node
 
     def shard_of(self, key: int) -> int:
         return spread(key) % len(self.shards)
 
     def publish(self, keys: Sequence[int], sizes: Sequence[int], node: int) -> list[tuple[int, int]]:
         """Insert entries, each into its pool node (`node`, the publisher, does not place them);
-        returns those inserted, grouped by pool node in node order."""
+        returns those inserted, grouped by pool node in node order (`last_by_node`: each pool node
+        with new entries and those entries)."""
         n = len(self.shards)
         by_node: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n)]
+        g = _GOLDEN64
         for k, s in zip(keys, sizes, strict=True):
-            ks, ss = by_node[spread(k) % n]
+            ks, ss = by_node[(((k * g) & 0xFFFFFFFFFFFFFFFF) >> 32) % n]  # spread(k) % n, inlined
             ks.append(k)
             ss.append(s)
         new: list[tuple[int, int]] = []
         dropped: list[int] = []
         dropped_sizes: list[int] = []
+        groups: list[tuple[int, list[tuple[int, int]]]] = []
+        self.last_by_node = groups
         entries, home = self.entries, self.home
         for j, (ks, ss) in enumerate(by_node):
             if not ks:
@@ -307,25 +313,31 @@ class PoolNodes(GlobalPool):
             held = shard.entries
             # The union follows the shard, whatever the batch did in between (an entry dropped by a
             # later one, or dropped and inserted again). A dropped entry's home stays until
-            # compacted: a transfer of this batch may still name it.
+            # compacted.
+            at = self.first_home + j
             for k, s in got:
                 if k in held:
                     entries[k] = s
-                home[k] = self.first_home + j
-            for old, size in zip(shard.last_dropped, shard.last_dropped_sizes, strict=True):
-                if old not in held:
-                    entries.pop(old, None)
-                dropped.append(old)
-                dropped_sizes.append(size)
+                home[k] = at
+            if shard.last_dropped:
+                for old in shard.last_dropped:
+                    if old not in held:
+                        entries.pop(old, None)
+                dropped.extend(shard.last_dropped)
+                dropped_sizes.extend(shard.last_dropped_sizes)
             self.used_blocks += shard.used_blocks - before
-            new.extend(got)
+            if got:
+                new.extend(got)
+                groups.append((j, got))
         self.last_dropped = dropped
         self.last_dropped_sizes = dropped_sizes
         st = self.stats
-        st.dropped_blocks += sum(dropped_sizes)
+        if dropped_sizes:
+            st.dropped_blocks += sum(dropped_sizes)
         if new:
             st.inserted_blocks += sum(s for _, s in new)
-            st.peak_blocks = max(st.peak_blocks, self.used_blocks)
+            if self.used_blocks > st.peak_blocks:
+                st.peak_blocks = self.used_blocks
         if len(home) > 2 * len(entries) + 1024:  # forget the homes of dropped entries
             self.home = {k: home[k] for k in entries}
         return new

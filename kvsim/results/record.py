@@ -170,6 +170,10 @@ class GlobalPoolRecord:
     declined_lookups: int  # requests whose lookup stopped at a remote entry cheaper to recompute, each once
     eviction: str = "lru"  # lru | lfu (kv.prefix_cache.pool_eviction)
     pool_nodes: PoolNodesRecord | None = None  # kv.prefix_cache.pool_nodes; None: in the GPU nodes' DRAM
+    # Requests that waited for KV (fetches from the pool, and loads from other tiers) and how long:
+    # as `OffloadRecord`'s, here too when no offload tier is on (None in files written before).
+    requests_waited: int | None = None
+    kv_wait_s: Distribution | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

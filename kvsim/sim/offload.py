@@ -48,12 +48,23 @@ the recompute are not weighed).
 
 The global pool (``kv.prefix_cache.scope: global``, `GlobalSide`) is fed with every entry an HBM
 pool registers (`BlockStored`): published to the pool in the publisher's node DRAM over its D2H
-link, as Mooncake stores a prefill's KV. A lookup continues past HBM and local DRAM into the pool;
+link, as Mooncake stores a prefill's KV (or to dedicated pool nodes, below). A lookup continues past HBM and local DRAM into the pool;
 an entry homed on another node is fetched over the requester's network link (GPUDirect RDMA into
-HBM; the sender's NIC is not modelled), one homed on this node over H2D, both transfers of a load
-in parallel; with ``fetch: auto`` a remote entry is fetched only when that beats recomputing its
-tokens (the cost model's prefill price at no context, against the idle link's transfer time), else
-the prefix stops there and the rest is recomputed.
+HBM; in this mode the sending node's NIC is not charged), one homed on this node over H2D, both
+transfers of a load in parallel; with ``fetch: auto`` a remote entry is fetched only when that
+beats recomputing its tokens (the cost model's prefill price at no context, against the idle
+path's transfer time), else the prefix stops there and the rest is recomputed.
+
+On dedicated pool nodes (``pool_nodes``, `kvsim.core.tiers.PoolNodes`; Mooncake Store on memory
+servers of its own) both ends' NICs are charged: each pool node has an ingress and an egress
+`LinkQueue` (its NICs together), each GPU NIC group an inbound (``network``) and an outbound
+(``network_out``) one. A publication is one RDMA write per pool node its new entries are homed on,
+from HBM through the publisher's egress and the pool node's ingress at once
+(`kvsim.sim.links.reserve_through`: cut-through, both held together; no D2H copy, the GPU nodes'
+DRAM holds nothing of the pool); a fetch one read per pool node, through its egress and the
+requester's inbound link, starting no earlier than the latest write of its entries has arrived.
+Every pool entry is remote. A pool node's NICs carry a replica's whole blocks (every GPU's share),
+a GPU NIC group its own GPUs' shares.
 
 Fast-forward: a load's end is an outside event for the replica's windows (`next_event`,
 `kvsim.core.horizon`): a window runs only the steps that end strictly before it. With write-back
@@ -367,7 +378,7 @@ class OffloadPort:
             return
         blocks = sum(s for _, s in new)
         if glob.pool_in:
-            self._publish_to_pool_nodes(now, new)
+            self._publish_to_pool_nodes(now)
         else:
             end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
             for k, _ in new:
@@ -375,30 +386,23 @@ class OffloadPort:
         self.stats.published_blocks += blocks
         self._changed({*keys, *glob.pool.last_dropped}, glob.watchers, now)
 
-    def _publish_to_pool_nodes(self, now: float, new: list[tuple[int, int]]) -> None:
-        """RDMA writes of new entries from this replica's HBM to their pool nodes: one transfer per
-        pool node (in node order), each through the replica's NIC egress and the pool node's NIC
-        ingress at once (`reserve_through`)."""
+    def _publish_to_pool_nodes(self, now: float) -> None:
+        """RDMA writes of the entries the pool just took in, from this replica's HBM to their pool
+        nodes: one transfer per pool node (in node order), each through the replica's NIC egress
+        and the pool node's NIC ingress at once (`reserve_through`)."""
         glob = self.glob
         assert glob is not None and glob.out is not None
         pool = glob.pool
         assert isinstance(pool, PoolNodes)
-        by_node: dict[int, list[tuple[int, int]]] = {}
-        for k, size in new:  # (by key: an entry this batch dropped again has no home left)
-            by_node.setdefault(pool.shard_of(k), []).append((k, size))
-        for j in sorted(by_node):
-            part = by_node[j]
+        out, pool_in, ready = glob.out, glob.pool_in, glob.ready
+        per_gpu, whole = glob.net_block_bytes, glob.pool_block_bytes
+        for j, part in pool.last_by_node:
             nb = sum(s for _, s in part)
-            _, end = reserve_through(
-                glob.out,
-                glob.pool_in[j],
-                now,
-                nb * glob.net_block_bytes,
-                nb if self.per_block else 1,
-                nb * glob.pool_block_bytes,
-            )
+            end = reserve_through(
+                out, pool_in[j], now, nb * per_gpu, nb if self.per_block else 1, nb * whole
+            )[1]
             for k, _ in part:
-                glob.ready[k] = end
+                ready[k] = end
 
     def _decide_swap(self, req: Request) -> bool:
         """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
