@@ -787,7 +787,7 @@ class _Offload:
             end_bytes=tuple(int(sh.used_blocks * bb) for sh in pool.shards),
             nics_per_node=gp.pool_node_nics,
             nic_bw_bytes_per_s=self.pool_link.bw_bytes_per_s,
-            cost_per_hour_usd=gp.pool_node_cost_per_hour,
+            cost_per_hour_usd=gp.pool_node_usd_per_hour(self.sc.cluster.host_dram_bytes),
             cost_usd=simulated / 3600.0 * _pool_nodes_usd_per_hour(self.sc),
         )
 
@@ -890,7 +890,7 @@ def _pool_nodes_usd_per_hour(sc: Scenario) -> float:
     gp = sc.kv.global_pool
     if sc.kv.prefix_cache != "global" or not gp.pool_nodes:
         return 0.0
-    return gp.pool_nodes * gp.pool_node_cost_per_hour
+    return gp.pool_nodes * gp.pool_node_usd_per_hour(sc.cluster.host_dram_bytes)
 
 
 def _pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:

@@ -195,3 +195,17 @@ def test_pool_nodes_off_leaves_no_pool_node_keys():
     res = krun.run_scenario(sc, workload=POOLED)
     assert res.summary["global_pool"]["pool_nodes"] is None
     assert "pool node price" not in res.summary["config"]["sources"]
+
+
+def test_a_pool_nodes_default_price_follows_its_dram():
+    """x2idn's list prices are linear in DRAM: 1 TiB pool nodes cost half the 2 TiB default's $13.338/h,
+    and a price given is taken as it is."""
+    kv = {"prefix_cache": {"scope": "global", "pool_nodes": 2, "pool_node_bytes": "1TiB"}}
+    res = krun.run_scenario(small_scenario(num_blocks=40, cluster={"nodes": 2}, kv=kv), workload=POOLED)
+    pn = res.summary["global_pool"]["pool_nodes"]
+    assert pn["cost_per_hour_usd"] == 1024 * (13.338 / 2048) == 6.669
+    assert "pool node price" in res.summary["config"]["sources"]
+    kv["prefix_cache"]["pool_node_cost_per_hour"] = "$2.50/h"
+    res = krun.run_scenario(small_scenario(num_blocks=40, cluster={"nodes": 2}, kv=kv), workload=POOLED)
+    assert res.summary["global_pool"]["pool_nodes"]["cost_per_hour_usd"] == 2.5
+    assert res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0

@@ -149,7 +149,19 @@ class GlobalPoolConfig:
     pool_nodes: int = 0
     pool_node_bytes: int = 0
     pool_node_nics: int = 2
-    pool_node_cost_per_hour: float = 13.338
+    pool_node_cost_per_hour: float = 0.0  # 0: by its DRAM at `POOL_NODE_USD_PER_GIB_HOUR`
+
+    def pool_node_usd_per_hour(self, host_dram_bytes: int) -> float:
+        """One pool node's price: as given, or its DRAM's at the x2idn family's rate."""
+        if self.pool_node_cost_per_hour:
+            return self.pool_node_cost_per_hour
+        return (self.pool_node_bytes or host_dram_bytes) / 2**30 * POOL_NODE_USD_PER_GIB_HOUR
+
+
+# AWS EC2 x2idn (memory-optimized, on-demand Linux list prices, us-east-1): 16xlarge 1,024 GiB
+# $6.669/h, 24xlarge 1,536 GiB $10.003/h, 32xlarge 2,048 GiB $13.338/h: linear in DRAM, $6.513 per
+# TiB-hour; a pool node's default price is its DRAM at that rate (extrapolated outside 1-2 TiB).
+POOL_NODE_USD_PER_GIB_HOUR = 13.338 / 2048
 
 
 # Where the pool nodes' defaults come from (shown with the run's sources).
@@ -163,7 +175,8 @@ POOL_NODE_SOURCES = (
     ),
     (
         "pool node price",
-        "$13.338/h: AWS EC2 x2idn.32xlarge (128 vCPU, 2,048 GiB) on-demand Linux list price, us-east-1",
+        "its DRAM at $13.338 per 2,048 GiB-hour: AWS EC2 x2idn on-demand Linux list prices, us-east-1 "
+        "(16/24/32xlarge: 1,024/1,536/2,048 GiB at $6.669/10.003/13.338 an hour, linear in DRAM)",
     ),
 )
 
@@ -481,9 +494,9 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             if pc.raw("pool_node_bytes", None) is not None
             else 0,
             pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
-            pool_node_cost_per_hour=pc.parsed(
-                "pool_node_cost_per_hour", parse_price_per_hour, dflt.pool_node_cost_per_hour
-            ),
+            pool_node_cost_per_hour=pc.parsed("pool_node_cost_per_hour", parse_price_per_hour)
+            if pc.raw("pool_node_cost_per_hour", None) is not None
+            else dflt.pool_node_cost_per_hour,
         )
         pin = pc.parsed("pin", _read_pin, ())
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
