@@ -208,4 +208,6 @@ def test_a_pool_nodes_default_price_follows_its_dram():
     kv["prefix_cache"]["pool_node_cost_per_hour"] = "$2.50/h"
     res = krun.run_scenario(small_scenario(num_blocks=40, cluster={"nodes": 2}, kv=kv), workload=POOLED)
     assert res.summary["global_pool"]["pool_nodes"]["cost_per_hour_usd"] == 2.5
-    assert res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0
+    assert (
+        res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0
+    )
