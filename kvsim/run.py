@@ -7,6 +7,7 @@ comes from the scenario's seed, so one seed gives one summary (``wall_s`` aside)
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Hashable
@@ -648,6 +649,8 @@ class _Offload:
                 glob.pool_in, glob.pool_out = self.pool_in, self.pool_out
                 glob.pool_block_bytes = self.block_bytes
                 glob.first_pool = c.nodes
+            elif c.topology.sharing != "fair":  # a fetch also holds the home node's NIC on this rail
+                glob.home_out = functools.partial(self._link, name="network_out", group=group)
         swap = None
         if self.swap is not None:
             swap = (self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h))

@@ -48,12 +48,16 @@ the recompute are not weighed).
 
 The global pool (``kv.prefix_cache.scope: global``, `GlobalSide`) is fed with every entry an HBM
 pool registers (`BlockStored`): published to the pool in the publisher's node DRAM over its D2H
-link, as Mooncake stores a prefill's KV (or to dedicated pool nodes, below). A lookup continues past HBM and local DRAM into the pool;
-an entry homed on another node is fetched over the requester's network link (GPUDirect RDMA into
-HBM; in this mode the sending node's NIC is not charged), one homed on this node over H2D, both
-transfers of a load in parallel; with ``fetch: auto`` a remote entry is fetched only when that
-beats recomputing its tokens (the cost model's prefill price at no context, against the idle
-path's transfer time), else the prefix stops there and the rest is recomputed.
+link, as Mooncake stores a prefill's KV (or to dedicated pool nodes, below). A lookup continues
+past HBM and local DRAM into the pool; an entry homed on another node is fetched by GPUDirect RDMA
+into HBM, one read per home node through the home node's NIC egress and the requester's network
+link at once (`kvsim.sim.links.reserve_through`; the home node's NIC on the requester's rail, its
+NIC group of the same index, as rail-optimized fabrics wire NIC i of every node to one leaf), one
+homed on this node over H2D, the transfers of a load in parallel; with ``fetch: auto`` a remote
+entry is fetched only when that beats recomputing its tokens (the cost model's prefill price at
+no context, against the idle path's transfer time), else the prefix stops there and the rest is
+recomputed. With fair-shared links only the requester's link is charged (a transfer through two
+fair-shared links is not modelled).
 
 On dedicated pool nodes (``pool_nodes``, `kvsim.core.tiers.PoolNodes`; Mooncake Store on memory
 servers of its own) both ends' NICs are charged: each pool node has an ingress and an egress
@@ -159,6 +163,9 @@ class GlobalSide:
     pool_out: list[LinkQueue] = field(default_factory=list)
     pool_block_bytes: float = 0.0
     first_pool: int = 0
+    # The pool in the GPU nodes' DRAM with FIFO links: a home node's NIC egress on this replica's
+    # rail (None: fair sharing, or pool nodes).
+    home_out: Callable[[int], LinkQueue] | None = None
 
 
 @dataclass
@@ -591,7 +598,9 @@ class OffloadPort:
         ssd_deps: list[Arrival] = []
         net_deps: list[Arrival] = []
         dedicated = glob is not None and bool(glob.pool_out)  # (refused with fair sharing)
-        by_pool: dict[int, tuple[int, float]] = {}  # pool node -> (blocks, start)
+        # Remote blocks by home (FIFO: pool nodes, or GPU nodes whose NIC egress is charged)
+        through = dedicated or (glob is not None and glob.home_out is not None)
+        by_pool: dict[int, tuple[int, float]] = {}  # home id -> (blocks, start)
         for i in range(hits, hits + n):
             k = req.keys[i]
             size = cum[i + 1] - cum[i]
@@ -621,8 +630,8 @@ class OffloadPort:
                 remote = glob.pool.home[k] != self.node
                 if remote:
                     remote_blocks += size
-                    if dedicated:  # per pool node: its blocks and the instant the last is written
-                        j = glob.pool.home[k] - glob.first_pool
+                    if through:  # per home: its blocks and the instant the last is written
+                        j = glob.pool.home[k]
                         nb, t0 = by_pool.get(j, (0, now))
                         t = ready.get(k)
                         if t is not None and t <= now:
@@ -677,17 +686,17 @@ class OffloadPort:
             read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
             calls = ssd_blocks if self.per_block else 1
             end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if by_pool:  # from each pool node over its NIC egress and this replica's NIC, at once
+        if by_pool:  # from each home over its NIC egress and this replica's NIC, at once
             assert glob is not None
             for j in sorted(by_pool):
                 nb, t0 = by_pool[j]
+                if dedicated:  # a pool node's NICs carry every GPU's share
+                    src, src_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
+                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
+                    assert glob.home_out is not None
+                    src, src_bytes = glob.home_out(j), nb * glob.net_block_bytes
                 _, e = reserve_through(
-                    glob.pool_out[j],
-                    glob.net,
-                    t0,
-                    nb * glob.pool_block_bytes,
-                    nb if self.per_block else 1,
-                    nb * glob.net_block_bytes,
+                    src, glob.net, t0, src_bytes, nb if self.per_block else 1, nb * glob.net_block_bytes
                 )
                 end = max(end, e)
         elif remote_blocks and not fair:
