@@ -140,7 +140,8 @@ def test_a_prefix_only_on_a_pool_node_is_fetched_through_both_nics_and_only_the_
     sim_h = res.summary["simulated_s"] / 3600
     assert pn["cost_usd"] == sim_h * 13.338
     assert res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + sim_h * 13.338
-    assert res.summary["requests"]["completed"] == 2
+    r = res.summary["requests"]
+    assert (r["completed"], r["rejected"], r["unfinished"], r["total"]) == (2, 0, 0, 2)
     tiers = {name for _, name, _ in res.tier_samples}
     assert tiers == {"global", "pool0"}
 
@@ -211,3 +212,17 @@ def test_a_pool_nodes_default_price_follows_its_dram():
     assert (
         res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0
     )
+
+
+def test_the_report_and_csvs_show_the_pool_nodes(tmp_path):
+    from kvsim.report import write_report
+
+    res = krun.run_scenario(_pool_scenario(), workload=POOLED)
+    krun.write_run(res, tmp_path)
+    page = write_report(tmp_path).read_text()
+    assert "dedicated pool nodes" in page and "pool0/nic_out/0" in page
+    assert "$13.34/h each" in page
+    links = {ln.split(",")[1] for ln in (tmp_path / "links.csv").read_text().splitlines()[1:]}
+    assert {"pool0/nic_in/0", "pool0/nic_out/0", "node0/network_out/0"} <= links
+    tiers = {ln.split(",")[1] for ln in (tmp_path / "tiers.csv").read_text().splitlines()[1:]}
+    assert tiers == {"global", "pool0"}
