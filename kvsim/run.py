@@ -343,7 +343,7 @@ def run_scenario(
         tpot_slo_s=sc.slo.tpot_s,
         percentile=sc.slo.percentile,
         not_arrived=len(wl) - len(seqs),
-        other_usd_per_hour=_pool_nodes_usd_per_hour(sc),
+        other_usd_per_hour=sc.pool_nodes_usd_per_hour,
     )
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
@@ -791,7 +791,7 @@ class _Offload:
             nics_per_node=gp.pool_node_nics,
             nic_bw_bytes_per_s=self.pool_link.bw_bytes_per_s,
             cost_per_hour_usd=gp.pool_node_usd_per_hour(self.sc.cluster.host_dram_bytes),
-            cost_usd=simulated / 3600.0 * _pool_nodes_usd_per_hour(self.sc),
+            cost_usd=simulated / 3600.0 * self.sc.pool_nodes_usd_per_hour,
         )
 
     def _queues(self) -> list[LinkQueue]:
@@ -886,14 +886,6 @@ class _Offload:
             requests_waited=len(waits),
             kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
         )
-
-
-def _pool_nodes_usd_per_hour(sc: Scenario) -> float:
-    """What the dedicated pool nodes cost per hour, all together (0 without them)."""
-    gp = sc.kv.global_pool
-    if sc.kv.prefix_cache != "global" or not gp.pool_nodes:
-        return 0.0
-    return gp.pool_nodes * gp.pool_node_usd_per_hour(sc.cluster.host_dram_bytes)
 
 
 def _pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:
@@ -1128,7 +1120,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         sources=dict(
             sc.cluster.gpu.sources
             + sc.cluster.topology.sources
-            + (POOL_NODE_SOURCES if _pool_nodes_usd_per_hour(sc) else ())
+            + (POOL_NODE_SOURCES if sc.pool_nodes_usd_per_hour else ())
         ),
         clip_to_context=sc.workload.clip_to_context,
         scenario_path=sc.source,

@@ -226,3 +226,18 @@ def test_the_report_and_csvs_show_the_pool_nodes(tmp_path):
     assert {"pool0/nic_in/0", "pool0/nic_out/0", "node0/network_out/0"} <= links
     tiers = {ln.split(",")[1] for ln in (tmp_path / "tiers.csv").read_text().splitlines()[1:]}
     assert tiers == {"global", "pool0"}
+
+
+def test_kvsim_plan_prices_the_pool_nodes_beside_the_gpus(tmp_path):
+    from kvsim.sweep.plan import parse_search, parse_slo, prepare_plan
+
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100-sxm, gpus_per_node: 1}\n"
+        "kv: {prefix_cache: {scope: global, pool_nodes: 2}}\n"
+        "workload: {synthetic: {num_requests: 4, rate: 4}}\n"
+    )
+    planner = prepare_plan(
+        str(p), [parse_slo("ttft_p99=1s")], [parse_search("cluster.nodes=1..3")], (1.0,), 0.0
+    )
+    assert sorted(planner.cost.values()) == [(n, 3.0, 2 * 13.338) for n in (1, 2, 3)]

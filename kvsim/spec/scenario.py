@@ -330,6 +330,15 @@ class Scenario:
     overrides: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
 
+    @property
+    def pool_nodes_usd_per_hour(self) -> float:
+        """What the dedicated pool nodes cost per hour, all together (0 without them): the
+        machines the run pays for besides its GPUs."""
+        gp = self.kv.global_pool
+        if self.kv.prefix_cache != "global" or not gp.pool_nodes:
+            return 0.0
+        return gp.pool_nodes * gp.pool_node_usd_per_hour(self.cluster.host_dram_bytes)
+
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
