@@ -3,7 +3,7 @@ and the global prefix pool on against off, side by side in one session (issue 10
 
 Each run in a fresh process (`simrun.run_child`), the variants alternating, N rounds:
 
-    python bench/bench_tiers.py [--repeats 3] [--json out.json]
+    python bench/bench_tiers.py [--repeats 3] [--json out.json] [--only VARIANT ...]
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "kv.prefix_cache.scope=global",
         "cluster.topology.sharing=fair",
     ),
+    "offload+pool nodes": (  # the pool on 2 dedicated pool nodes (2 TiB, 2 NICs each)
+        "kv.offload.enabled=true",
+        "kv.offload.host_bytes=256GiB",
+        "kv.prefix_cache.scope=global",
+        "kv.prefix_cache.pool_nodes=2",
+    ),
     "swap": ("scheduler.preemption=swap",),
 }
 
@@ -47,11 +53,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="these variants (off always)")
     args = ap.parse_args()
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in VARIANTS}
+    names = ["off", *(n for n in args.only if n != "off")] if args.only else list(VARIANTS)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in names}
     for _ in range(args.repeats):
-        for name, overrides in VARIANTS.items():
-            runs[name].append(run_child(ROOT, SCENARIO, *overrides))
+        for name in names:
+            runs[name].append(run_child(ROOT, SCENARIO, *VARIANTS[name]))
     base = statistics.median(r["wall_s"] for r in runs["off"])
     print(f"{'variant':<20} {'wall (median)':>14} {'x off':>7} {'events':>9} {'rss MiB':>8}")
     out = {}

@@ -7,6 +7,7 @@ comes from the scenario's seed, so one seed gives one summary (``wall_s`` aside)
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Hashable
@@ -25,7 +26,7 @@ from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.spec_decode import SpecDecoder
-from kvsim.core.tiers import GlobalPool, HostTier
+from kvsim.core.tiers import GlobalPool, HostTier, PoolNodes
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.costs.draft import DraftCost
@@ -40,6 +41,7 @@ from kvsim.results.record import (
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
+    PoolNodesRecord,
     ReplicaRecord,
     RequestCounts,
     RunConfig,
@@ -58,7 +60,7 @@ from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
 from kvsim.sim.replica import Replica, ReplicaStats
 from kvsim.spec.offload import CopyMode
-from kvsim.spec.scenario import Scenario
+from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
 from kvsim.spec.topology import Link
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
 
@@ -341,6 +343,7 @@ def run_scenario(
         tpot_slo_s=sc.slo.tpot_s,
         percentile=sc.slo.percentile,
         not_arrived=len(wl) - len(seqs),
+        other_usd_per_hour=sc.pool_nodes_usd_per_hour,
     )
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
@@ -427,7 +430,7 @@ def run_scenario(
         replicas=_replica_records(replicas, seqs, simulated),
         offload=None if offload is None or offload.tiers is None else offload.record(seqs, simulated),
         swap=None if offload is None or offload.swap is None else offload.swap_record(),
-        global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs),
+        global_pool=None if offload is None or offload.pool is None else offload.pool_record(seqs, simulated),
         links=() if offload is None else offload.link_records(simulated),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
@@ -508,7 +511,12 @@ class _Offload:
         self.pool_ready: dict[int, float] = {}
         self.watchers: list[OffloadPort] = []
         self.pool_bytes_per_node = 0
-        if sc.kv.prefix_cache == "global":
+        self.pool_in: list[LinkQueue] = []
+        self.pool_out: list[LinkQueue] = []
+        self.pool_link: Link | None = None
+        if sc.kv.prefix_cache == "global" and sc.kv.global_pool.pool_nodes:
+            self._pool_nodes()
+        elif sc.kv.prefix_cache == "global":
             gp = sc.kv.global_pool
             room = c.host_dram_bytes - self.capacity_bytes - (0 if self.swap is None else need)
             per_node = gp.pool_bytes or room
@@ -531,6 +539,31 @@ class _Offload:
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
         self.ports: list[OffloadPort] = []
+
+    def _pool_nodes(self) -> None:
+        """The global pool on dedicated pool nodes: each node's DRAM (`PoolNodes`, none of the GPU
+        nodes' DRAM) and its NICs, one FIFO queue per direction for all of them together (the
+        Mooncake Transfer Engine stripes a transfer's slices over every NIC of a node, so a node's
+        NICs act as one link of their summed bandwidth; per-NIC queues would let one transfer use
+        one NIC only), with the latency and per-call overhead of cluster.topology.network."""
+        sc = self.sc
+        c, gp = sc.cluster, sc.kv.global_pool
+        per_node = gp.pool_node_bytes or c.host_dram_bytes
+        path = "kv.prefix_cache.pool_node_bytes" if gp.pool_node_bytes else "cluster.host_dram"
+        blocks = int(per_node // self.block_bytes)
+        if blocks < 1:
+            raise KvsimError(
+                f"a pool node of {per_node:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
+                source=sc.source,
+                path=path,
+            )
+        self.pool = PoolNodes(blocks, gp.pool_nodes, first_home=c.nodes, eviction=gp.eviction)
+        net = c.topology.network
+        self.pool_link = Link(
+            "pool_nic", net.bw_bytes_per_s * gp.pool_node_nics, net.latency_s, net.per_call_overhead_s
+        )
+        self.pool_in = [LinkQueue(self.pool_link, label=f"pool{j}/nic_in/0") for j in range(gp.pool_nodes)]
+        self.pool_out = [LinkQueue(self.pool_link, label=f"pool{j}/nic_out/0") for j in range(gp.pool_nodes)]
 
     def _tier_blocks(self, plan: MemoryPlan) -> int:
         sc = self.sc
@@ -577,9 +610,10 @@ class _Offload:
         key = (node, name, group)
         q = self.links.get(key)
         if q is None:
-            q = self.links[key] = self._queue(
-                self.sc.cluster.topology.link(name), f"node{node}/{name}/{group}"
-            )
+            # network_out: a GPU NIC's outbound direction (full duplex: its own queue), used by
+            # publications to dedicated pool nodes; network is the inbound one.
+            link = self.sc.cluster.topology.link("network" if name == "network_out" else name)
+            q = self.links[key] = self._queue(link, f"node{node}/{name}/{group}")
         return q
 
     def port(self, i: int, sched: Scheduler) -> OffloadPort:
@@ -610,6 +644,13 @@ class _Offload:
                 self._fetch_policy(net_link, on_net),
                 self.watchers,
             )
+            if self.pool_in:
+                glob.out = self._link(node, "network_out", group)
+                glob.pool_in, glob.pool_out = self.pool_in, self.pool_out
+                glob.pool_block_bytes = self.block_bytes
+                glob.first_pool = c.nodes
+            elif c.topology.sharing != "fair":  # a fetch also holds the home node's NIC on this rail
+                glob.home_out = functools.partial(self._link, name="network_out", group=group)
         swap = None
         if self.swap is not None:
             swap = (self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h))
@@ -639,6 +680,8 @@ class _Offload:
             p.sampled.append((f"node{node}/ssd", self.ssd[node].tier))
         if not self.ports and self.pool is not None:
             p.sampled.append(("global", self.pool))
+            if isinstance(self.pool, PoolNodes):
+                p.sampled.extend((sh.name, sh) for sh in self.pool.shards)
         if not self.ports:
             p.links_to_sample = self._queues
         p.node = node
@@ -691,17 +734,22 @@ class _Offload:
         per_block = self.sc.kv.offload.copy is CopyMode.PER_BLOCK
         memo: dict[int, bool] = {}
 
+        pool_link, whole = self.pool_link, self.block_bytes
+
         def worth(blocks: int) -> bool:
             ok = memo.get(blocks)
             if ok is None:
-                fetch_s = cost.transfer_time(blocks * bpg * on_net, net, blocks if per_block else 1)
+                calls = blocks if per_block else 1
+                fetch_s = cost.transfer_time(blocks * bpg * on_net, net, calls)
+                if pool_link is not None:  # through a pool node's NICs too: the slower end's time
+                    fetch_s = max(fetch_s, cost.transfer_time(blocks * whole, pool_link, calls))
                 recompute_s = cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
                 ok = memo[blocks] = fetch_s < recompute_s
             return ok
 
         return worth
 
-    def pool_record(self, seqs: list[Request]) -> GlobalPoolRecord:
+    def pool_record(self, seqs: list[Request], simulated: float) -> GlobalPoolRecord:
         pool = self.pool
         assert pool is not None
         bpg = self.block_bytes_per_gpu
@@ -711,6 +759,9 @@ class _Offload:
         for p in self.ports:
             first.update(p.stats.first_admission_global)
         got = sum(first.get(s.id, 0) for s in admitted)
+        waits: dict[int, float] = {}
+        for p in self.ports:
+            waits.update(p.stats.waits)
         return GlobalPoolRecord(
             fetch=self.sc.kv.global_pool.fetch,
             capacity_bytes=int(pool.capacity_blocks * self.block_bytes),
@@ -723,12 +774,32 @@ class _Offload:
             dropped_bytes=pool.stats.dropped_blocks * bpg,
             declined_lookups=sum(p.stats.declined for p in self.ports),
             eviction=self.sc.kv.global_pool.eviction,
+            pool_nodes=self._pool_nodes_record(simulated) if isinstance(pool, PoolNodes) else None,
+            requests_waited=len(waits),
+            kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
+        )
+
+    def _pool_nodes_record(self, simulated: float) -> PoolNodesRecord:
+        pool = self.pool
+        assert isinstance(pool, PoolNodes) and self.pool_link is not None
+        gp, bb = self.sc.kv.global_pool, self.block_bytes
+        return PoolNodesRecord(
+            nodes=gp.pool_nodes,
+            capacity_bytes_per_node=int(pool.shards[0].capacity_blocks * bb),
+            peak_bytes=tuple(int(sh.stats.peak_blocks * bb) for sh in pool.shards),
+            end_bytes=tuple(int(sh.used_blocks * bb) for sh in pool.shards),
+            nics_per_node=gp.pool_node_nics,
+            nic_bw_bytes_per_s=self.pool_link.bw_bytes_per_s,
+            cost_per_hour_usd=gp.pool_node_usd_per_hour(self.sc.cluster.host_dram_bytes),
+            cost_usd=simulated / 3600.0 * self.sc.pool_nodes_usd_per_hour,
         )
 
     def _queues(self) -> list[LinkQueue]:
         queues = [q for _, q in sorted(self.links.items())]
         for side in self.ssd or []:
             queues += [side.read, side.write]
+        for qi, qo in zip(self.pool_in, self.pool_out, strict=True):
+            queues += [qi, qo]
         return queues
 
     def link_samples(self) -> list[tuple[float, str, float, float]]:
@@ -1046,7 +1117,11 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         seed=sc.sim.seed,
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
-        sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources),
+        sources=dict(
+            sc.cluster.gpu.sources
+            + sc.cluster.topology.sources
+            + (POOL_NODE_SOURCES if sc.pool_nodes_usd_per_hour else ())
+        ),
         clip_to_context=sc.workload.clip_to_context,
         scenario_path=sc.source,
         profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),

@@ -199,6 +199,13 @@ def cases(  # type: ignore[no-untyped-def]
                 "pool_eviction": draw(st.sampled_from(["lru", "lfu"])),
             }
             cluster["topology"]["network"] = {"bw": draw(st.sampled_from(["1GB/s", "50GB/s"]))}
+            if cluster["topology"]["sharing"] == "fifo" and draw(st.booleans()):
+                # Dedicated pool nodes of a few entries each, with one NIC or two (FIFO links only:
+                # fair sharing is refused with them): publications and fetches through two NICs.
+                pc = kv["prefix_cache"]
+                pc["pool_node_bytes"] = pc.pop("pool_bytes")
+                pc["pool_nodes"] = draw(st.sampled_from([1, 2, 3]))
+                pc["pool_node_nics"] = draw(st.sampled_from([1, 2]))
     # Quantized caches (quantize-on-write priced every step) and a mix of formats per head.
     fmt = draw(
         st.sampled_from(

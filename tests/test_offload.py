@@ -540,7 +540,31 @@ def test_a_prefix_only_in_the_global_pool_is_fetched_over_the_network_and_only_t
     assert gp["published_bytes"] == 20 * BLOCK  # A's 20 entries; B's last one was in the pool
     links = {r["name"]: r for r in res.summary["links"]}
     assert links["node1/network/0"]["bytes"] == 19 * BLOCK
+    assert links["node0/network_out/0"]["bytes"] == 19 * BLOCK  # the home node's NIC sends them
     assert res.summary["offload"] is None
+
+
+def test_two_nodes_fetching_from_one_home_at_once_queue_on_its_nic_egress():
+    """Three nodes: A computes on node 0 (the home); B and C, A's prompt, arrive together on nodes 1
+    and 2 and fetch 19 blocks each: both reads leave through node 0's NIC, so the second starts
+    when the first ends there, a whole transfer later."""
+    wl = make_workload([0.0, 1.0, 1.0], [320] * 3, [1] * 3, hash_ids=[IDS_A] * 3, block_tokens=16)
+    sc = small_scenario(
+        num_blocks=40,
+        cluster={"nodes": 3, "router": "round_robin"},
+        kv={"prefix_cache": {"scope": "global", "fetch": "always"}},
+    )
+    res = krun.run_scenario(sc, workload=wl)
+    a, b, c = res.seqs
+    assert (a.replica, b.replica, c.replica) == (0, 1, 2)
+    hold = 2.3e-6 + 19 * BLOCK / 50e9
+    prefill = krun.make_cost_model(sc).price(ForwardBatch.prefill(16, 304)).seconds
+    assert b.first_token_s == pytest.approx(1.0 + hold + 5e-6 + prefill, rel=1e-12)
+    assert c.first_token_s == pytest.approx(1.0 + 2 * hold + 5e-6 + prefill, rel=1e-12)
+    links = {r["name"]: r for r in res.summary["links"]}
+    assert links["node0/network_out/0"]["transfers"] == 2
+    assert links["node0/network_out/0"]["queued_s"] == pytest.approx(hold, rel=1e-12)
+    assert links["node2/network/0"]["queued_s"] == pytest.approx(hold, rel=1e-12)
 
 
 def test_auto_recomputes_a_remote_prefix_over_a_slow_network():

@@ -19,6 +19,7 @@ stays here too, so writing it back again when HBM evicts it costs nothing.
 A `GlobalPool` is the same store cluster-wide (``kv.prefix_cache.scope: global``, as Mooncake
 Store keeps prefix KV in the DRAM of every node): each entry also knows its home node, whose DRAM
 holds it, so a fetch from another node crosses the network. One LRU (or LFU) over the whole pool.
+`PoolNodes` is the pool on dedicated pool nodes (``pool_nodes``): each node its own DRAM and LRU.
 
 The scheduler asks a `TierLookup` (the shell's view of a replica's lower tiers, local DRAM then the
 global pool) how far a prefix continues below HBM.
@@ -252,3 +253,113 @@ class GlobalPool(HostTier):
         if len(home) > 2 * len(self.entries) + 1024:  # forget the homes of dropped entries
             self.home = {k: home[k] for k in self.entries}
         return new
+
+
+class PoolNodes(GlobalPool):
+    """The cluster-wide pool on dedicated pool nodes (``kv.prefix_cache.pool_nodes``), each with
+    its own DRAM (`shards`, one `HostTier` per node, LRU or LFU within it, as a memory server
+    evicts from its own memory) and its own NICs (the shell's business).
+
+    An entry is homed on pool node ``spread(key) mod N`` (`home` holds ``first_home + that``, ids
+    after the GPU nodes', so every pool entry is remote to every replica). Why by key: any GPU finds
+    an entry's home from the key alone, as a hash-partitioned store does; it depends on nothing but
+    the key, so one seed gives one placement; and the nodes fill evenly in expectation, a prefix's
+    blocks spread over them (Mooncake stripes its objects over nodes and NICs the same way). Keys
+    are trace ids, often consecutive, and private keys whose low bits are all zero
+    (`kvsim.core.block_hash`): `spread`, a Fibonacci (multiplicative) hash, mixes them first. Least-full
+    placement was the alternative: in steady state every node is full, its ties would send every
+    entry to the same node. Each node evicting its own LRU approximates one LRU over the whole
+    pool (each sees about 1/N of the stream), so hit rates stay close to the in-DRAM pool's of the
+    same capacity. `entries` is the union of the shards' (for lookups), kept in step with them."""
+
+    def __init__(
+        self, capacity_blocks_per_node: int, num_nodes: int, *, first_home: int, eviction: str = "lru"
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be positive, got {num_nodes}")
+        super().__init__(capacity_blocks_per_node * num_nodes, eviction=eviction)
+        self.shards = [
+            HostTier(capacity_blocks_per_node, name=f"pool{j}", eviction=eviction) for j in range(num_nodes)
+        ]
+        self.first_home = first_home
+        self.last_by_node: list[tuple[int, list[tuple[int, int]]]] = []  # the last publish's, by node
+
+    def shard_of(self, key: int) -> int:
+        return spread(key) % len(self.shards)
+
+    def publish(self, keys: Sequence[int], sizes: Sequence[int], node: int) -> list[tuple[int, int]]:
+        """Insert entries, each into its pool node (`node`, the publisher, does not place them);
+        returns those inserted, grouped by pool node in node order (`last_by_node`: each pool node
+        with new entries and those entries)."""
+        n = len(self.shards)
+        by_node: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n)]
+        g = _GOLDEN64
+        for k, s in zip(keys, sizes, strict=True):
+            ks, ss = by_node[(((k * g) & 0xFFFFFFFFFFFFFFFF) >> 32) % n]  # spread(k) % n, inlined
+            ks.append(k)
+            ss.append(s)
+        new: list[tuple[int, int]] = []
+        dropped: list[int] = []
+        dropped_sizes: list[int] = []
+        groups: list[tuple[int, list[tuple[int, int]]]] = []
+        self.last_by_node = groups
+        entries, home = self.entries, self.home
+        for j, (ks, ss) in enumerate(by_node):
+            if not ks:
+                continue
+            shard = self.shards[j]
+            before = shard.used_blocks
+            got = shard.insert(ks, ss)
+            held = shard.entries
+            # The union follows the shard, whatever the batch did in between (an entry dropped by a
+            # later one, or dropped and inserted again). A dropped entry's home stays until
+            # compacted.
+            at = self.first_home + j
+            for k, s in got:
+                if k in held:
+                    entries[k] = s
+                home[k] = at
+            if shard.last_dropped:
+                for old in shard.last_dropped:
+                    if old not in held:
+                        entries.pop(old, None)
+                dropped.extend(shard.last_dropped)
+                dropped_sizes.extend(shard.last_dropped_sizes)
+            self.used_blocks += shard.used_blocks - before
+            if got:
+                new.extend(got)
+                groups.append((j, got))
+        self.last_dropped = dropped
+        self.last_dropped_sizes = dropped_sizes
+        st = self.stats
+        if dropped_sizes:
+            st.dropped_blocks += sum(dropped_sizes)
+        if new:
+            st.inserted_blocks += sum(s for _, s in new)
+            if self.used_blocks > st.peak_blocks:
+                st.peak_blocks = self.used_blocks
+        if len(home) > 2 * len(entries) + 1024:  # forget the homes of dropped entries
+            self.home = {k: home[k] for k in entries}
+        return new
+
+    def touch(self, keys: Sequence[int]) -> int:
+        shards, n = self.shards, len(self.shards)
+        return sum(shards[spread(k) % n].touch((k,)) for k in keys)
+
+    def check(self) -> None:
+        for sh in self.shards:
+            sh.check()
+        n = len(self.shards)
+        assert self.used_blocks == sum(sh.used_blocks for sh in self.shards) <= self.capacity_blocks
+        assert self.entries.keys() == {k for sh in self.shards for k in sh.entries}
+        assert all(self.home[k] == self.first_home + spread(k) % n for k in self.entries)
+        assert all(spread(k) % n == j for j, sh in enumerate(self.shards) for k in sh.entries)
+
+
+_GOLDEN64 = 0x9E3779B97F4A7C15  # 2^64 / the golden ratio, odd
+
+
+def spread(key: int) -> int:
+    """A 32-bit Fibonacci hash of an entry key (Knuth's multiplicative hashing): the high half of
+    ``key x 2^64/phi mod 2^64``, so consecutive or low-bit-equal keys land on different nodes."""
+    return ((key * _GOLDEN64) & 0xFFFFFFFFFFFFFFFF) >> 32

@@ -297,6 +297,20 @@ def _tiers_section(rec: RunSummary) -> str:
             ("published / dropped (per GPU)", f"{_gib(pool.published_bytes)} / {_gib(pool.dropped_bytes)}"),
             ("requests that recomputed a remote prefix instead", _int(pool.declined_lookups)),
         ]
+        pn = pool.pool_nodes
+        if pn is not None:
+            kv += [
+                (
+                    "dedicated pool nodes",
+                    f"{_int(pn.nodes)} x {_gib(pn.capacity_bytes_per_node)}, {_int(pn.nics_per_node)} NICs "
+                    f"({pn.nic_bw_bytes_per_s / 1e9:,.0f} GB/s per direction) each",
+                ),
+                ("pool node peak (each)", " / ".join(_gib(b) for b in pn.peak_bytes)),
+                (
+                    "pool nodes' cost (in the run's cost)",
+                    f"${pn.cost_per_hour_usd:,.2f}/h each, ${pn.cost_usd:,.2f} over the run",
+                ),
+            ]
     if swap is not None:
         kv += [
             ("preemption", html.escape(swap.mode)),
@@ -321,7 +335,10 @@ def _tiers_section(rec: RunSummary) -> str:
         header = ("link", "transfers", "bytes", "busy", "utilisation", "queued (all transfers)")
         parts.append(_table(rows2, header=header, cls="num"))
         parts.append(
-            _note("Links: one direction of one PCIe group or NIC; transfers queue first come, first served.")
+            _note(
+                "Links: one direction of one PCIe group or NIC (poolN/nic_in, nic_out: a dedicated pool "
+                "node's NICs together); transfers queue first come, first served."
+            )
         )
     return "\n".join(parts)
 

@@ -169,6 +169,26 @@ class GlobalPoolRecord:
     dropped_bytes: float  # dropped to make room (LRU or LFU), per GPU
     declined_lookups: int  # requests whose lookup stopped at a remote entry cheaper to recompute, each once
     eviction: str = "lru"  # lru | lfu (kv.prefix_cache.pool_eviction)
+    pool_nodes: PoolNodesRecord | None = None  # kv.prefix_cache.pool_nodes; None: in the GPU nodes' DRAM
+    # Requests that waited for KV (fetches from the pool, and loads from other tiers) and how long:
+    # as `OffloadRecord`'s, here too when no offload tier is on (None in files written before).
+    requests_waited: int | None = None
+    kv_wait_s: Distribution | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolNodesRecord:
+    """The global pool's dedicated pool nodes: their DRAM, NICs and price (in the run's cost)."""
+
+    nodes: int
+    capacity_bytes_per_node: int  # whole replica blocks that fit in kv.prefix_cache.pool_node_bytes
+    peak_bytes: tuple[int, ...]  # per pool node, its fullest
+    end_bytes: tuple[int, ...]  # per pool node, at the end of the run
+    nics_per_node: int
+    nic_bw_bytes_per_s: float  # one pool node's NICs together (its queues' bandwidth per direction)
+    cost_per_hour_usd: float  # per pool node
+    cost_usd: float  # all pool nodes over the simulated time (included in the run's cost_usd)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -51,8 +51,11 @@ def summarize(
     tpot_slo_s: float,
     percentile: float,
     not_arrived: int = 0,
+    other_usd_per_hour: float = 0.0,
 ) -> dict[str, Any]:
-    """The fields of `RunSummary` that derive from the requests alone, by field name."""
+    """The fields of `RunSummary` that derive from the requests alone, by field name.
+    `other_usd_per_hour`: what the run's machines besides its GPUs cost (dedicated pool nodes),
+    in the cost figures too."""
     done = [s for s in seqs if s.status is RequestStatus.FINISHED]
     rejected = [s for s in seqs if s.status is RequestStatus.REJECTED]
     arr = np.array([s.arrival_s for s in done])
@@ -77,6 +80,8 @@ def summarize(
     prompt_tokens = sum(s.prompt_len for s in admitted)
     gpu_hours = num_gpus * simulated_s / 3600.0
     cost = gpu_hours * gpu_hour_usd
+    if other_usd_per_hour:
+        cost += simulated_s / 3600.0 * other_usd_per_hour
     ttft_p = float(np.percentile(ttft, percentile)) if ttft.size else math.inf
     tpot_p = float(np.percentile(tpot, percentile)) if tpot.size else 0.0
     return {

@@ -26,6 +26,8 @@ only in ``num_calls``.
 ``cluster.topology.sharing: fair`` shares each link's bandwidth between its concurrent transfers
 instead (`FairLinkQueue`: processor sharing, as a real link interleaves DMA streams; FIFO gives the
 same completion time for the last of a burst of equal transfers and earlier ones for the others).
+A transfer through two links at once (the global pool on dedicated pool nodes: a pool node's NIC
+and a GPU's, RDMA end to end) is `reserve_through`: cut-through, both links held together.
 Left out: priorities
 between loads and write-backs (separate directions here: host-to-device and device-to-host are
 two links), NUMA.
@@ -80,6 +82,42 @@ class LinkQueue:
         s.busy_s += hold
         s.queued_s += start - now
         return start, start + hold + self.link.latency_s
+
+
+def reserve_through(
+    first: LinkQueue,
+    second: LinkQueue,
+    now: float,
+    first_bytes: float,
+    num_calls: int = 1,
+    second_bytes: float | None = None,
+) -> tuple[float, float]:
+    """Queue one RDMA transfer that crosses two links at once (a pool node's NIC and a GPU's),
+    FIFO on both: returns (its start, the instant its data have arrived).
+
+    Cut-through, not store-and-forward: the bytes stream through both links together, so the
+    transfer starts when both are free (``max(now, first.busy_until, second.busy_until)``), holds
+    both for ``calls x overhead + max(first_bytes / first bw, second_bytes / second bw)`` (the
+    slower end sets the rate; with the same bytes on both ends, ``bytes / min(bandwidths)``), and
+    its data arrive one latency after (the larger of the two links' overheads and latencies:
+    one call and one wire across the path). The two ends' bytes differ where the receiving
+    replica's other GPUs take their shares through NICs of their own in parallel (`second_bytes`;
+    None: the same as `first_bytes`). Neither link is backfilled: a link left idle while the
+    transfer waits for the other stays so (each link's FIFO stays one number)."""
+    nb2 = first_bytes if second_bytes is None else second_bytes
+    a, b = first.link, second.link
+    start = max(now, first.busy_until, second.busy_until)
+    hold = num_calls * max(a.per_call_overhead_s, b.per_call_overhead_s) + max(
+        first_bytes / a.bw_bytes_per_s, nb2 / b.bw_bytes_per_s
+    )
+    for q, nb in ((first, first_bytes), (second, nb2)):
+        q.busy_until = start + hold
+        st = q.stats
+        st.transfers += 1
+        st.bytes += nb
+        st.busy_s += hold
+        st.queued_s += start - now
+    return start, start + hold + max(a.latency_s, b.latency_s)
 
 
 class Arrival:

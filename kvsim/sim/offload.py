@@ -48,12 +48,27 @@ the recompute are not weighed).
 
 The global pool (``kv.prefix_cache.scope: global``, `GlobalSide`) is fed with every entry an HBM
 pool registers (`BlockStored`): published to the pool in the publisher's node DRAM over its D2H
-link, as Mooncake stores a prefill's KV. A lookup continues past HBM and local DRAM into the pool;
-an entry homed on another node is fetched over the requester's network link (GPUDirect RDMA into
-HBM; the sender's NIC is not modelled), one homed on this node over H2D, both transfers of a load
-in parallel; with ``fetch: auto`` a remote entry is fetched only when that beats recomputing its
-tokens (the cost model's prefill price at no context, against the idle link's transfer time), else
-the prefix stops there and the rest is recomputed.
+link, as Mooncake stores a prefill's KV (or to dedicated pool nodes, below). A lookup continues
+past HBM and local DRAM into the pool; an entry homed on another node is fetched by GPUDirect RDMA
+into HBM, one read per home node through the home node's NIC egress and the requester's network
+link at once (`kvsim.sim.links.reserve_through`; the home node's NIC on the requester's rail, its
+NIC group of the same index, as rail-optimized fabrics wire NIC i of every node to one leaf), one
+homed on this node over H2D, the transfers of a load in parallel; with ``fetch: auto`` a remote
+entry is fetched only when that beats recomputing its tokens (the cost model's prefill price at
+no context, against the idle path's transfer time), else the prefix stops there and the rest is
+recomputed. With fair-shared links only the requester's link is charged (a transfer through two
+fair-shared links is not modelled).
+
+On dedicated pool nodes (``pool_nodes``, `kvsim.core.tiers.PoolNodes`; Mooncake Store on memory
+servers of its own) both ends' NICs are charged: each pool node has an ingress and an egress
+`LinkQueue` (its NICs together), each GPU NIC group an inbound (``network``) and an outbound
+(``network_out``) one. A publication is one RDMA write per pool node its new entries are homed on,
+from HBM through the publisher's egress and the pool node's ingress at once
+(`kvsim.sim.links.reserve_through`: cut-through, both held together; no D2H copy, the GPU nodes'
+DRAM holds nothing of the pool); a fetch one read per pool node, through its egress and the
+requester's inbound link, starting no earlier than the latest write of its entries has arrived.
+Every pool entry is remote. A pool node's NICs carry a replica's whole blocks (every GPU's share),
+a GPU NIC group its own GPUs' shares.
 
 Fast-forward: a load's end is an outside event for the replica's windows (`next_event`,
 `kvsim.core.horizon`): a window runs only the steps that end strictly before it. With write-back
@@ -93,8 +108,8 @@ from simpy.events import URGENT
 from kvsim.core.block_pool import BlockRemoved, BlockStored, PoolEvent
 from kvsim.core.request import Request
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.core.tiers import GlobalPool, HostTier
-from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, urgent_at
+from kvsim.core.tiers import GlobalPool, HostTier, PoolNodes
+from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, reserve_through, urgent_at
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
 
@@ -139,6 +154,18 @@ class GlobalSide:
     node: int
     worth: Callable[[int], bool]  # fetch a remote entry of this many blocks rather than recompute it
     watchers: list[OffloadPort]  # every replica's port (a pool change can matter to any)
+    # Dedicated pool nodes (``pool_nodes``; empty lists: the pool in the GPU nodes' DRAM): each pool
+    # node's NIC ingress and egress (`pool_in`, `pool_out`, by pool node), the replica's network
+    # egress (`out`, its first GPU's NIC group, the outbound direction of `net`), a replica's whole
+    # block (all its GPUs' shares, which a pool node's NICs carry) and the home id of pool node 0.
+    out: LinkQueue | None = None
+    pool_in: list[LinkQueue] = field(default_factory=list)
+    pool_out: list[LinkQueue] = field(default_factory=list)
+    pool_block_bytes: float = 0.0
+    first_pool: int = 0
+    # The pool in the GPU nodes' DRAM with FIFO links: a home node's NIC egress on this replica's
+    # rail (None: fair sharing, or pool nodes).
+    home_out: Callable[[int], LinkQueue] | None = None
 
 
 @dataclass
@@ -357,11 +384,32 @@ class OffloadPort:
         if not new:
             return
         blocks = sum(s for _, s in new)
-        end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
-        for k, _ in new:
-            glob.ready[k] = end
+        if glob.pool_in:
+            self._publish_to_pool_nodes(now)
+        else:
+            end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
+            for k, _ in new:
+                glob.ready[k] = end
         self.stats.published_blocks += blocks
         self._changed({*keys, *glob.pool.last_dropped}, glob.watchers, now)
+
+    def _publish_to_pool_nodes(self, now: float) -> None:
+        """RDMA writes of the entries the pool just took in, from this replica's HBM to their pool
+        nodes: one transfer per pool node (in node order), each through the replica's NIC egress
+        and the pool node's NIC ingress at once (`reserve_through`)."""
+        glob = self.glob
+        assert glob is not None and glob.out is not None
+        pool = glob.pool
+        assert isinstance(pool, PoolNodes)
+        out, pool_in, ready = glob.out, glob.pool_in, glob.ready
+        per_gpu, whole = glob.net_block_bytes, glob.pool_block_bytes
+        for j, part in pool.last_by_node:
+            nb = sum(s for _, s in part)
+            end = reserve_through(
+                out, pool_in[j], now, nb * per_gpu, nb if self.per_block else 1, nb * whole
+            )[1]
+            for k, _ in part:
+                ready[k] = end
 
     def _decide_swap(self, req: Request) -> bool:
         """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
@@ -549,6 +597,10 @@ class OffloadPort:
         host_deps: list[Arrival] = []
         ssd_deps: list[Arrival] = []
         net_deps: list[Arrival] = []
+        dedicated = glob is not None and bool(glob.pool_out)  # (refused with fair sharing)
+        # Remote blocks by home (FIFO: pool nodes, or GPU nodes whose NIC egress is charged)
+        through = dedicated or (glob is not None and glob.home_out is not None)
+        by_pool: dict[int, tuple[int, float]] = {}  # home id -> (blocks, start)
         for i in range(hits, hits + n):
             k = req.keys[i]
             size = cum[i + 1] - cum[i]
@@ -578,6 +630,16 @@ class OffloadPort:
                 remote = glob.pool.home[k] != self.node
                 if remote:
                     remote_blocks += size
+                    if through:  # per home: its blocks and the instant the last is written
+                        j = glob.pool.home[k]
+                        nb, t0 = by_pool.get(j, (0, now))
+                        t = ready.get(k)
+                        if t is not None and t <= now:
+                            del ready[k]
+                        elif t is not None:
+                            t0 = max(t0, t)
+                        by_pool[j] = (nb + size, t0)
+                        continue
                 else:
                     host_blocks += size
             t = ready.get(k)
@@ -624,7 +686,20 @@ class OffloadPort:
             read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
             calls = ssd_blocks if self.per_block else 1
             end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if remote_blocks and not fair:
+        if by_pool:  # from each home over its NIC egress and this replica's NIC, at once
+            assert glob is not None
+            for j in sorted(by_pool):
+                nb, t0 = by_pool[j]
+                if dedicated:  # a pool node's NICs carry every GPU's share
+                    src, src_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
+                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
+                    assert glob.home_out is not None
+                    src, src_bytes = glob.home_out(j), nb * glob.net_block_bytes
+                _, e = reserve_through(
+                    src, glob.net, t0, src_bytes, nb if self.per_block else 1, nb * glob.net_block_bytes
+                )
+                end = max(end, e)
+        elif remote_blocks and not fair:
             assert glob is not None
             calls = remote_blocks if self.per_block else 1
             end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])

@@ -142,6 +142,43 @@ class GlobalPoolConfig:
     pool_bytes: int = 0  # per node (0: the host DRAM left beside the offload tier and swap space)
     fetch: str = "auto"  # auto: fetch an entry only where it beats recomputing it; always
     eviction: str = "lru"  # pool_eviction: lru | lfu (`kvsim.core.tiers`)
+    # Dedicated pool nodes (Mooncake Store on memory servers of its own): 0 keeps the pool in the
+    # GPU nodes' DRAM. With N > 0 each pool node gives `pool_node_bytes` of DRAM (0: cluster.host_dram)
+    # and has `pool_node_nics` NICs of cluster.topology.network's bandwidth; its price is added to
+    # the run's cost. The defaults' sources: `POOL_NODE_SOURCES`.
+    pool_nodes: int = 0
+    pool_node_bytes: int = 0
+    pool_node_nics: int = 2
+    pool_node_cost_per_hour: float = 0.0  # 0: by its DRAM at `POOL_NODE_USD_PER_GIB_HOUR`
+
+    def pool_node_usd_per_hour(self, host_dram_bytes: int) -> float:
+        """One pool node's price: as given, or its DRAM's at the x2idn family's rate."""
+        if self.pool_node_cost_per_hour:
+            return self.pool_node_cost_per_hour
+        return (self.pool_node_bytes or host_dram_bytes) / 2**30 * POOL_NODE_USD_PER_GIB_HOUR
+
+
+# AWS EC2 x2idn (memory-optimized, on-demand Linux list prices, us-east-1): 16xlarge 1,024 GiB
+# $6.669/h, 24xlarge 1,536 GiB $10.003/h, 32xlarge 2,048 GiB $13.338/h: linear in DRAM, $6.513 per
+# TiB-hour; a pool node's default price is its DRAM at that rate (extrapolated outside 1-2 TiB).
+POOL_NODE_USD_PER_GIB_HOUR = 13.338 / 2048
+
+
+# Where the pool nodes' defaults come from (shown with the run's sources).
+POOL_NODE_SOURCES = (
+    ("pool node dram", "cluster.host_dram: 2 TiB, as a DGX H100 node's system memory"),
+    (
+        "pool node nics",
+        "2 NICs of cluster.topology.network's bandwidth each (estimate: a CPU memory server's 1-2 "
+        "ConnectX-7 400 Gb/s NICs; Mooncake's own nodes carry 8 x 400 Gb/s RoCE, striped by its "
+        "Transfer Engine to 190 GB/s measured, Mooncake doc/en/transfer-engine.md)",
+    ),
+    (
+        "pool node price",
+        "its DRAM at $13.338 per 2,048 GiB-hour: AWS EC2 x2idn on-demand Linux list prices, us-east-1 "
+        "(16/24/32xlarge: 1,024/1,536/2,048 GiB at $6.669/10.003/13.338 an hour, linear in DRAM)",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -293,6 +330,15 @@ class Scenario:
     overrides: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
 
+    @property
+    def pool_nodes_usd_per_hour(self) -> float:
+        """What the dedicated pool nodes cost per hour, all together (0 without them): the
+        machines the run pays for besides its GPUs."""
+        gp = self.kv.global_pool
+        if self.kv.prefix_cache != "global" or not gp.pool_nodes:
+            return 0.0
+        return gp.pool_nodes * gp.pool_node_usd_per_hour(self.cluster.host_dram_bytes)
+
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
@@ -431,15 +477,35 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
         scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
-        for key in ("pool_bytes", "fetch", "pool_eviction"):
+        for key in ("pool_bytes", "fetch", "pool_eviction", "pool_nodes"):
             if pc.raw(key, None) is not None and scope != "global":
                 raise pc.err(key, "only with scope: global")
+        n_pool = pc.int("pool_nodes", 0, lo=0, hi=10_000)
+        node_keys = ("pool_node_bytes", "pool_node_nics", "pool_node_cost_per_hour")
+        for key in node_keys:
+            if pc.raw(key, None) is not None and not n_pool:
+                raise pc.err(key, "only with pool_nodes (dedicated pool nodes)")
+        if n_pool and pc.raw("pool_bytes", None) is not None:
+            raise pc.err(
+                "pool_bytes",
+                "is the pool's share of each GPU node's DRAM, unused with pool_nodes; size the pool "
+                "nodes with pool_node_bytes",
+            )
+        dflt = GlobalPoolConfig()
         gpool = GlobalPoolConfig(
             pool_bytes=pc.parsed("pool_bytes", parse_size, 0)
             if pc.raw("pool_bytes", None) is not None
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
             eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
+            pool_nodes=n_pool,
+            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size)
+            if pc.raw("pool_node_bytes", None) is not None
+            else 0,
+            pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
+            pool_node_cost_per_hour=pc.parsed("pool_node_cost_per_hour", parse_price_per_hour)
+            if pc.raw("pool_node_cost_per_hour", None) is not None
+            else dflt.pool_node_cost_per_hour,
         )
         pin = pc.parsed("pin", _read_pin, ())
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
@@ -879,6 +945,14 @@ def scenario_from_dict(
             f"{off.host_bytes:,} bytes exceed the node's host DRAM (cluster.host_dram: {cluster.host_dram_bytes:,})",
             source=source,
             path="kv.offload.host_bytes",
+        )
+    if kv.global_pool.pool_nodes and cluster.topology.sharing == "fair":
+        # A transfer through two fair-shared links (the pool node's NIC and the GPU's) has a rate
+        # set by both links' shares at once, which `FairLinkQueue` (one link) does not model.
+        raise KvsimError(
+            "dedicated pool nodes are simulated with FIFO links only, not cluster.topology.sharing: fair",
+            source=source,
+            path="kv.prefix_cache.pool_nodes",
         )
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the

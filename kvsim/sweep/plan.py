@@ -164,7 +164,8 @@ class Planner:
     count: SearchAxis | None
     base_rate_scale: float
     keys: dict[tuple[str, ...], Hashable]  # each point's overrides -> its workload key
-    cost: dict[tuple[str, ...], tuple[int, float]]  # configuration overrides -> (GPUs, $/GPU-h)
+    # configuration overrides -> (GPUs, $/GPU-h, $/h of the other machines: dedicated pool nodes)
+    cost: dict[tuple[str, ...], tuple[int, float, float]]
     reads: tuple[tuple[str, Path | None], ...]
 
     def point_overrides(self, combo: Combo, count: str | None, load: float) -> tuple[str, ...]:
@@ -224,10 +225,10 @@ def prepare_plan(
             raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
-    cost: dict[tuple[str, ...], tuple[int, float]] = {}
+    cost: dict[tuple[str, ...], tuple[int, float, float]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
-        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_hour_usd)
+        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_hour_usd, sc.pool_nodes_usd_per_hour)
     discrete = [a for a in axes if not a.count]
     combos = tuple(
         Combo(i, tuple(f"{a.path}={v}" for a, v in zip(discrete, vs, strict=True)))
@@ -384,7 +385,7 @@ def search(run: PlanRun) -> dict[tuple[int, int], str | None]:
 
 def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, Any]:
     p = run.planner
-    gpus, price = p.cost[p.config_overrides(combo, count)]
+    gpus, price, other = p.cost[p.config_overrides(combo, count)]
     loads = []
     for k in p.loads:
         o = p.point_overrides(combo, count, k)
@@ -417,7 +418,7 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "count": count,
         "gpus": gpus,
         "gpu_hour_usd": price,
-        "usd_per_hour": gpus * price,
+        "usd_per_hour": gpus * price + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
         "loads": loads,
