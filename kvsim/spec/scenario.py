@@ -149,11 +149,11 @@ class GlobalPoolConfig:
     pool_nodes: int = 0
     pool_node_bytes: int = 0
     pool_node_nics: int = 2
-    pool_node_cost_per_hour: float = 0.0  # 0: by its DRAM at `POOL_NODE_USD_PER_GIB_HOUR`
+    pool_node_cost_per_hour: float | None = None  # None: by its DRAM at `POOL_NODE_USD_PER_GIB_HOUR`
 
     def pool_node_usd_per_hour(self, host_dram_bytes: int) -> float:
         """One pool node's price: as given, or its DRAM's at the x2idn family's rate."""
-        if self.pool_node_cost_per_hour:
+        if self.pool_node_cost_per_hour is not None:  # as given (0: hardware already paid for)
             return self.pool_node_cost_per_hour
         return (self.pool_node_bytes or host_dram_bytes) / 2**30 * POOL_NODE_USD_PER_GIB_HOUR
 

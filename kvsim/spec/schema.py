@@ -50,7 +50,10 @@ class Section:
 
     def parsed(self, key: str, parse: Callable[[Any], T], default: object = _MISSING) -> T:
         value = self.raw(key, default)
-        if value is default and default is not _MISSING:
+        # The default only where the key is absent (or null with a null default): a value given
+        # is parsed even when it equals the default object (YAML's 0 is the interpreter's 0, so
+        # `pool_bytes: 0` passed as the default without the check that refuses it).
+        if default is not _MISSING and (key not in self.data or (value is None and default is None)):
             return value  # type: ignore[return-value]
         try:
             return parse(value)
