@@ -5,8 +5,10 @@ runs this in a child process so that kvsim never imports torch). Per step, as a 
 requests that have arrived by the wall clock join the scheduler (`Scheduler.add`); `schedule()`
 decides the batch; the block tables follow the pool's counts (`validate.blocks`); input ids,
 positions, slot mappings and block tables are built from the `SchedulerOutput`; the model runs one
-forward and samples; `complete()` applies the step. With nothing to run, the loop sleeps until the
-next arrival. The same code (`kvsim.core`) decides the simulator's steps, so only costs can differ.
+forward and samples; `complete()` applies the step (`step`: the part the calibrator's
+``step_overhead`` also times, forward left out, by `empty_step`). With nothing to run, the loop
+sleeps until the next arrival. The same code (`kvsim.core`) decides the simulator's steps, so only
+costs can differ.
 
 Recorded per run: each request's arrival, first scheduling, first token, finish and every token's
 time; each step's composition (decode contexts, prefill chunks and their contexts, rows sampling),

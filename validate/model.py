@@ -12,7 +12,10 @@ One forward runs one scheduler step: all its tokens through the GEMMs at once (d
 then prefill rows, as `kvsim.core.sched.output.SchedulerOutput` orders them); per layer, the decode
 rows' new K/V are written (`kv_write`) and attended to (`paged_decode`), and the prefill rows' chunks
 written and attended causally over their prefix (`chunked_prefill`); the last position of each
-sampling row goes through the LM head and is sampled greedily.
+sampling row goes through the LM head and is sampled greedily. Around the GEMMs and attention the
+forward calls this module's functions (RMSNorm, rotary, SiLU-and-mul, residual adds, embedding,
+sampling); `step_rest` times those same calls at any model's shapes for the calibrator's
+``step_rest`` op, so that a profile prices the work this loop runs.
 """
 
 from __future__ import annotations

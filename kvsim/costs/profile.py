@@ -1,6 +1,6 @@
 """Measured-profile costs: the analytic model's decomposition, with each part looked up in a profile.
 
-A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.1) holds timed grid points per op:
+A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.2) holds timed grid points per op:
 ``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``paged_decode``
 (one layer, over batch x context per sequence x KV format), ``chunked_prefill`` (one layer, one
 sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link); since 1.1, optionally,
@@ -22,14 +22,27 @@ The 1.1 ops price, at their bytes per token (`kvsim.costs.work`) times the layer
 per-step score cost (plus its steady one-token selection, the scores re-read at the analytic decode
 rate: not timed), a trim's top-k and compaction (one call per op over all sequences a step trims;
 other block-table writes as the analytic model's kernel), and the write of a lossy cache's new
-tokens (a bf16/fp16 cache pays none, as in the analytic model), a format switch's second format
-included. An op the profile lacks, or lacks
-for a format of the cache, is priced by the analytic model, with a note in `warnings` naming it;
-a profile with none of them prices exactly as the analytic model does.
+tokens (none for a bf16/fp16 cache, as in the analytic model; its decode rows' plain write is priced
+below), a format switch's second format included. An op the profile lacks, or lacks for a format of
+the cache, is priced by the analytic model, with a note in `warnings` naming it; a profile with none
+of them prices exactly as the analytic model does.
 
-Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
-all-reduces, a prompt's H2O scores (the QK^T half of its prefill attention), a format switch's
-re-quantization, and transfers over links the profile did not measure. MoE and MLA models are refused:
+The 1.2 ops price the rest of a step (`_step_base`), per layer x step: ``step_rest``'s ``layer``
+part (one layer's RMSNorms, rotary, residual adds, SiLU-and-mul) over the step's tokens times the
+layers, its ``embed`` part (embedding lookup, rotary tables) over the tokens and ``sample`` part
+(final norm, greedy pick) over the LM-head rows, each at its bytes per token
+(`kvsim.costs.work.step_rest_bytes_per_token`); ``step_overhead``, the serving loop's own time per
+step (scheduling, block tables, inputs), over the step's rows, its time held at the grid's edges,
+replaces the analytic 1 ms; and a bf16/fp16 cache's decode rows pay their KV write at `kv_write`'s
+measured rate for the cache's format, times the layers holding KV (`paged_decode` times no write,
+`chunked_prefill` times its chunk's own, so prefill rows pay none; a lossy part's write stays the
+quantize-on-write above, over every new token). A profile without them prices as before: the 1 ms
+overhead and no rest.
+
+Left out (taken from the analytic model instead): the per-step overhead (1 ms) when the profile has
+no ``step_overhead``, tensor-parallel all-reduces, a prompt's H2O scores (the QK^T half of its
+prefill attention), a format switch's re-quantization, and transfers over links the profile did not
+measure. MoE and MLA models are refused:
 the calibrator measures dense GQA layers only.
 """
 
