@@ -28,8 +28,8 @@
   SiLU-and-mul) and ``embed`` (the embedding lookup, rotary tables) over tokens, ``sample`` (final
   norm, greedy pick) over sampled rows. Work: `kvsim.costs.work.step_rest_bytes_per_token`.
 - ``step_overhead``: one decode step of the serving loop with the forward left out
-  (`validate.loop.empty_step`: scheduling, block tables, inputs, ``complete``), over rows. On CUDA
-  this is the host's work per step (input tensors copied to the GPU, ids read back); kernel launches
+  (`validate.loop.empty_step`: scheduling, block tables, inputs, ``complete``), over rows, by the
+  host's clock (`Point.host`). On CUDA this is the host's work per step (input tensors copied to the GPU, ids read back); kernel launches
   are not in it (each op's timing hides them behind a queued sleep), so a GPU loop without CUDA graphs
   pays launches no op times.
 
@@ -236,6 +236,7 @@ class Point:
     fn: Callable[[], object]
     nbytes: float
     flops: float
+    host: bool = False  # timed by the host's clock on CUDA too (`calibrate.harness.Timer.time`)
 
 
 # Queries in fp16: the kernels' fp16 path runs fp16 tensor-core dots (as fast as bf16 ones on Hopper);
@@ -322,9 +323,8 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         from validate.loop import empty_step
 
         for rows in grid.decode_batch:
-            yield Point(
-                {"rows": rows, "impl": "validate.loop.step"}, empty_step(rows, device=backend), 0.0, 0.0
-            )
+            fn = empty_step(rows, device=backend)
+            yield Point({"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True)
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
