@@ -234,27 +234,12 @@ def test_host_work_is_timed_by_the_host_clock_between_synchronisations(monkeypat
 def test_fast_forward_equals_stepping_in_the_engine_with_the_step_ops(tmp_path):
     """The engine's windows (decode-only and mixed, chunked prefill under load) priced with the step
     ops on equal stepping one by one, request by request."""
-    import dataclasses
-
-    from kvsim.run import run_scenario
-    from kvsim.spec.scenario import load_scenario
-    from tests.helpers import ROOT, records
+    from tests.helpers import ROOT
+    from tests.test_engine import profile_under_load
 
     shipped = ROOT / "scenarios/profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json"
     p = tmp_path / "h200-step-ops.json"
     p.write_text(json.dumps(_with_step_ops(json.loads(shipped.read_text()))))
-    sc = load_scenario(
-        ROOT / "tests/goldens/scenarios/profile_h200.yaml",
-        ["scheduler.max_batched_tokens=512", "scheduler.max_num_seqs=64", "workload.rate_scale=12",
-         f"cost_model.profile={p}"],
-    )  # fmt: skip
-    a, b = (
-        run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)))
-        for ff in (True, False)
-    )
-    assert records(a) == records(b)
-    assert a.summary["warnings"] == b.summary["warnings"]
-    assert a.summary["engine_events"] < b.summary["engine_events"] / 2
-    base = run_scenario(load_scenario(ROOT / "tests/goldens/scenarios/profile_h200.yaml", [
-        "scheduler.max_batched_tokens=512", "scheduler.max_num_seqs=64", "workload.rate_scale=12"]))  # fmt: skip
+    a, _ = profile_under_load(f"cost_model.profile={p}")
+    base, _ = profile_under_load()
     assert a.summary["simulated_s"] != base.summary["simulated_s"]  # the ops are priced
