@@ -26,7 +26,7 @@ import numpy as np
 
 from kvsim.core.eviction import EvictionWork
 from kvsim.costs.profile import load_profile_cost_model
-from kvsim.costs.profile_schema import OPTIONAL_OPS, load_profile
+from kvsim.costs.profile_schema import KV_OPS, load_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
 from kvsim.spec.scenario import scenario_from_dict
@@ -40,7 +40,7 @@ GPU_BY_NAME = (("H100", "h100-sxm"), ("H200", "h200-sxm"), ("A100", "a100-80gb")
 def _points(prof: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     peak = (prof.get("peaks") or {}).get("bw_bytes_per_s")
     out: dict[str, list[dict[str, Any]]] = {}
-    for op in OPTIONAL_OPS:
+    for op in KV_OPS:
         rows = []
         for p in prof["ops"].get(op, {}).get("points", []):
             gbps = p["bytes"] / p["t_p50"] / 1e9

@@ -4,7 +4,8 @@ The profile is rewritten after every op with ``complete: false``; re-running wit
 arguments skips the ops already present, so an interrupted calibration resumes (and another
 ``--ops`` list with the same settings adds ops to it). ``complete`` means the four ops every profile
 needs (gemm, paged_decode, chunked_prefill, copy); the eviction and quantize-on-write ops (schema
-1.1: h2o_accumulate, h2o_select, compact_kv, kv_write) are optional, priced analytically where a
+1.1: h2o_accumulate, h2o_select, compact_kv, kv_write) and the step's rest and overhead (1.2:
+step_rest, step_overhead) are optional, priced analytically (1.2: left out, as before) where a
 profile lacks them, and skipped with a line when ``kernels`` is not importable. Mistakes (bad
 flags, a foreign --out file) print one line and exit 2. ``--out`` is checked before any work, by
 the same rule as ``kvsim run``: never empty, never the model config read, never a folder, and an
@@ -35,7 +36,7 @@ from kvsim.spec.formats import format_from_name
 
 # The ops timed unless --ops says otherwise (names or `calibrate.ops.OP_ALIASES`; that module imports
 # torch, which the flags are checked before).
-DEFAULT_OPS = "gemm,decode,prefill,copy,score,select,compact,write"
+DEFAULT_OPS = "gemm,decode,prefill,copy,score,select,compact,write,rest,overhead"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ops",
         default=DEFAULT_OPS,
         help=f"comma list of {DEFAULT_OPS} (score: H2O score accumulation, select: H2O top-k, "
-        "compact: KV compaction, write: quantize-on-write)",
+        "compact: KV compaction, write: quantize-on-write, rest: a step's norms, rotary, SiLU, "
+        "residual adds, embedding and sampling, overhead: the serving loop's own time per step)",
     )
     p.add_argument("--model", default="llama-3.1-8b", help="kvsim model preset or config.json path")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the shapes are split by")
@@ -313,7 +315,7 @@ def calibrate(args: argparse.Namespace) -> int:
             t_op = time.perf_counter()
             rows = []
             for pt in points(op, grid, model, args.tp, backend):
-                t = timer.time(pt.fn)
+                t = timer.time(pt.fn, host=pt.host)
                 row: dict[str, Any] = dict(pt.params)
                 row.update(
                     {

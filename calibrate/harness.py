@@ -80,7 +80,14 @@ class Timer:
             else None
         )
 
-    def _once(self, fn: Callable[[], object]) -> float:
+    def _once(self, fn: Callable[[], object], host: bool) -> float:
+        if self._flush is not None and host:  # host work (and the device work it waits for)
+            self._flush.zero_()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
         if self._flush is None:
             if self._cpu_flush is not None:
                 self._cpu_flush.zero_()
@@ -99,14 +106,17 @@ class Timer:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 1e3
 
-    def time(self, fn: Callable[[], object]) -> Timing:
+    def time(self, fn: Callable[[], object], *, host: bool = False) -> Timing:
+        """Percentiles of `fn`'s time. ``host``: on CUDA too by the host's clock, between two
+        synchronisations (an op that is host work, as the serving loop's own step: CUDA events
+        after a queued sleep would not count the host time the sleep overlaps)."""
         for _ in range(self.warmup):
             fn()
         if self._flush is not None:
             torch.cuda.synchronize()
-        first = self._once(fn)
+        first = self._once(fn, host)
         reps = int(min(self.max_reps, max(3, self.budget_s / max(first, 1e-9))))
-        times = [first] + [self._once(fn) for _ in range(reps - 1)]
+        times = [first] + [self._once(fn, host) for _ in range(reps - 1)]
         p20, p50, p80 = np.percentile(np.asarray(times), [20, 50, 80])
         return Timing(float(p20), float(p50), float(p80), reps)
 

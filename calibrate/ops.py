@@ -22,8 +22,18 @@
   over tokens moved x KV format. Work: the moved K/V read and written.
 - ``kv_write``: one layer's quantize-on-write of new tokens (`kernels.kv_write.kv_write`; on a CPU
   `kv_write_ref`) from bf16 K/V, over tokens x KV format. Work: bf16 read plus the format written.
+  Also the decode rows' write of a bf16/fp16 cache (``kvsim validate`` times it in the cache's format).
+- ``step_rest``: a step's work besides GEMMs and attention, the serving loop's own code
+  (`validate.model.step_rest`): per part, ``layer`` (one layer's RMSNorms, rotary, residual adds,
+  SiLU-and-mul) and ``embed`` (the embedding lookup, rotary tables) over tokens, ``sample`` (final
+  norm, greedy pick) over sampled rows. Work: `kvsim.costs.work.step_rest_bytes_per_token`.
+- ``step_overhead``: one decode step of the serving loop with the forward left out
+  (`validate.loop.empty_step`: scheduling, block tables, inputs, ``complete``), over rows, by the
+  host's clock (`Point.host`). On CUDA this is the host's work per step (input tensors copied to the GPU, ids read back); kernel launches
+  are not in it (each op's timing hides them behind a queued sleep), so a GPU loop without CUDA graphs
+  pays launches no op times.
 
-Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling.
+Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling other than greedy.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from kvsim.costs.work import (
     h2o_select_bytes_per_token_layer,
     kv_bytes_per_token_layer_gpu,
     quant_write_bytes_per_token_layer,
+    step_rest_bytes_per_token,
 )
 from kvsim.spec.formats import format_from_name
 from kvsim.spec.models import ModelSpec, TPShapes
@@ -60,6 +71,8 @@ OPS = (
     "h2o_select",
     "compact_kv",
     "kv_write",
+    "step_rest",
+    "step_overhead",
 )
 OP_ALIASES = {
     "decode": "paged_decode",
@@ -71,6 +84,8 @@ OP_ALIASES = {
     "select": "h2o_select",
     "compact": "compact_kv",
     "write": "kv_write",
+    "rest": "step_rest",
+    "overhead": "step_overhead",
 }
 KEEP_SHARE = 4  # h2o_select and compact_kv keep 1/KEEP_SHARE of a sequence's tokens
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
@@ -221,6 +236,7 @@ class Point:
     fn: Callable[[], object]
     nbytes: float
     flops: float
+    host: bool = False  # timed by the host's clock on CUDA too (`calibrate.harness.Timer.time`)
 
 
 # Queries in fp16: the kernels' fp16 path runs fp16 tensor-core dots (as fast as bf16 ones on Hopper);
@@ -237,11 +253,13 @@ def _kernels() -> tuple[Any, Any] | None:
     return paged_decode, chunked_prefill
 
 
-KERNEL_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")  # no stand-in without `kernels`
+# No stand-in without `kernels` (the step's rest and overhead run `validate`'s model and loop, which
+# drive `kernels`).
+KERNEL_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write", "step_rest", "step_overhead")
 
 
 def unavailable(op: str) -> str | None:
-    """Why `op` cannot be timed here (None when it can): the eviction and write ops need `kernels`."""
+    """Why `op` cannot be timed here (None when it can): the eviction, write and step ops need `kernels`."""
     if op in KERNEL_OPS and _kernels() is None:
         return "the kernels package is not importable"
     return None
@@ -262,6 +280,10 @@ def count(op: str, grid: Grid, backend: str) -> int:
         return len(grid.compact_tokens) * len(grid.formats)
     if op == "kv_write":
         return len(grid.write_tokens) * len(grid.formats)
+    if op == "step_rest":
+        return 2 * len(grid.gemm_m) + len(grid.lm_head_m)
+    if op == "step_overhead":
+        return len(grid.decode_batch)
     return len(grid.copy_bytes) * (2 if backend == "cuda" else 1)
 
 
@@ -295,6 +317,14 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         yield from _compact_points(grid, model, tp, backend)
     elif op == "kv_write":
         yield from _write_points(grid, model, tp, backend)
+    elif op == "step_rest":
+        yield from _rest_points(grid, model, tp, backend)
+    elif op == "step_overhead":
+        from validate.loop import empty_step
+
+        for rows in grid.decode_batch:
+            fn = empty_step(rows, device=backend)
+            yield Point({"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True)
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
@@ -520,3 +550,40 @@ def _write_points(
                 params["impl"] = "torch:kernels.kv_write.kv_write_ref"
                 fn = partial(kv_write.kv_write_ref, **inp)
             yield Point(params, fn, n * per_tok, float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]))
+
+
+def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
+    """`validate.model.step_rest` at the per-GPU shapes: ``layer`` and ``embed`` over the GEMMs' token
+    counts, ``sample`` over the LM head's rows; in the GEMMs' dtype (fp32 on a CPU, as the serving
+    loop there), the attention kernels' inputs in fp16 on CUDA."""
+    from validate.model import STEP_REST_PARTS, step_rest
+
+    sh = Shapes.of(model, tp)
+    dims = {
+        "hidden": model.hidden_size,
+        "heads": sh.heads,
+        "kv_heads": sh.kv_heads,
+        "head_dim": sh.head_dim,
+        "intermediate": sh.gemm_nk["down"][1],
+        "vocab": sh.gemm_nk["lm_head"][0],
+    }
+    dt = gemm_dtype(backend)
+    for part in STEP_REST_PARTS:
+        per_tok = step_rest_bytes_per_token(model, tp, part)
+        sizes = grid.lm_head_m if part == "sample" else grid.gemm_m
+
+        def call(n: int, part: str = part) -> Callable[[], object]:
+            adt = Q_DTYPE if backend == "cuda" else dt
+            return step_rest(part, n, **dims, device=backend, dtype=dt, attn_dtype=adt)
+
+        # The largest size first, untimed: a serving loop has run its largest steps before (its
+        # warm-up), so its allocator serves these tensors from the heap; timed cold, glibc's
+        # adaptive mmap threshold made the 256-token layer page-fault every call (3x slower here).
+        warm = call(sizes[-1])
+        for _ in range(3):
+            warm()
+        del warm
+        for n in sizes:
+            yield Point(
+                {"part": part, "tokens": n, "impl": "validate.model.step_rest"}, call(n), n * per_tok, 0.0
+            )

@@ -672,10 +672,12 @@ def validate_command(args: Any) -> int:
                 "--device",
                 args.device,
                 "--quick",
-                # The ops a bf16/fp16 trace without token eviction is priced with (the eviction and
-                # quantize-on-write ops would add CPU time and go unused).
+                # The ops a bf16/fp16 trace without token eviction is priced with: the GEMMs and
+                # attention, the decode rows' KV writes (`write`, in the cache's format), the rest
+                # of a step (norms, rotary, SiLU, residual adds, embedding, sampling) and the loop's
+                # own time per step (the eviction ops would add CPU time and go unused).
                 "--ops",
-                "gemm,decode,prefill,copy",
+                "gemm,decode,prefill,copy,write,rest,overhead",
                 "--model",
                 str(model_path),
                 "--formats",

@@ -33,7 +33,7 @@ def test_cpu_calibration_writes_a_valid_profile_and_resumes(tmp_path, capsys):
     assert main([*args, "--ops", "copy,prefill,score,select,compact,write"]) == 0  # copy kept, others added
     after = load_profile(out)
     assert after["ops"]["copy"] == before and "chunked_prefill" in after["ops"]
-    assert after["minor_version"] == 1
+    assert after["minor_version"] == 2
     # The schema 1.1 ops, at Llama-3.1-8B's per-layer shapes (8 KV heads x 128): grids and work.
     ops = after["ops"]
     shape = {op: [tuple(p[k] for k in keys) for p in ops[op]["points"]] for op, keys in (

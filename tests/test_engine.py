@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvsim.costs.base import ForwardBatch
-from kvsim.run import make_cost_model, run_scenario
+from kvsim.run import RunResult, make_cost_model, run_scenario
 from tests.helpers import ROOT, make_workload, records, small_scenario
 
 
@@ -308,14 +308,19 @@ def test_arrivals_around_step_ends_agree_in_both_modes():
         assert a.summary["simulated_s"] == b.summary["simulated_s"]
 
 
-def test_fast_forward_equals_stepping_with_the_profile_cost_model_under_load():
-    # Chunked prefill under load (a 512-token budget, 64 sequences): mixed windows (decodes plus one
-    # full prefill chunk) priced by the measured profile's mixed_step_times must equal price().
+def profile_under_load(*overrides: str) -> tuple[RunResult, RunResult]:
+    """The profile golden under load (a 512-token budget, 64 sequences: chunked prefill), run
+    fast-forwarding and stepping one by one; both must agree request by request."""
     from kvsim.spec.scenario import load_scenario
 
     sc = load_scenario(
         ROOT / "tests/goldens/scenarios/profile_h200.yaml",
-        ["scheduler.max_batched_tokens=512", "scheduler.max_num_seqs=64", "workload.rate_scale=12"],
+        [
+            "scheduler.max_batched_tokens=512",
+            "scheduler.max_num_seqs=64",
+            "workload.rate_scale=12",
+            *overrides,
+        ],
     )
     a, b = (
         run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=ff)))
@@ -324,3 +329,10 @@ def test_fast_forward_equals_stepping_with_the_profile_cost_model_under_load():
     assert records(a) == records(b)
     assert a.summary["warnings"] == b.summary["warnings"]
     assert a.summary["engine_events"] < b.summary["engine_events"] / 2
+    return a, b
+
+
+def test_fast_forward_equals_stepping_with_the_profile_cost_model_under_load():
+    # Mixed windows (decodes plus one full prefill chunk) priced by the measured profile's
+    # mixed_step_times must equal price().
+    profile_under_load()

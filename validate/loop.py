@@ -5,8 +5,10 @@ runs this in a child process so that kvsim never imports torch). Per step, as a 
 requests that have arrived by the wall clock join the scheduler (`Scheduler.add`); `schedule()`
 decides the batch; the block tables follow the pool's counts (`validate.blocks`); input ids,
 positions, slot mappings and block tables are built from the `SchedulerOutput`; the model runs one
-forward and samples; `complete()` applies the step. With nothing to run, the loop sleeps until the
-next arrival. The same code (`kvsim.core`) decides the simulator's steps, so only costs can differ.
+forward and samples; `complete()` applies the step (`step`: the part the calibrator's
+``step_overhead`` also times, forward left out, by `empty_step`). With nothing to run, the loop
+sleeps until the next arrival. The same code (`kvsim.core`) decides the simulator's steps, so only
+costs can differ.
 
 Recorded per run: each request's arrival, first scheduling, first token, finish and every token's
 time; each step's composition (decode contexts, prefill chunks and their contexts, rows sampling),
@@ -23,7 +25,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,64 @@ def _build(
     )
 
 
+def step(
+    sched: Scheduler,
+    out: SchedulerOutput,
+    tables: BlockTables,
+    tokens: dict[int, list[int]],
+    bs: int,
+    device: str,
+    forward: Callable[[StepInputs], torch.Tensor],
+) -> tuple[list[Request], list[Request], list[Request]]:
+    """One scheduled step on the device: the block tables brought to the scheduler's counts, the
+    inputs built, the forward run and its tokens read back (which synchronises a GPU), the step
+    applied (`Scheduler.complete`); the execution's and the calibrator's `empty_step`. Returns the rows that sampled a token, the requests that got
+    their first token and those that finished."""
+    tables.release(out.preempted)
+    tables.sync([*out.decode_reqs, *out.prefill_reqs])
+    sampled = forward(_build(out, tables, tokens, bs, device)).tolist()
+    rows = [
+        *out.decode_reqs,
+        *(r for r, s in zip(out.prefill_reqs, out.prefill_sampling, strict=True) if s),
+    ]
+    first, done = sched.complete(out)
+    for r, tok in zip(rows, sampled, strict=True):
+        tokens[r.id].append(int(tok))
+    return rows, first, done
+
+
+def empty_step(
+    rows: int, *, block_size: int = 16, prompt: int = 16, device: str = "cpu"
+) -> Callable[[], object]:
+    """The calibrator's ``step_overhead``: a call runs one decode step of `rows` requests through
+    the loop's own code (`step`: scheduling, block tables, inputs, `complete`, then the finished
+    requests' tables released) with the forward left out (it returns zeros; on CUDA the inputs
+    still go to the device and the ids come back). The requests are prefilled before the first
+    call, and decode for up to 4,096 calls."""
+    steps = 4096
+    kv = KVCacheManager(rows * (-(-(prompt + steps) // block_size) + 1), block_size, enable_caching=False)
+    sched = Scheduler(
+        kv, max_num_seqs=rows, max_batched_tokens=max(rows * prompt, rows), chunked_prefill=True
+    )
+    tables = BlockTables(kv)
+    tokens = {i: [0] * prompt for i in range(rows)}
+    for i in range(rows):
+        sched.add(Request(i, 0.0, prompt, steps + 1, [], []))
+
+    def forward(inputs: StepInputs) -> torch.Tensor:
+        return torch.zeros(inputs.sample_idx.shape[0], dtype=torch.int64, device=device)
+
+    def one() -> object:
+        out = sched.schedule()
+        _, _, done = step(sched, out, tables, tokens, block_size, device, forward)
+        tables.release(done)
+        tables.check()
+        return out
+
+    one()  # the prefill: every timed call is a decode step
+    return one
+
+
 def run_once(
     cfg: dict[str, Any], model: TinyLlama, max_context: int, *, burst: bool = False
 ) -> dict[str, Any]:
@@ -153,21 +213,12 @@ def run_once(
         for r in out.admitted:
             if math.isnan(r.first_scheduled_s):
                 r.first_scheduled_s = t_start
-        tables.release(out.preempted)
-        tables.sync([*out.decode_reqs, *out.prefill_reqs])
-        used = kv.pool.num_used
+        used = kv.pool.num_used  # the scheduler's counts: the tables follow them in `step`
         samples.append([t_start, 0, used, kv.pool.num_cached_free, kv.pool.free,
                         len(sched.running), len(sched.waiting)])  # fmt: skip
-        inputs = _build(out, tables, tokens, bs, model.device)
-        sampled = model.forward(inputs).tolist()  # reading the ids back synchronises a GPU
-        rows = [
-            *out.decode_reqs,
-            *(r for r, s in zip(out.prefill_reqs, out.prefill_sampling, strict=True) if s),
-        ]
-        first, done = sched.complete(out)
+        rows, first, done = step(sched, out, tables, tokens, bs, model.device, model.forward)
         t_end = time.perf_counter() - t0
-        for r, tok in zip(rows, sampled, strict=True):
-            tokens[r.id].append(int(tok))
+        for r in rows:
             times[r.id].append(t_end)
         for r in first:
             r.first_token_s = t_end

@@ -12,11 +12,15 @@ One forward runs one scheduler step: all its tokens through the GEMMs at once (d
 then prefill rows, as `kvsim.core.sched.output.SchedulerOutput` orders them); per layer, the decode
 rows' new K/V are written (`kv_write`) and attended to (`paged_decode`), and the prefill rows' chunks
 written and attended causally over their prefix (`chunked_prefill`); the last position of each
-sampling row goes through the LM head and is sampled greedily.
+sampling row goes through the LM head and is sampled greedily. Around the GEMMs and attention the
+forward calls this module's functions (RMSNorm, rotary, SiLU-and-mul, residual adds, embedding,
+sampling); `step_rest` times those same calls at any model's shapes for the calibrator's
+``step_rest`` op, so that a profile prices the work this loop runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +73,6 @@ class TinyLlama:
         self.hidden = model.hidden_size
         self.inter = model.intermediate_size
         self.num_layers = model.num_layers
-        self.rope_theta = 500000.0  # Llama 3's rope_theta (its config.json)
         # Drawn on the device: a full-size model's 8 B weights drawn on the host would take minutes.
         gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -95,38 +98,18 @@ class TinyLlama:
             PagedKVCache.allocate(kv_format, num_blocks, block_size, self.kv_heads, self.head_dim, device)
             for _ in range(self.num_layers)
         ]
-        half = self.head_dim // 2
-        self.inv_freq = 1.0 / (
-            self.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half)
-        )
+        self.inv_freq = inv_freq(self.head_dim, device)
         self.sm_scale = self.head_dim**-0.5
-
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * weight
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     @torch.inference_mode()
     def forward(self, s: StepInputs) -> torch.Tensor:
         """Run one step; returns the sampled token ids [num_sampling] (on the device)."""
-        x = self.embed[s.input_ids]
-        ang = s.positions.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+        x, cos, sin = embed_step(self.embed, self.inv_freq, s.input_ids, s.positions)
         nd = s.num_decode
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
-        ad = self.attn_dtype
         for layer, cache in zip(self.layers, self.caches, strict=True):
-            h = self._rms(x, layer["norm1"])
-            qkv = h @ layer["qkv"]
-            q = qkv[:, : hq * d].view(-1, hq, d)
-            k = qkv[:, hq * d : (hq + hk) * d].view(-1, hk, d)
-            v = qkv[:, (hq + hk) * d :].view(-1, hk, d)
-            q = self._rope(q, cos, sin).to(ad)
-            k = self._rope(k, cos, sin).to(ad)
-            v = v.to(ad).contiguous()
+            h = rms_norm(x, layer["norm1"])
+            q, k, v = qkv_rope(h @ layer["qkv"], cos, sin, hq, hk, d, self.attn_dtype)
             outs: list[torch.Tensor] = []
             if nd:
                 if self.cuda:
@@ -146,12 +129,136 @@ class TinyLlama:
                 else:
                     outs.append(chunked_prefill_ref(*args, slot_mapping=s.pre_slots))
             attn = torch.cat(outs) if len(outs) > 1 else outs[0]
-            x = x + attn.reshape(-1, hq * d).to(self.dtype) @ layer["o"]
-            h = self._rms(x, layer["norm2"])
-            gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-            x = x + (torch.nn.functional.silu(gate) * up) @ layer["down"]
-        last = self._rms(x[s.sample_idx], self.final_norm)
-        return (last @ self.lm_head).argmax(-1)
+            x, h = residual_norm(x, attn_rows(attn, hq * d, self.dtype) @ layer["o"], layer["norm2"])
+            x = x + silu_mul(h @ layer["gate_up"]) @ layer["down"]
+        return greedy(final_rows(x, s.sample_idx, self.final_norm) @ self.lm_head)
+
+
+# ---- the step's work besides GEMMs and attention ------------------------------------------------------
+# The forward above is these calls around the GEMMs and attention kernels; `step_rest` below times
+# the same calls at a model's shapes (the calibrator's `step_rest` op), so that what the simulator
+# prices is the code the serving loop runs.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * weight
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def embed_step(
+    table: torch.Tensor, freq: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Once per step: the embedding lookup and the rotary cos/sin of every position."""
+    return (table[ids], *rotary(freq, positions))
+
+
+ROPE_THETA = 500000.0  # Llama 3's rope_theta (its config.json)
+
+
+def inv_freq(head_dim: int, device: str) -> torch.Tensor:
+    half = head_dim // 2
+    return 1.0 / (ROPE_THETA ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+
+
+def rotary(freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ang = positions.float()[:, None] * freq[None, :]
+    return ang.cos()[:, None, :], ang.sin()[:, None, :]
+
+
+def qkv_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hk: int, d: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused QKV projection split into heads, rotary on Q and K, cast for the attention kernels."""
+    q = qkv[:, : hq * d].view(-1, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(-1, hk, d)
+    v = qkv[:, (hq + hk) * d :].view(-1, hk, d)
+    return rope(q, cos, sin).to(dtype), rope(k, cos, sin).to(dtype), v.to(dtype).contiguous()
+
+
+def attn_rows(attn: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    return attn.reshape(-1, width).to(dtype)
+
+
+def residual_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention block's residual add and the MLP's input norm."""
+    x = x + y
+    return x, rms_norm(x, weight)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def final_rows(x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The sampling rows' last hidden states, normed for the LM head."""
+    return rms_norm(x[idx], weight)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+STEP_REST_PARTS = ("layer", "embed", "sample")
+
+
+def step_rest(
+    part: str,
+    n: int,
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    device: str,
+    dtype: torch.dtype,
+    attn_dtype: torch.dtype,
+) -> Callable[[], object]:
+    """A call of the forward's non-GEMM, non-attention work at one model's (per-GPU) shapes:
+    ``layer``, one layer's over `n` tokens (the two RMSNorms, the QKV split with rotary on Q and K,
+    the residual adds, SiLU-and-mul); ``embed``, the step's embedding lookup and rotary tables over
+    `n` tokens; ``sample``, the final norm and greedy pick of `n` sampled rows (the LM head GEMM
+    between them is the calibrator's ``gemm`` lm_head). The GEMM outputs are random tensors of
+    their shapes; the embedding table is allocated, not filled (a lookup's cost is the rows read)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+    ones = torch.ones(hidden, device=device, dtype=dtype)
+    freq = inv_freq(head_dim, device)
+    pos = torch.arange(n, device=device)
+    if part == "embed":
+        table = torch.empty(vocab, hidden, device=device, dtype=dtype)
+        ids = torch.randint(0, vocab, (n,), generator=gen, device=device)
+        return torch.inference_mode()(lambda: embed_step(table, freq, ids, pos))
+    if part == "sample":
+        x, logits = rand(n, hidden), rand(n, vocab)
+        idx = torch.arange(n, device=device)
+        return torch.inference_mode()(lambda: (final_rows(x, idx, ones), greedy(logits)))
+    if part != "layer":  # pragma: no cover - the parts are STEP_REST_PARTS
+        raise ValueError(part)
+    cos, sin = rotary(freq, pos)
+    x, qkv = rand(n, hidden), rand(n, (heads + 2 * kv_heads) * head_dim)
+    attn = rand(n, heads, head_dim).to(attn_dtype)  # as the attention kernels return it
+    o, gate_up, down = rand(n, hidden), rand(n, 2 * intermediate), rand(n, hidden)
+
+    @torch.inference_mode()
+    def layer() -> object:
+        h = rms_norm(x, ones)
+        q, k, v = qkv_rope(qkv, cos, sin, heads, kv_heads, head_dim, attn_dtype)
+        a = attn_rows(attn, heads * head_dim, dtype)
+        x2, h = residual_norm(x, o, ones)
+        return x2 + down, silu_mul(gate_up), a, q, k, v, h
+
+    return layer
 
 
 def _one(out: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -157,9 +157,9 @@ def transfer_time(nbytes: float, link: Link, num_calls: int = 1) -> float:
 
 
 class StepCostModel:
-    """A step as parts run one after another: overhead + GEMMs + all-reduces + quantize-on-write
-    of the new tokens + prefill attention (per prefilling or verifying sequence) + decode attention
-    (all decoding sequences together).
+    """A step as parts run one after another: overhead (and a measured profile's rest of the step,
+    `_step_base`) + GEMMs + all-reduces + quantize-on-write of the new tokens + prefill attention
+    (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
     Subclasses price the parts; `price` and `decode_step_times` share this one decomposition, so a
     decode-only step costs the same whichever is asked (fast-forward relies on it)."""
 
@@ -187,6 +187,13 @@ class StepCostModel:
     def _write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of the step's new tokens (0 for a bf16/fp16 cache)."""
         return 0.0
+
+    def _step_base(self, num_tokens: int, num_rows: int, num_decode: int, num_sampling: int) -> float:
+        """The step's fixed overhead plus its work besides GEMMs, all-reduces, writes and attention
+        (a measured profile's `step_rest`, `step_overhead` and decode-row KV writes), for a step of
+        `num_tokens` tokens in `num_rows` sequences, `num_decode` of them decoding, `num_sampling`
+        LM-head rows. By default the fixed ``overhead_s`` alone."""
+        return self.overhead_s
 
     def _switched_write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of new tokens in a format switch's second format."""
@@ -242,7 +249,7 @@ class StepCostModel:
                 dec_ctx -= c
         assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"
         t = (
-            self.overhead_s
+            self._step_base(total, len(kinds), dec_n, batch.num_sampling)
             + self._gemm_time(total, batch.num_sampling)
             + self._comm_time(total)
             + self._write_part(total, batch.num_switched)
@@ -266,7 +273,7 @@ class StepCostModel:
         switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
         fixed = (
-            self.overhead_s
+            self._step_base(num_seqs, num_seqs, num_seqs, num_seqs)
             + self._gemm_time(num_seqs, num_seqs)
             + self._comm_time(num_seqs)
             + self._write_part(num_seqs, num_switched)
@@ -292,14 +299,14 @@ class StepCostModel:
         total = num_decode + chunk
         comm = self._comm_time(total)
         write = self._write_part(total, num_switched)
-        gemm = {int(s): self._gemm_time(total, int(s)) for s in set(num_sampling.tolist())}
+        gemm = {
+            int(s): self._step_base(total, num_decode + 1, num_decode, int(s))
+            + self._gemm_time(total, int(s))
+            for s in set(num_sampling.tolist())
+        }
         t = np.array(
             [
-                self.overhead_s
-                + gemm[s]
-                + comm
-                + write
-                + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
+                gemm[s] + comm + write + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
                 for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
             ],
             dtype=np.float64,

@@ -1,6 +1,6 @@
 """Measured-profile costs: the analytic model's decomposition, with each part looked up in a profile.
 
-A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.1) holds timed grid points per op:
+A profile (``python -m calibrate``, schema ``kvsim-profile`` v1.2) holds timed grid points per op:
 ``gemm`` (per layer type: qkv, o, gate_up, down, lm_head; over token count ``m``), ``paged_decode``
 (one layer, over batch x context per sequence x KV format), ``chunked_prefill`` (one layer, one
 sequence, over chunk x prefix x format) and ``copy`` (over bytes, per link); since 1.1, optionally,
@@ -22,14 +22,27 @@ The 1.1 ops price, at their bytes per token (`kvsim.costs.work`) times the layer
 per-step score cost (plus its steady one-token selection, the scores re-read at the analytic decode
 rate: not timed), a trim's top-k and compaction (one call per op over all sequences a step trims;
 other block-table writes as the analytic model's kernel), and the write of a lossy cache's new
-tokens (a bf16/fp16 cache pays none, as in the analytic model), a format switch's second format
-included. An op the profile lacks, or lacks
-for a format of the cache, is priced by the analytic model, with a note in `warnings` naming it;
-a profile with none of them prices exactly as the analytic model does.
+tokens (none for a bf16/fp16 cache, as in the analytic model; its decode rows' plain write is priced
+below), a format switch's second format included. An op the profile lacks, or lacks for a format of
+the cache, is priced by the analytic model, with a note in `warnings` naming it; a profile with none
+of them prices exactly as the analytic model does.
 
-Left out (taken from the analytic model instead): the per-step overhead (1 ms), tensor-parallel
-all-reduces, a prompt's H2O scores (the QK^T half of its prefill attention), a format switch's
-re-quantization, and transfers over links the profile did not measure. MoE and MLA models are refused:
+The 1.2 ops price the rest of a step (`_step_base`), per layer x step: ``step_rest``'s ``layer``
+part (one layer's RMSNorms, rotary, residual adds, SiLU-and-mul) over the step's tokens times the
+layers, its ``embed`` part (embedding lookup, rotary tables) over the tokens and ``sample`` part
+(final norm, greedy pick) over the LM-head rows, each at its bytes per token
+(`kvsim.costs.work.step_rest_bytes_per_token`); ``step_overhead``, the serving loop's own time per
+step (scheduling, block tables, inputs), over the step's rows, its time held at the grid's edges,
+replaces the analytic 1 ms; and a bf16/fp16 cache's decode rows pay their KV write at `kv_write`'s
+measured rate for the cache's format, times the layers holding KV (`paged_decode` times no write,
+`chunked_prefill` times its chunk's own, so prefill rows pay none; a lossy part's write stays the
+quantize-on-write above, over every new token). A profile without them prices as before: the 1 ms
+overhead and no rest.
+
+Left out (taken from the analytic model instead): the per-step overhead (1 ms) when the profile has
+no ``step_overhead``, tensor-parallel all-reduces, a prompt's H2O scores (the QK^T half of its
+prefill attention), a format switch's re-quantization, and transfers over links the profile did not
+measure. MoE and MLA models are refused:
 the calibrator measures dense GQA layers only.
 """
 
@@ -48,6 +61,7 @@ from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
     GEMM_LAYERS,
     MODEL_SHAPE_KEYS,
+    STEP_REST_PARTS,
     gpu_matches,
     load_profile,
     model_shapes,
@@ -63,6 +77,7 @@ from kvsim.costs.work import (
     h2o_select_bytes_per_token_layer,
     kv_bytes_per_token_layer_gpu,
     quant_write_bytes_per_token_layer,
+    step_rest_bytes_per_token,
 )
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import FormatMix, KVFormat
@@ -208,6 +223,7 @@ class ProfileCostModel(StepCostModel):
                 "profile: the format switch's re-quantization is not measured; analytic estimate used"
             )
         self._init_kv_ops(ops, parts)
+        self._init_step_ops(ops, parts)
         self._copy: dict[str, RateTable] = {}
         if "copy" in ops:
             links = sorted({p.get("link") for p in ops["copy"]["points"]})
@@ -317,6 +333,95 @@ class ProfileCostModel(StepCostModel):
             tabs = self._optional_tables(ops, "kv_write", ("tokens",), second, "the format switch's writes")
             if tabs is not None:
                 self._switch_write = [(tabs[0], quant_write_bytes_per_token_layer(m, sw.format, tp))]
+
+    def _init_step_ops(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
+        """The step's rest (schema 1.2): `step_rest` per part, `step_overhead` over rows, and the
+        decode rows' KV write of a bf16/fp16 cache from `kv_write` (`paged_decode` times no write;
+        `chunked_prefill` times its chunk's, so prefill rows pay none here; a lossy part's write is
+        the quantize-on-write above, over every new token). Absent ops keep today's prices: the
+        analytic 1 ms overhead, and no rest."""
+        m, tp = self.model, self.tp
+        self._base_cache: dict[tuple[int, int, int, int], tuple[float, frozenset[str]]] = {}
+        self._rest: dict[str, tuple[RateTable, float]] | None = None
+        if "step_rest" in ops:
+            pts = ops["step_rest"]["points"]
+            self._rest = {}
+            for part in STEP_REST_PARTS:
+                sel = [p for p in pts if p.get("part") == part]
+                tab = RateTable.build(
+                    "step_rest", [(p["tokens"],) for p in sel], [_rate(p, "bytes") for p in sel], self.source
+                )
+                self._rest[part] = (tab, step_rest_bytes_per_token(m, tp, part))
+        self._overhead: RateTable | None = None
+        if "step_overhead" in ops:
+            pts = ops["step_overhead"]["points"]
+            # One call per step: the rate is calls per second, so time = 1 / rate, log-log between rows.
+            self._overhead = RateTable.build(
+                "step_overhead",
+                [(p["rows"],) for p in pts],
+                [1.0 / float(p["t_p50"]) for p in pts],
+                self.source,
+            )
+            self.overhead_s = self._overhead_entry(1)[0]  # what a draft pass does not pay again
+        self._dec_write: list[tuple[RateTable, float]] | None = None
+        exact = [(f, share) for f, share in parts if not f.lossy]
+        if exact and "kv_write" in ops:
+            have = {str(p.get("format")) for p in ops["kv_write"]["points"]}
+            if all(f.name in have for f, _ in exact):
+                tabs = self._optional_tables(ops, "kv_write", ("tokens",), exact, "the decode rows' KV write")
+                assert tabs is not None
+                self._dec_write = [
+                    (tab, share * quant_write_bytes_per_token_layer(m, f, tp))
+                    for tab, (f, share) in zip(tabs, exact, strict=True)
+                ]
+
+    def _overhead_entry(self, rows: int) -> tuple[float, bool]:
+        assert self._overhead is not None
+        rate, out = self._overhead(np.array([float(max(rows, 1))]))
+        return 1.0 / float(rate[0]), bool(out[0])
+
+    def _step_base(self, num_tokens: int, num_rows: int, num_decode: int, num_sampling: int) -> float:
+        if self._rest is None and self._overhead is None and self._dec_write is None:
+            return self.overhead_s
+        return self._base_entry(num_tokens, num_rows, num_decode, num_sampling)[0]
+
+    def _base_entry(
+        self, num_tokens: int, num_rows: int, num_decode: int, num_sampling: int
+    ) -> tuple[float, frozenset[str]]:
+        """`_step_base`'s seconds (memoised) and the ops it priced off their grids: the measured
+        overhead at this many rows (else the analytic 1 ms), plus `step_rest`'s layer part over the
+        step's tokens times the layers, its embed part over the tokens and sample part over the
+        LM-head rows, plus the decode rows' KV write times the layers holding KV."""
+        key = (num_tokens, num_rows, num_decode, num_sampling)
+        hit = self._base_cache.get(key)
+        if hit is not None:
+            return hit
+        flags: list[str] = []
+        t = self.overhead_s
+        if self._overhead is not None:
+            t, off = self._overhead_entry(num_rows)
+            if off:
+                flags.append("step_overhead")
+        if self._rest is not None:
+            for part, n, times in (
+                ("layer", num_tokens, self.model.num_layers),
+                ("embed", num_tokens, 1),
+                ("sample", num_sampling, 1),
+            ):
+                if n:
+                    tab, per_tok = self._rest[part]
+                    rate, out = tab(np.array([float(n)]))
+                    t += times * n * per_tok / float(rate[0])
+                    if out[0] and "step_rest" not in flags:
+                        flags.append("step_rest")
+        if self._dec_write is not None and num_decode:
+            for tab, per_tok in self._dec_write:
+                rate, out = tab(np.array([float(num_decode)]))
+                t += self._kv_layers * num_decode * per_tok / float(rate[0])
+                if out[0] and "kv_write" not in flags:
+                    flags.append("kv_write")
+        hit = self._base_cache[key] = (t, frozenset(flags) if flags else NO_FLAGS)
+        return hit
 
     def _optional_tables(
         self,
@@ -534,7 +639,9 @@ class ProfileCostModel(StepCostModel):
         return self._prefill_entry(n, ctx)[0]
 
     def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
-        flags = []
+        flags: list[str] = []
+        if self._rest is not None or self._overhead is not None or self._dec_write is not None:
+            flags.extend(self._base_entry(tokens, n_dec + len(chunks), n_dec, rows)[1])
         if self._gemm_entry(tokens, rows)[1]:
             flags.append("gemm")
         if any(self._prefill_entry(n, c)[1] for n, c in chunks):

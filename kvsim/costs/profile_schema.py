@@ -1,10 +1,13 @@
-"""The measured profile's file format (schema ``kvsim-profile`` v1.1): reading and validation, shared
+"""The measured profile's file format (schema ``kvsim-profile`` v1.2): reading and validation, shared
 by the profile cost model and the calibrator. Any defect is one `KvsimError` naming the file and field.
 
 Versions: ``version`` is the major version (a reader refuses a newer one), ``minor_version`` (absent:
 0) counts backward-compatible additions, which a reader of an older minor version ignores: 1.1 added
 the optional ops ``h2o_accumulate``, ``h2o_select``, ``compact_kv`` and ``kv_write`` (token eviction
-and quantize-on-write), whose points of one format must be listed by increasing token counts.
+and quantize-on-write), 1.2 ``step_rest`` (a step's work besides GEMMs and attention: per part
+``layer``, ``embed`` and ``sample``, all three required, over tokens) and ``step_overhead`` (the
+serving loop's own time per step, over rows; no work, its time is priced as it is). An optional op's
+points of one label must be listed by increasing counts, and a 1.2 op needs ``minor_version`` >= 2.
 
 Every field the cost model reads is checked: per op, each point's grid coordinates are present,
 numeric and positive (`OP_COORDS`), no two points share coordinates (two timings of one shape would
@@ -26,7 +29,7 @@ from kvsim.spec.schema import shorten, show
 
 SCHEMA = "kvsim-profile"
 VERSION = 1
-MINOR_VERSION = 1  # 1: the optional eviction and quantize-on-write ops (OPTIONAL_OPS)
+MINOR_VERSION = 2  # 1: the optional eviction and quantize-on-write ops; 2: step_rest, step_overhead
 TIME_KEYS = ("t_p20", "t_p50", "t_p80")
 GEMM_LAYERS = ("qkv", "o", "gate_up", "down")
 TOP_FIELDS = ("schema", "version", "kind", "backend", "device", "model", "tp", "ops", "complete")
@@ -43,16 +46,27 @@ OP_COORDS: dict[str, tuple[tuple[str, str], ...]] = {
     "h2o_select": (("tokens", "count"),),
     "compact_kv": (("format", "label"), ("tokens", "count")),
     "kv_write": (("format", "label"), ("tokens", "count")),
+    "step_rest": (("part", "label"), ("tokens", "count")),
+    "step_overhead": (("rows", "count"),),
 }
-# Ops a profile may lack (the cost model prices them analytically then); minor version 1 added them.
-OPTIONAL_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")
+# Ops a profile may lack (the cost model prices them analytically then, or not at all for the 1.2
+# ones, as before they were measured); minor version 1 added the first four, 2 the step's rest.
+KV_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")  # 1.1
+OPTIONAL_OPS = (*KV_OPS, "step_rest", "step_overhead")
+# The minor version that added an op, where a profile holding it must declare at least that one
+# (the 1.1 ops predate the check: 1.1 profiles without minor_version exist).
+OP_MINOR = {"step_rest": 2, "step_overhead": 2}
+# step_rest's parts: one layer's elementwise work over tokens, the step's embedding lookup over
+# tokens, the sampling of rows (`validate.model.step_rest`); a profile with the op has all three.
+STEP_REST_PARTS = ("layer", "embed", "sample")
 # The work each op's rate is computed from (FLOP/s for GEMMs and prefill, bytes/s for the rest).
-OP_WORK = {
+OP_WORK: dict[str, str | None] = {
     "gemm": "flops",
     "paged_decode": "bytes",
     "chunked_prefill": "flops",
     "copy": "bytes",
-    **dict.fromkeys(OPTIONAL_OPS, "bytes"),
+    **dict.fromkeys((*KV_OPS, "step_rest"), "bytes"),
+    "step_overhead": None,  # a fixed time per call: no work, the time itself is priced
 }
 # 1 ns is about two GPU clock cycles, below any timed kernel launch (~2-5 us); 1 h is no single op.
 TIME_BOUNDS_S = (1e-9, 3600.0)
@@ -124,6 +138,26 @@ def validate_profile(data: Any, *, source: str) -> None:
         raise err("ops", "expected an object")
     for op, body in ops.items():
         _validate_op(str(op), body, err)
+        need = OP_MINOR.get(str(op))
+        if need is not None and minor < need:
+            raise err(
+                "minor_version",
+                f"ops.{op} was added in schema {VERSION}.{need}, the profile declares {VERSION}.{minor}; "
+                f"set minor_version to {need} or more",
+            )
+    if "step_rest" in ops:
+        parts = {p.get("part") for p in ops["step_rest"]["points"]}
+        for part in STEP_REST_PARTS:
+            if part not in parts:
+                raise err(
+                    "ops.step_rest.points",
+                    f"no points for part {part!r} (it needs {', '.join(STEP_REST_PARTS)})",
+                )
+        other = sorted(str(x) for x in parts - set(STEP_REST_PARTS))
+        if other:
+            raise err(
+                "ops.step_rest.points", f"unknown part {other[0]!r}; expected {', '.join(STEP_REST_PARTS)}"
+            )
     if not isinstance(data["complete"], bool):
         raise err("complete", f"expected true or false, got {show(data['complete'])}")
 

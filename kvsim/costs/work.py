@@ -203,6 +203,28 @@ def quant_write_bytes_per_token_layer(model: ModelSpec, fmt: KVFormat, tp: int) 
     return kv_bytes_per_token_layer_gpu(model, BF16, tp) + kv_bytes_per_token_layer_gpu(model, fmt, tp)
 
 
+def step_rest_bytes_per_token(model: ModelSpec, tp: int, part: str) -> float:
+    """Bytes one GPU moves per token (per sampled row for ``sample``) in one part of a step's work
+    besides GEMMs and attention (the profile's ``step_rest``), at bf16 activations (`ACT_BYTES`):
+    ``layer``, one layer's two RMSNorms (hidden read and written each), the rotary on Q and K (read
+    and written) and V's copy, the two residual adds (two read, one written) and SiLU-and-mul (gate and
+    up read, one written); ``embed``, the embedding row read and written and the rotary tables (head
+    dim); ``sample``, the final norm of the row and its logits read for the pick. A work measure for
+    the rate (the time is measured), so that another shape is priced by the same arithmetic."""
+    sh = TPShapes.of(model, tp)
+    h, inter = model.hidden_size, sh.gemm_nk["down"][1]
+    if part == "layer":
+        elements = 2 * 2 * h + 2 * (sh.heads + sh.kv_heads) * sh.head_dim + 2 * sh.kv_heads * sh.head_dim
+        elements += 2 * 3 * h + 3 * inter
+    elif part == "embed":
+        elements = 2 * h + sh.head_dim
+    elif part == "sample":
+        elements = 2 * h + sh.gemm_nk["lm_head"][0]
+    else:
+        raise ValueError(part)
+    return float(elements * ACT_BYTES)
+
+
 def attn_flops_per_pair_layer(model: ModelSpec, tp: int) -> int:
     """Attention FLOPs per (query, key) pair per layer on one GPU (prefill; MHA/GQA decode too)."""
     m = model
