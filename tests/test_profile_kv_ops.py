@@ -190,6 +190,44 @@ def test_quantize_on_write_from_the_measured_table(tmp_path):
     assert any("kv_write not measured for KV format int4/g64 (it has int8/g64)" in n for n in fp.warnings())
 
 
+@pytest.mark.parametrize(
+    "impl", ["torch:kernels.chunked_prefill.chunked_prefill_ref", "triton:kernels.chunked_prefill"]
+)
+def test_a_prefill_timed_on_kvsims_kernel_pays_no_second_quantize_on_write(tmp_path, impl):
+    # kernels.chunked_prefill stores the chunk through kv_write before attending, so its measured
+    # time holds a prefill row's write: only decode rows pay kv_write on top (they paid it twice
+    # before for the prefill rows, once inside chunked_prefill and once from kv_write's table).
+    from kvsim.costs.base import SeqKind
+
+    data = _with_kv_ops()
+    for p in data["ops"]["chunked_prefill"]["points"]:
+        p["impl"] = impl
+    cm = _model(tmp_path, data, format="int8")
+    plain = _model(tmp_path, _with_kv_ops(), format="int8")  # no impl: an imported attention table
+    one = ForwardBatch.prefill(200)
+    assert cm.step_time(one) == cm.overhead_s + cm._gemm_time(200, 1) + cm._prefill_attn_time(200, 0)
+    assert plain.step_time(one) - cm.step_time(one) == pytest.approx(
+        LAYERS * 200 * WRITE_INT8 / 1e10, rel=1e-9
+    )
+    mixed = ForwardBatch((SeqKind.DECODE, SeqKind.DECODE, SeqKind.PREFILL), (1, 1, 200), (500, 400, 0), 3)
+    assert cm.step_time(mixed) == pytest.approx(
+        cm.overhead_s
+        + cm._gemm_time(202, 3)
+        + cm._write_time(2)
+        + cm.prefill_launch_s
+        + cm._prefill_attn_time(200, 0)
+        + float(cm._decode_attn_time(2, np.array([900.0]))[0]),
+        rel=1e-12,
+    )
+    assert cm._write_time(2) == pytest.approx(LAYERS * 2 * WRITE_INT8 / 1e10, rel=1e-12)
+    # The fast paths price the same way.
+    vec = cm.mixed_step_times(2, np.array([900]), 200, np.array([0]), np.array([3]))
+    assert vec[0] == cm.price(mixed).seconds
+    dec = cm.decode_step_times(3, np.array([3107]))
+    assert dec[0] == cm.price(ForwardBatch.decode((3105, 1, 1))).seconds
+    assert dec[0] == plain.decode_step_times(3, np.array([3107]))[0]  # decode rows write as before
+
+
 def test_mixed_and_decode_runs_equal_price_with_every_measured_op_on(tmp_path):
     from kvsim.costs.base import SeqKind
 

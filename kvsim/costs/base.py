@@ -206,7 +206,9 @@ class StepCostModel:
         ``switched_ctx`` of ``sum_ctx``, in first-format token slots) in the second format."""
         raise NotImplementedError
 
-    def _write_part(self, num_tokens: int, num_switched: int) -> float:
+    def _write_part(self, num_tokens: int, num_switched: int, num_decode: int) -> float:
+        """Quantize-on-write of a step's `num_tokens` new tokens (`num_decode` of them decode rows'),
+        `num_switched` of them in a format switch's second format."""
         if not num_switched:
             return self._write_time(num_tokens)
         return self._write_time(num_tokens - num_switched) + self._switched_write_time(num_switched)
@@ -252,7 +254,7 @@ class StepCostModel:
             self._step_base(total, len(kinds), dec_n, batch.num_sampling)
             + self._gemm_time(total, batch.num_sampling)
             + self._comm_time(total)
-            + self._write_part(total, batch.num_switched)
+            + self._write_part(total, batch.num_switched, dec_n)
             + prefill
         )
         ctx = _NO_DECODE
@@ -276,7 +278,7 @@ class StepCostModel:
             self._step_base(num_seqs, num_seqs, num_seqs, num_seqs)
             + self._gemm_time(num_seqs, num_seqs)
             + self._comm_time(num_seqs)
-            + self._write_part(num_seqs, num_switched)
+            + self._write_part(num_seqs, num_switched, num_seqs)
         )
         return fixed + self._decode_part(num_seqs, sum_ctx.astype(np.float64), num_switched, switched_ctx)
 
@@ -298,7 +300,7 @@ class StepCostModel:
         # The same operations in the same order as `price`, one step per element.
         total = num_decode + chunk
         comm = self._comm_time(total)
-        write = self._write_part(total, num_switched)
+        write = self._write_part(total, num_switched, num_decode)
         gemm = {
             int(s): self._step_base(total, num_decode + 1, num_decode, int(s))
             + self._gemm_time(total, int(s))

@@ -35,8 +35,9 @@ layers, its ``embed`` part (embedding lookup, rotary tables) over the tokens and
 step (scheduling, block tables, inputs), over the step's rows, its time held at the grid's edges,
 replaces the analytic 1 ms; and a bf16/fp16 cache's decode rows pay their KV write at `kv_write`'s
 measured rate for the cache's format, times the layers holding KV (`paged_decode` times no write,
-`chunked_prefill` times its chunk's own, so prefill rows pay none; a lossy part's write stays the
-quantize-on-write above, over every new token). A profile without them prices as before: the 1 ms
+`chunked_prefill` times its chunk's own, so prefill rows pay none; a lossy part's quantize-on-write is
+charged on the decode rows' tokens alone when `chunked_prefill` was timed on kvsim's kernel, which
+writes its chunk first, and on every new token over an imported attention table). A profile without them prices as before: the 1 ms
 overhead and no rest.
 
 Left out (taken from the analytic model instead): the per-step overhead (1 ms) when the profile has
@@ -95,6 +96,10 @@ def _axis_weights(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarr
     i = np.clip(np.searchsorted(grid, xc, side="right") - 1, 0, len(grid) - 2)
     w = (xc - grid[i]) / (grid[i + 1] - grid[i])
     return i, w, outside
+
+
+# The `impl` of chunked_prefill points timed by kvsim's calibrator on `kernels.chunked_prefill`.
+_WRITING_PREFILL = ("triton:kernels.chunked_prefill", "torch:kernels.chunked_prefill")
 
 
 @dataclass(frozen=True)
@@ -282,6 +287,13 @@ class ProfileCostModel(StepCostModel):
         self._switch_write: list[tuple[RateTable, float]] | None = None
         self._switch_write_cache: dict[int, tuple[float, bool]] = {}
         self._select_s_per_token = 0.0
+        # kvsim's own chunked_prefill (the Triton kernel and its torch reference) stores the chunk's
+        # K/V through kv_write before attending, so its measured times include a prefill row's
+        # quantize-on-write: only decode rows pay `kv_write` on top (an imported table times the
+        # attention kernel alone, as vLLM's cache write is a kernel of its own).
+        self._prefill_writes = all(
+            str(p.get("impl", "")).startswith(_WRITING_PREFILL) for p in ops["chunked_prefill"]["points"]
+        )
         if ev is not None and ev.kind is EvictionKind.ENTROPY:
             # Not `h2o_accumulate`: that kernel re-reads K and recomputes QK^T, which the entropy
             # statistics (fused into decode attention, `ModelWork.entropy_stat_work_per_token`) do not.
@@ -338,7 +350,8 @@ class ProfileCostModel(StepCostModel):
         """The step's rest (schema 1.2): `step_rest` per part, `step_overhead` over rows, and the
         decode rows' KV write of a bf16/fp16 cache from `kv_write` (`paged_decode` times no write;
         `chunked_prefill` times its chunk's, so prefill rows pay none here; a lossy part's write is
-        the quantize-on-write above, over every new token). Absent ops keep today's prices: the
+        the quantize-on-write above, over the decode rows' tokens where `chunked_prefill` was timed on
+        kvsim's kernel and over every new token otherwise). Absent ops keep today's prices: the
         analytic 1 ms overhead, and no rest."""
         m, tp = self.model, self.tp
         self._base_cache: dict[tuple[int, int, int, int], tuple[float, frozenset[str]]] = {}
@@ -652,8 +665,9 @@ class ProfileCostModel(StepCostModel):
             flags.append("h2o_accumulate")
         # A format switch's writes are flagged over the step's tokens (how many switched is not passed).
         sw = self._switch_write
-        if (self._write is not None and self._write_entry(tokens)[1]) or (
-            sw is not None and self._write_entry(tokens, sw, self._switch_write_cache)[1]
+        written = n_dec if self._prefill_writes else tokens
+        if (self._write is not None and written and self._write_entry(written)[1]) or (
+            sw is not None and written and self._write_entry(written, sw, self._switch_write_cache)[1]
         ):
             flags.append("kv_write")
         return frozenset(flags) if flags else NO_FLAGS
@@ -699,6 +713,11 @@ class ProfileCostModel(StepCostModel):
         if work.table_entries:
             t += a.trim_op_time(0, 0, work.table_entries)
         return StepPrice(t, frozenset(flags) if flags else NO_FLAGS)
+
+    def _write_part(self, num_tokens: int, num_switched: int, num_decode: int) -> float:
+        if self._prefill_writes:  # the prefill rows' writes are inside chunked_prefill's times
+            num_tokens, num_switched = num_decode, min(num_switched, num_decode)
+        return super()._write_part(num_tokens, num_switched, num_decode)
 
     def _write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of the new tokens' lossy parts: `kv_write`'s measured rate at this
