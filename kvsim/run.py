@@ -668,6 +668,7 @@ class _Offload:
             swap=swap,
             glob=glob,
             load_weight=self._load_weight(h2d.link, n_h2d),
+            remote_weight=None if glob is None else self._remote_weight(c.topology.network, on_net),
             ssd=None if self.ssd is None else self.ssd[node],
             cold_after_steps=off.cold_after_steps if self.tiers is not None else 0,
             overlap=self._prefill_time if off.load == "overlap" else None,
@@ -723,6 +724,16 @@ class _Offload:
         load_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * n_h2d, h2d, 1)
         prefill_s = self.cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
         return min(1.0, load_s / prefill_s)
+
+    def _remote_weight(self, net: Link, on_net: int) -> float:
+        """`_load_weight` for an entry fetched over the network (from another node's share of the
+        pool, or a pool node: through its NICs too, at the slower end's rate)."""
+        bs, blocks = self.sc.kv.block_size, 32
+        fetch_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * on_net, net, 1)
+        if self.pool_link is not None:
+            fetch_s = max(fetch_s, self.cost.transfer_time(blocks * self.block_bytes, self.pool_link, 1))
+        prefill_s = self.cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
+        return min(1.0, fetch_s / prefill_s)
 
     def _fetch_policy(self, net: Link, on_net: int) -> Callable[[int], bool]:
         """``fetch: always``, or (``auto``) whether fetching a remote entry of `blocks` blocks over an

@@ -619,6 +619,24 @@ def test_cache_aware_router_counts_a_global_pool_hit_at_its_load_price():
     assert b.replica == 0 and b.num_cached_tokens == 304  # HBM hits beat the pool's fetch
 
 
+@pytest.mark.parametrize(("network", "replica"), [("50GB/s", 1), ("200MB/s", 0)])
+def test_cache_aware_router_prices_a_remote_pool_hit_at_the_networks_rate(network, replica):
+    """Two nodes: A computed on node 0 and published (homed on node 0), then D decodes 180 tokens
+    on node 0. B, A's prompt, costs 16 tokens plus D's outstanding ones on node 0, or a fetch of A's
+    19 blocks from node 0 over node 1's NIC: cheap at 50 GB/s (B goes to node 1), slower than
+    recomputing at 200 MB/s (`fetch: always`, so the fetch is still taken where B goes): B stays
+    on node 0. A remote hit was weighed at the host link's rate before, and went to node 1 both times."""
+    wl = make_workload(
+        [0.0, 0.5, 1.0], [320, 16, 320], [1, 180, 1], hash_ids=[IDS_A, [500], IDS_A], block_tokens=16
+    )
+    cluster = {"nodes": 2, "router": "cache_aware", "topology": {"network": {"bw": network}}}
+    sc = small_scenario(
+        num_blocks=400, cluster=cluster, kv={"prefix_cache": {"scope": "global", "fetch": "always"}}
+    )
+    b = krun.run_scenario(sc, workload=wl).seqs[2]
+    assert b.replica == replica and b.num_cached_tokens == 304  # from HBM on node 0, the pool on node 1
+
+
 # ---- scenarios and the report -------------------------------------------------------------------------
 def test_the_comparison_scenarios_validate():
     from kvsim.spec.scenario import load_scenario

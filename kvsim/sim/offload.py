@@ -207,6 +207,7 @@ class OffloadPort:
         swap: tuple[SwapSpace, Callable[[Request, int], bool]] | None = None,
         glob: GlobalSide | None = None,
         load_weight: float = 0.0,
+        remote_weight: float | None = None,
         ssd: SSDSide | None = None,
         cold_after_steps: int = 0,
         overlap: Callable[[int, int], float] | None = None,
@@ -247,8 +248,11 @@ class OffloadPort:
         # seconds of the transfers asked for so far).
         self.links_to_sample: Callable[[], list[LinkQueue]] | None = None
         self.link_samples: list[tuple[float, str, float, float]] = []
-        # What a token loaded from a lower tier costs against computing it (the cache-aware router).
+        # What a token loaded from a lower tier costs against computing it (the cache-aware router):
+        # over H2D (DRAM, the SSD through DRAM, the pool on this node), and over the network (the
+        # pool on another node or on a pool node; None: as over H2D).
         self.load_weight = load_weight
+        self.remote_weight = load_weight if remote_weight is None else remote_weight
         self.node = -1 if glob is None else glob.node
         if host is not None or glob is not None:
             sched.host = self  # the scheduler's `TierLookup`
@@ -290,6 +294,24 @@ class OffloadPort:
                     self.stats.declined += 1
                 break
             n += 1
+        return n
+
+    def remote_blocks(self, keys: Sequence[int], cum: Sequence[int], start: int, stop: int) -> int:
+        """Blocks of the entries ``keys[start:stop]`` (all found below HBM) that a load would fetch
+        over the network: pool entries homed on another node (every pool node's are)."""
+        glob = self.glob
+        if glob is None:
+            return 0
+        local = self.host.entries if self.host is not None else None
+        disk = self.ssd.tier.entries if self.ssd is not None else None
+        home, node = glob.pool.home, self.node
+        n = 0
+        for i in range(start, stop):
+            k = keys[i]
+            if (local is not None and k in local) or (disk is not None and k in disk):
+                continue
+            if home[k] != node:
+                n += cum[i + 1] - cum[i]
         return n
 
     def touch(self, keys: Sequence[int]) -> int:

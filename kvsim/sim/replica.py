@@ -121,7 +121,9 @@ class Replica:
 
     def prefill_cost_tokens(self, req: Request) -> float:
         """Tokens the request would cost here (`kvsim.core.router`, ``cache_aware``): its prompt less
-        its HBM hits, with what it would load from a lower tier weighed by `OffloadPort.load_weight`."""
+        its HBM hits, with what it would load from a lower tier weighed by `OffloadPort.load_weight`
+        (over H2D) or `OffloadPort.remote_weight` (over the network: another node's pool share, a
+        pool node)."""
         bs = self.sched.block_size
         if not req.keys:
             return float(req.prompt_len)
@@ -132,7 +134,10 @@ class Replica:
         if off is not None and off.looks_up:
             lower = off.num_prefix_hits(req.keys, hbm, len(req.keys), count=False)
             loaded = (cum[hbm + lower] - cum[hbm]) * bs
-            cost -= loaded * (1.0 - off.load_weight)
+            remote = 0
+            if lower and off.remote_weight != off.load_weight:
+                remote = off.remote_blocks(req.keys, cum, hbm, hbm + lower) * bs
+            cost -= (loaded - remote) * (1.0 - off.load_weight) + remote * (1.0 - off.remote_weight)
         return cost
 
     def _apply_ended_steps(self, t: float) -> None:
