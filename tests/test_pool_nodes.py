@@ -241,3 +241,17 @@ def test_kvsim_plan_prices_the_pool_nodes_beside_the_gpus(tmp_path):
         str(p), [parse_slo("ttft_p99=1s")], [parse_search("cluster.nodes=1..3")], (1.0,), 0.0
     )
     assert sorted(planner.cost.values()) == [(n, 3.0, 2 * 13.338) for n in (1, 2, 3)]
+
+
+def test_the_plan_page_shows_the_pool_nodes_in_a_configurations_price():
+    """The page's equation adds up: 4 GPUs x $3.00 + $26.68 of pool nodes = $38.68/h (it read
+    "4 GPUs x $3.00/GPU-h = $38.68/h"); a plan without pool nodes (or written before them) as before."""
+    from kvsim.report.plan import _config_line
+
+    e = {"label": "cluster.nodes=4", "gpus": 4, "gpu_hour_usd": 3.0, "usd_per_hour": 4 * 3.0 + 2 * 13.338}
+    assert _config_line({**e, "pool_nodes_usd_per_hour": 2 * 13.338}) == (
+        "<b>cluster.nodes=4</b>: 4 GPUs x $3.00/GPU-h + $26.68/h of pool nodes = <b>$38.68/h</b>"
+    )
+    plain = {**e, "usd_per_hour": 12.0}
+    want = "<b>cluster.nodes=4</b>: 4 GPUs x $3.00/GPU-h = <b>$12.00/h</b>"
+    assert _config_line(plain) == _config_line({**plain, "pool_nodes_usd_per_hour": 0.0}) == want
