@@ -969,7 +969,9 @@ def _spec_decode(sc: Scenario, cost: CostModel) -> tuple[SpecDecoder | None, Dra
     if cfg.draft_model is not None:  # the draft model on the same GPUs, by the analytic model
         dm = AnalyticCostModel(cfg.draft_model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
         return spec, DraftCost(dm, dm.overhead_s, kind="model")
-    overhead = float(getattr(cost, "overhead_s", 0.0))
+    # A pass of so many rows does not pay the loop's time at those rows again (a measured profile's
+    # `step_overhead` grows with them).
+    overhead = getattr(cost, "step_overhead", None) or float(getattr(cost, "overhead_s", 0.0))
     return spec, DraftCost(cost, overhead, scale=cfg.layer_fraction / sc.model.num_layers, kind="mtp")
 
 

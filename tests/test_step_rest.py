@@ -70,7 +70,7 @@ def test_a_decode_step_pays_the_measured_rest_overhead_and_writes(tmp_path):
     batch = ForwardBatch.decode((300, 700))
     assert cm.price(batch).seconds == pytest.approx(old.price(batch).seconds - 1e-3 + want, rel=1e-12)
     assert cm.price(batch).off_grid == old.price(batch).off_grid == frozenset()
-    assert cm.overhead_s == pytest.approx(1e-4, rel=1e-12)  # one row's: what a draft pass skips
+    assert cm.overhead_s == pytest.approx(1e-4, rel=1e-12)  # one row's (`step_overhead`: any rows)
 
 
 def test_prefill_rows_pay_no_write_and_sample_only_their_rows(tmp_path):
@@ -243,3 +243,35 @@ def test_fast_forward_equals_stepping_in_the_engine_with_the_step_ops(tmp_path):
     a, _ = profile_under_load(f"cost_model.profile={p}")
     base, _ = profile_under_load()
     assert a.summary["simulated_s"] != base.summary["simulated_s"]  # the ops are priced
+
+
+def test_an_mtp_draft_pass_does_not_pay_the_loops_overhead_at_its_rows_again(tmp_path):
+    """A profile's `step_overhead` grows with the rows (100 us per row here); a pass of four rows
+    inside the step pays its layer's share of the decode batch less the loop's 400 us at four rows,
+    not less one row's 100 us (which left 300 us x scale charged once per pass)."""
+    from kvsim.costs.draft import DraftCost
+    from kvsim.run import _spec_decode
+
+    cm = _model(tmp_path, _with_step_ops())
+    assert cm.step_overhead(4) == pytest.approx(4e-4, rel=1e-12)
+    assert cm.step_overhead(1) == cm.overhead_s
+    ctx = [100, 200, 300, 400]
+    sc = small_scenario(
+        scheduler={"spec_decode": {"k": 2, "acceptance": {"mean": 0.5}, "draft": {"kind": "mtp"}}}
+    )
+    _, draft = _spec_decode(sc, cm)
+    assert draft is not None and draft.kind == "mtp"
+    scale = 1.0 / LAYERS
+    want = sum(
+        scale * (cm.price(ForwardBatch.decode(tuple(c + j for c in ctx))).seconds - 4e-4) for j in range(2)
+    )
+    assert draft.seconds(ctx, [2, 2, 2, 2]) == pytest.approx(want, rel=1e-12)
+    # Rows that draft unequally: pass 0 has four rows, pass 1 the two that draft a second token.
+    want = scale * (cm.price(ForwardBatch.decode(tuple(ctx))).seconds - 4e-4) + scale * (
+        cm.price(ForwardBatch.decode((301, 401))).seconds - 2e-4
+    )
+    assert draft.seconds(ctx, [1, 1, 2, 2]) == pytest.approx(want, rel=1e-12)
+    # A constant overhead (the analytic model's, a draft model's) as before.
+    assert DraftCost(cm, 1e-4, scale=scale, kind="mtp").seconds(ctx, [1, 1, 1, 1]) == pytest.approx(
+        scale * (cm.price(ForwardBatch.decode(tuple(ctx))).seconds - 1e-4), rel=1e-12
+    )

@@ -195,6 +195,12 @@ class StepCostModel:
         LM-head rows. By default the fixed ``overhead_s`` alone."""
         return self.overhead_s
 
+    def step_overhead(self, num_rows: int) -> float:
+        """The fixed part of `_step_base` for a step of `num_rows` sequences: the serving loop's own
+        time (a measured profile's `step_overhead` at that many rows; else ``overhead_s``), which a
+        draft pass inside the step does not pay again (`kvsim.costs.draft`)."""
+        return self.overhead_s
+
     def _switched_write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of new tokens in a format switch's second format."""
         raise NotImplementedError

@@ -375,7 +375,7 @@ class ProfileCostModel(StepCostModel):
                 [1.0 / float(p["t_p50"]) for p in pts],
                 self.source,
             )
-            self.overhead_s = self._overhead_entry(1)[0]  # what a draft pass does not pay again
+            self.overhead_s = self._overhead_entry(1)[0]  # one row's (`step_overhead`: at any rows)
         self._dec_write: list[tuple[RateTable, float]] | None = None
         exact = [(f, share) for f, share in parts if not f.lossy]
         if exact and "kv_write" in ops:
@@ -392,6 +392,11 @@ class ProfileCostModel(StepCostModel):
         assert self._overhead is not None
         rate, out = self._overhead(np.array([float(max(rows, 1))]))
         return 1.0 / float(rate[0]), bool(out[0])
+
+    def step_overhead(self, num_rows: int) -> float:
+        if self._overhead is None:
+            return self.overhead_s
+        return self._overhead_entry(num_rows)[0]
 
     def _step_base(self, num_tokens: int, num_rows: int, num_decode: int, num_sampling: int) -> float:
         if self._rest is None and self._overhead is None and self._dec_write is None:
