@@ -73,12 +73,19 @@ def test_a_decode_step_pays_the_measured_rest_overhead_and_writes(tmp_path):
     assert cm.overhead_s == pytest.approx(1e-4, rel=1e-12)  # one row's (`step_overhead`: any rows)
 
 
+def _kvsims_prefill(data: dict) -> dict:
+    """`data` with its chunked_prefill timed on kvsim's kernel (which writes its chunk first)."""
+    for p in data["ops"]["chunked_prefill"]["points"]:
+        p["impl"] = "triton:kernels.chunked_prefill"
+    return data
+
+
 def test_prefill_rows_pay_no_write_and_sample_only_their_rows(tmp_path):
-    cm = _model(tmp_path, _with_step_ops())
-    old = _model(tmp_path, _synthetic())
+    cm = _model(tmp_path, _kvsims_prefill(_with_step_ops()))
+    old = _model(tmp_path, _kvsims_prefill(_synthetic()))
     # One 200-token chunk that samples, one decode row: 2 rows -> 200 us; layer over 201 tokens;
-    # embed over 201; sample over 2 rows; the write for the decode row only (chunked_prefill
-    # times its chunk's own writes).
+    # embed over 201; sample over 2 rows; the write for the decode row only (kvsim's
+    # chunked_prefill times its chunk's own writes).
     b = ForwardBatch((SeqKind.DECODE, SeqKind.PREFILL), (1, 200), (500, 0), 2)
     want = 200e-6 + (32 * 201 * LAYER_B + 201 * EMBED_B + 2 * SAMPLE_B + 32 * 1 * WRITE_BF16) / RATE
     assert cm.price(b).seconds == pytest.approx(old.price(b).seconds - 1e-3 + want, rel=1e-12)
@@ -86,6 +93,20 @@ def test_prefill_rows_pay_no_write_and_sample_only_their_rows(tmp_path):
     mid = ForwardBatch.prefill(200, 0, sampling=False)
     want = 100e-6 + (32 * 200 * LAYER_B + 200 * EMBED_B) / RATE
     assert cm.price(mid).seconds == pytest.approx(old.price(mid).seconds - 1e-3 + want, rel=1e-12)
+
+
+def test_over_an_imported_attention_table_every_new_token_pays_its_write(tmp_path):
+    """An imported chunked_prefill (no kvsim `impl`: vLLM's attention, whose cache write is a kernel
+    of its own) times no write, so a bf16 cache's prefill rows pay `kv_write` too, as a lossy
+    part's quantize-on-write does there (they paid none: the 200-token chunk's write was lost)."""
+    cm = _model(tmp_path, _with_step_ops())
+    old = _model(tmp_path, _synthetic())
+    b = ForwardBatch((SeqKind.DECODE, SeqKind.PREFILL), (1, 200), (500, 0), 2)
+    want = 200e-6 + (32 * 201 * LAYER_B + 201 * EMBED_B + 2 * SAMPLE_B + 32 * 201 * WRITE_BF16) / RATE
+    assert cm.price(b).seconds == pytest.approx(old.price(b).seconds - 1e-3 + want, rel=1e-12)
+    # Decode-only steps pay the same either way (their rows' write only).
+    kern = _model(tmp_path, _kvsims_prefill(_with_step_ops()))
+    assert cm._step_base(2, 2, 2, 2) == kern._step_base(2, 2, 2, 2)
 
 
 def test_a_profile_without_the_ops_prices_as_before(tmp_path):
