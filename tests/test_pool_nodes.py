@@ -209,6 +209,16 @@ def test_a_pool_nodes_default_price_follows_its_dram():
     kv["prefix_cache"]["pool_node_cost_per_hour"] = "$2.50/h"
     res = krun.run_scenario(small_scenario(num_blocks=40, cluster={"nodes": 2}, kv=kv), workload=POOLED)
     assert res.summary["global_pool"]["pool_nodes"]["cost_per_hour_usd"] == 2.5
+    # A price given is not the x2idn rate's, nor a DRAM size given the DGX default's: the sources
+    # name only the defaults used (the x2idn price was listed beside a given $2.50/h, and a $0
+    # price dropped the NICs' source though the default 2 NICs were used).
+    assert "pool node nics" in res.summary["config"]["sources"]
+    assert not {"pool node price", "pool node dram"} & set(res.summary["config"]["sources"])
+    free = {"prefix_cache": {"scope": "global", "pool_nodes": 1, "pool_node_cost_per_hour": 0}}
+    src = krun.run_scenario(small_scenario(num_blocks=40, kv=free), workload=POOLED).summary["config"][
+        "sources"
+    ]
+    assert {"pool node dram", "pool node nics"} <= set(src) and "pool node price" not in src
     assert (
         res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0
     )
