@@ -296,3 +296,22 @@ def test_an_mtp_draft_pass_does_not_pay_the_loops_overhead_at_its_rows_again(tmp
     assert DraftCost(cm, 1e-4, scale=scale, kind="mtp").seconds(ctx, [1, 1, 1, 1]) == pytest.approx(
         scale * (cm.price(ForwardBatch.decode(tuple(ctx))).seconds - 1e-4), rel=1e-12
     )
+
+
+def test_a_run_of_mixed_steps_flags_the_overhead_at_each_steps_rows(tmp_path):
+    """Three mixed steps of three decodes and one chunk: four rows each, on step_overhead's grid
+    (rows 1 to 4). Fast-forward's flags for the run are the steps' own; they counted the run's three
+    chunks as one step's rows (six, off the grid), so fast-forward warned where stepping did not."""
+    cm = _model(tmp_path, _with_step_ops())
+    dec, pre, smp = np.array([900, 903, 906]), np.array([0, 16, 32]), np.array([4, 4, 4])
+    stepped: frozenset[str] = frozenset()
+    for j in range(3):
+        b = ForwardBatch(
+            (SeqKind.DECODE,) * 3 + (SeqKind.PREFILL,),
+            (1, 1, 1, 16),
+            (300, 300, int(dec[j]) - 600, int(pre[j])),
+            4,
+        )
+        stepped |= cm.price(b).off_grid
+    assert "step_overhead" not in stepped
+    assert cm.mixed_off_grid(3, dec, 16, pre, smp) == stepped

@@ -661,10 +661,13 @@ class ProfileCostModel(StepCostModel):
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         return self._prefill_entry(n, ctx)[0]
 
-    def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
+    def _off_grid(
+        self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray, seqs: int | None = None
+    ) -> Flags:
         flags: list[str] = []
         if self._rest is not None or self._overhead is not None or self._dec_write is not None:
-            flags.extend(self._base_entry(tokens, n_dec + len(chunks), n_dec, rows)[1])
+            n_seqs = n_dec + len(chunks) if seqs is None else seqs
+            flags.extend(self._base_entry(tokens, n_seqs, n_dec, rows)[1])
         if self._gemm_entry(tokens, rows)[1]:
             flags.append("gemm")
         if any(self._prefill_entry(n, c)[1] for n, c in chunks):
