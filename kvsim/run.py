@@ -969,7 +969,9 @@ def _spec_decode(sc: Scenario, cost: CostModel) -> tuple[SpecDecoder | None, Dra
     if cfg.draft_model is not None:  # the draft model on the same GPUs, by the analytic model
         dm = AnalyticCostModel(cfg.draft_model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
         return spec, DraftCost(dm, dm.overhead_s, kind="model")
-    overhead = float(getattr(cost, "overhead_s", 0.0))
+    # A pass of so many rows does not pay the loop's time at those rows again (a measured profile's
+    # `step_overhead` grows with them).
+    overhead = getattr(cost, "step_overhead", None) or float(getattr(cost, "overhead_s", 0.0))
     return spec, DraftCost(cost, overhead, scale=cfg.layer_fraction / sc.model.num_layers, kind="mtp")
 
 
@@ -1103,6 +1105,21 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
         env.run(until=end_s)
 
 
+def _pool_node_sources(sc: Scenario) -> tuple[tuple[str, str], ...]:
+    """The sources of the dedicated pool nodes' defaults the run uses (with pool nodes on, whatever
+    they cost): their DRAM unless ``pool_node_bytes`` is given, their price unless
+    ``pool_node_cost_per_hour`` is, their NICs always (a count given equal to the default is not
+    told apart)."""
+    gp = sc.kv.global_pool
+    if sc.kv.prefix_cache != "global" or not gp.pool_nodes:
+        return ()
+    given = {
+        "pool node dram": bool(gp.pool_node_bytes),
+        "pool node price": gp.pool_node_cost_per_hour is not None,
+    }
+    return tuple((k, v) for k, v in POOL_NODE_SOURCES if not given.get(k, False))
+
+
 def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
     return RunConfig(
         model=sc.model.name,
@@ -1128,11 +1145,7 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         seed=sc.sim.seed,
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
-        sources=dict(
-            sc.cluster.gpu.sources
-            + sc.cluster.topology.sources
-            + (POOL_NODE_SOURCES if sc.pool_nodes_usd_per_hour else ())
-        ),
+        sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources + _pool_node_sources(sc)),
         clip_to_context=sc.workload.clip_to_context,
         scenario_path=sc.source,
         profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),

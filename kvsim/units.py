@@ -117,7 +117,7 @@ def parse_duration(raw: object, *, allow_zero: bool = False) -> float:
 
 
 def parse_price_per_hour(raw: object) -> float:
-    """US dollars per GPU-hour from ``"$2.49/h"``, ``"2.49"`` or a number."""
+    """US dollars an hour (per GPU-hour, or per pool node) from ``"$2.49/h"``, ``"2.49"`` or a number."""
     what = 'a price like "$2.49/h"'
     if isinstance(raw, str):
         m = _PRICE_RE.match(raw)
@@ -128,7 +128,7 @@ def parse_price_per_hour(raw: object) -> float:
         value = _finite_positive(raw, what, True)  # type: ignore[arg-type]
     value = _finite_positive(value, what, True)
     if value > 1e4:
-        raise KvsimError(f"expected {what}, got {raw!r} (over $10,000 per GPU-hour)")
+        raise KvsimError(f"expected {what}, got {raw!r} (over $10,000 an hour)")
     return value
 
 

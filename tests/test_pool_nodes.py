@@ -209,6 +209,16 @@ def test_a_pool_nodes_default_price_follows_its_dram():
     kv["prefix_cache"]["pool_node_cost_per_hour"] = "$2.50/h"
     res = krun.run_scenario(small_scenario(num_blocks=40, cluster={"nodes": 2}, kv=kv), workload=POOLED)
     assert res.summary["global_pool"]["pool_nodes"]["cost_per_hour_usd"] == 2.5
+    # A price given is not the x2idn rate's, nor a DRAM size given the DGX default's: the sources
+    # name only the defaults used (the x2idn price was listed beside a given $2.50/h, and a $0
+    # price dropped the NICs' source though the default 2 NICs were used).
+    assert "pool node nics" in res.summary["config"]["sources"]
+    assert not {"pool node price", "pool node dram"} & set(res.summary["config"]["sources"])
+    free = {"prefix_cache": {"scope": "global", "pool_nodes": 1, "pool_node_cost_per_hour": 0}}
+    src = krun.run_scenario(small_scenario(num_blocks=40, kv=free), workload=POOLED).summary["config"][
+        "sources"
+    ]
+    assert {"pool node dram", "pool node nics"} <= set(src) and "pool node price" not in src
     assert (
         res.summary["cost_usd"] == res.summary["gpu_hours"] * 3.00 + res.summary["simulated_s"] / 3600 * 5.0
     )
@@ -241,3 +251,17 @@ def test_kvsim_plan_prices_the_pool_nodes_beside_the_gpus(tmp_path):
         str(p), [parse_slo("ttft_p99=1s")], [parse_search("cluster.nodes=1..3")], (1.0,), 0.0
     )
     assert sorted(planner.cost.values()) == [(n, 3.0, 2 * 13.338) for n in (1, 2, 3)]
+
+
+def test_the_plan_page_shows_the_pool_nodes_in_a_configurations_price():
+    """The page's equation adds up: 4 GPUs x $3.00 + $26.68 of pool nodes = $38.68/h (it read
+    "4 GPUs x $3.00/GPU-h = $38.68/h"); a plan without pool nodes (or written before them) as before."""
+    from kvsim.report.plan import _config_line
+
+    e = {"label": "cluster.nodes=4", "gpus": 4, "gpu_hour_usd": 3.0, "usd_per_hour": 4 * 3.0 + 2 * 13.338}
+    assert _config_line({**e, "pool_nodes_usd_per_hour": 2 * 13.338}) == (
+        "<b>cluster.nodes=4</b>: 4 GPUs x $3.00/GPU-h + $26.68/h of pool nodes = <b>$38.68/h</b>"
+    )
+    plain = {**e, "usd_per_hour": 12.0}
+    want = "<b>cluster.nodes=4</b>: 4 GPUs x $3.00/GPU-h = <b>$12.00/h</b>"
+    assert _config_line(plain) == _config_line({**plain, "pool_nodes_usd_per_hour": 0.0}) == want

@@ -70,15 +70,22 @@ def test_a_decode_step_pays_the_measured_rest_overhead_and_writes(tmp_path):
     batch = ForwardBatch.decode((300, 700))
     assert cm.price(batch).seconds == pytest.approx(old.price(batch).seconds - 1e-3 + want, rel=1e-12)
     assert cm.price(batch).off_grid == old.price(batch).off_grid == frozenset()
-    assert cm.overhead_s == pytest.approx(1e-4, rel=1e-12)  # one row's: what a draft pass skips
+    assert cm.overhead_s == pytest.approx(1e-4, rel=1e-12)  # one row's (`step_overhead`: any rows)
+
+
+def _kvsims_prefill(data: dict) -> dict:
+    """`data` with its chunked_prefill timed on kvsim's kernel (which writes its chunk first)."""
+    for p in data["ops"]["chunked_prefill"]["points"]:
+        p["impl"] = "triton:kernels.chunked_prefill"
+    return data
 
 
 def test_prefill_rows_pay_no_write_and_sample_only_their_rows(tmp_path):
-    cm = _model(tmp_path, _with_step_ops())
-    old = _model(tmp_path, _synthetic())
+    cm = _model(tmp_path, _kvsims_prefill(_with_step_ops()))
+    old = _model(tmp_path, _kvsims_prefill(_synthetic()))
     # One 200-token chunk that samples, one decode row: 2 rows -> 200 us; layer over 201 tokens;
-    # embed over 201; sample over 2 rows; the write for the decode row only (chunked_prefill
-    # times its chunk's own writes).
+    # embed over 201; sample over 2 rows; the write for the decode row only (kvsim's
+    # chunked_prefill times its chunk's own writes).
     b = ForwardBatch((SeqKind.DECODE, SeqKind.PREFILL), (1, 200), (500, 0), 2)
     want = 200e-6 + (32 * 201 * LAYER_B + 201 * EMBED_B + 2 * SAMPLE_B + 32 * 1 * WRITE_BF16) / RATE
     assert cm.price(b).seconds == pytest.approx(old.price(b).seconds - 1e-3 + want, rel=1e-12)
@@ -86,6 +93,20 @@ def test_prefill_rows_pay_no_write_and_sample_only_their_rows(tmp_path):
     mid = ForwardBatch.prefill(200, 0, sampling=False)
     want = 100e-6 + (32 * 200 * LAYER_B + 200 * EMBED_B) / RATE
     assert cm.price(mid).seconds == pytest.approx(old.price(mid).seconds - 1e-3 + want, rel=1e-12)
+
+
+def test_over_an_imported_attention_table_every_new_token_pays_its_write(tmp_path):
+    """An imported chunked_prefill (no kvsim `impl`: vLLM's attention, whose cache write is a kernel
+    of its own) times no write, so a bf16 cache's prefill rows pay `kv_write` too, as a lossy
+    part's quantize-on-write does there (they paid none: the 200-token chunk's write was lost)."""
+    cm = _model(tmp_path, _with_step_ops())
+    old = _model(tmp_path, _synthetic())
+    b = ForwardBatch((SeqKind.DECODE, SeqKind.PREFILL), (1, 200), (500, 0), 2)
+    want = 200e-6 + (32 * 201 * LAYER_B + 201 * EMBED_B + 2 * SAMPLE_B + 32 * 201 * WRITE_BF16) / RATE
+    assert cm.price(b).seconds == pytest.approx(old.price(b).seconds - 1e-3 + want, rel=1e-12)
+    # Decode-only steps pay the same either way (their rows' write only).
+    kern = _model(tmp_path, _kvsims_prefill(_with_step_ops()))
+    assert cm._step_base(2, 2, 2, 2) == kern._step_base(2, 2, 2, 2)
 
 
 def test_a_profile_without_the_ops_prices_as_before(tmp_path):
@@ -243,3 +264,54 @@ def test_fast_forward_equals_stepping_in_the_engine_with_the_step_ops(tmp_path):
     a, _ = profile_under_load(f"cost_model.profile={p}")
     base, _ = profile_under_load()
     assert a.summary["simulated_s"] != base.summary["simulated_s"]  # the ops are priced
+
+
+def test_an_mtp_draft_pass_does_not_pay_the_loops_overhead_at_its_rows_again(tmp_path):
+    """A profile's `step_overhead` grows with the rows (100 us per row here); a pass of four rows
+    inside the step pays its layer's share of the decode batch less the loop's 400 us at four rows,
+    not less one row's 100 us (which left 300 us x scale charged once per pass)."""
+    from kvsim.costs.draft import DraftCost
+    from kvsim.run import _spec_decode
+
+    cm = _model(tmp_path, _with_step_ops())
+    assert cm.step_overhead(4) == pytest.approx(4e-4, rel=1e-12)
+    assert cm.step_overhead(1) == cm.overhead_s
+    ctx = [100, 200, 300, 400]
+    sc = small_scenario(
+        scheduler={"spec_decode": {"k": 2, "acceptance": {"mean": 0.5}, "draft": {"kind": "mtp"}}}
+    )
+    _, draft = _spec_decode(sc, cm)
+    assert draft is not None and draft.kind == "mtp"
+    scale = 1.0 / LAYERS
+    want = sum(
+        scale * (cm.price(ForwardBatch.decode(tuple(c + j for c in ctx))).seconds - 4e-4) for j in range(2)
+    )
+    assert draft.seconds(ctx, [2, 2, 2, 2]) == pytest.approx(want, rel=1e-12)
+    # Rows that draft unequally: pass 0 has four rows, pass 1 the two that draft a second token.
+    want = scale * (cm.price(ForwardBatch.decode(tuple(ctx))).seconds - 4e-4) + scale * (
+        cm.price(ForwardBatch.decode((301, 401))).seconds - 2e-4
+    )
+    assert draft.seconds(ctx, [1, 1, 2, 2]) == pytest.approx(want, rel=1e-12)
+    # A constant overhead (the analytic model's, a draft model's) as before.
+    assert DraftCost(cm, 1e-4, scale=scale, kind="mtp").seconds(ctx, [1, 1, 1, 1]) == pytest.approx(
+        scale * (cm.price(ForwardBatch.decode(tuple(ctx))).seconds - 1e-4), rel=1e-12
+    )
+
+
+def test_a_run_of_mixed_steps_flags_the_overhead_at_each_steps_rows(tmp_path):
+    """Three mixed steps of three decodes and one chunk: four rows each, on step_overhead's grid
+    (rows 1 to 4). Fast-forward's flags for the run are the steps' own; they counted the run's three
+    chunks as one step's rows (six, off the grid), so fast-forward warned where stepping did not."""
+    cm = _model(tmp_path, _with_step_ops())
+    dec, pre, smp = np.array([900, 903, 906]), np.array([0, 16, 32]), np.array([4, 4, 4])
+    stepped: frozenset[str] = frozenset()
+    for j in range(3):
+        b = ForwardBatch(
+            (SeqKind.DECODE,) * 3 + (SeqKind.PREFILL,),
+            (1, 1, 1, 16),
+            (300, 300, int(dec[j]) - 600, int(pre[j])),
+            4,
+        )
+        stepped |= cm.price(b).off_grid
+    assert "step_overhead" not in stepped
+    assert cm.mixed_off_grid(3, dec, 16, pre, smp) == stepped

@@ -195,6 +195,12 @@ class StepCostModel:
         LM-head rows. By default the fixed ``overhead_s`` alone."""
         return self.overhead_s
 
+    def step_overhead(self, num_rows: int) -> float:
+        """The fixed part of `_step_base` for a step of `num_rows` sequences: the serving loop's own
+        time (a measured profile's `step_overhead` at that many rows; else ``overhead_s``), which a
+        draft pass inside the step does not pay again (`kvsim.costs.draft`)."""
+        return self.overhead_s
+
     def _switched_write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of new tokens in a format switch's second format."""
         raise NotImplementedError
@@ -222,10 +228,14 @@ class StepCostModel:
             num_seqs, sum_ctx, num_switched, switched_ctx.astype(np.float64)
         )
 
-    def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
+    def _off_grid(
+        self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray, seqs: int | None = None
+    ) -> Flags:
         """Flags of a step's parts: GEMMs over ``tokens`` with ``rows`` sampled, attention of the
         ``chunks`` ((n, ctx) of each prefill/verify sequence) and of ``n_dec`` decoding sequences
-        whose contexts sum to ``dec[j]`` over a run of steps j."""
+        whose contexts sum to ``dec[j]`` over a run of steps j. `seqs`: the step's sequences
+        (None: ``n_dec + len(chunks)``; a run of mixed steps passes one chunk per step, each
+        step's alternative, and its steps' own count)."""
         return NO_FLAGS
 
     def price(self, batch: ForwardBatch) -> StepPrice:
@@ -332,7 +342,7 @@ class StepCostModel:
         dec = dec_sum_ctx.astype(np.float64) if num_decode else _NO_DECODE
         flags: frozenset[str] = NO_FLAGS
         for rows in sorted(set(num_sampling.tolist())):
-            flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec)
+            flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec, num_decode + 1)
         return flags
 
     def eviction_time(self, work: EvictionWork) -> float:

@@ -14,7 +14,7 @@ Two kinds (``scheduler.spec_decode.draft``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -25,10 +25,22 @@ class DraftCost:
     """Seconds of the draft passes of one step's verify rows (contexts and drafts per row)."""
 
     def __init__(
-        self, cost: CostModel, overhead_s: float, *, scale: float = 1.0, kind: str = "model"
+        self,
+        cost: CostModel,
+        overhead_s: float | Callable[[int], float],
+        *,
+        scale: float = 1.0,
+        kind: str = "model",
     ) -> None:
         self.cost = cost  # the draft model's cost model, or the target's for an MTP head
-        self.overhead_s = overhead_s  # of `cost`: not paid again per pass
+        # Of `cost`, not paid again per pass: seconds, or seconds for a pass of so many rows (a
+        # measured profile's `step_overhead` grows with the rows, and each pass's price holds it at
+        # its own rows: subtracting one row's would leave the rest charged once per pass).
+        if callable(overhead_s):
+            self.overhead: Callable[[int], float] = overhead_s
+        else:
+            fixed = float(overhead_s)
+            self.overhead = lambda _rows: fixed
         self.scale = scale  # 1 for a draft model; layer_fraction / num_layers for an MTP head
         self.kind = kind
 
@@ -40,14 +52,15 @@ class DraftCost:
             n, s0 = len(ctx), sum(ctx)
             sums = np.array([s0 + j * n for j in range(dmax)], dtype=np.int64)
             times = self.cost.decode_step_times(n, sums).tolist()  # equal to `price`, element-wise
+            rows = [n] * dmax
         else:
-            times = [
-                self.cost.step_time(
-                    ForwardBatch.decode(tuple(c + j for c, d in zip(ctx, drafts, strict=True) if d > j))
-                )
+            batches = [
+                ForwardBatch.decode(tuple(c + j for c, d in zip(ctx, drafts, strict=True) if d > j))
                 for j in range(dmax)
             ]
+            times = [self.cost.step_time(b) for b in batches]
+            rows = [len(b.kinds) for b in batches]
         t = 0.0
-        for x in times:
-            t += self.scale * max(0.0, x - self.overhead_s)
+        for x, r in zip(times, rows, strict=True):
+            t += self.scale * max(0.0, x - self.overhead(r))
         return t

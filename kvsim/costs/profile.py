@@ -34,11 +34,12 @@ layers, its ``embed`` part (embedding lookup, rotary tables) over the tokens and
 (`kvsim.costs.work.step_rest_bytes_per_token`); ``step_overhead``, the serving loop's own time per
 step (scheduling, block tables, inputs), over the step's rows, its time held at the grid's edges,
 replaces the analytic 1 ms; and a bf16/fp16 cache's decode rows pay their KV write at `kv_write`'s
-measured rate for the cache's format, times the layers holding KV (`paged_decode` times no write,
-`chunked_prefill` times its chunk's own, so prefill rows pay none; a lossy part's quantize-on-write is
-charged on the decode rows' tokens alone when `chunked_prefill` was timed on kvsim's kernel, which
-writes its chunk first, and on every new token over an imported attention table). A profile without them prices as before: the 1 ms
-overhead and no rest.
+measured rate for the cache's format, times the layers holding KV (`paged_decode` times no write;
+kvsim's `chunked_prefill` kernel writes its chunk first, so there prefill rows pay none; over an
+imported attention table, which times the attention alone, every new token pays it). A lossy part's
+quantize-on-write is charged the same way: on the decode rows' tokens alone when `chunked_prefill`
+was timed on kvsim's kernel, on every new token over an imported table. A profile without them
+prices as before: the 1 ms overhead and no rest.
 
 Left out (taken from the analytic model instead): the per-step overhead (1 ms) when the profile has
 no ``step_overhead``, tensor-parallel all-reduces, a prompt's H2O scores (the QK^T half of its
@@ -349,9 +350,9 @@ class ProfileCostModel(StepCostModel):
     def _init_step_ops(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
         """The step's rest (schema 1.2): `step_rest` per part, `step_overhead` over rows, and the
         decode rows' KV write of a bf16/fp16 cache from `kv_write` (`paged_decode` times no write;
-        `chunked_prefill` times its chunk's, so prefill rows pay none here; a lossy part's write is
-        the quantize-on-write above, over the decode rows' tokens where `chunked_prefill` was timed on
-        kvsim's kernel and over every new token otherwise). Absent ops keep today's prices: the
+        kvsim's `chunked_prefill` times its chunk's, so prefill rows pay none there, every new token
+        over an imported table; a lossy part's write is the quantize-on-write above, over the same
+        tokens). Absent ops keep today's prices: the
         analytic 1 ms overhead, and no rest."""
         m, tp = self.model, self.tp
         self._base_cache: dict[tuple[int, int, int, int], tuple[float, frozenset[str]]] = {}
@@ -375,7 +376,7 @@ class ProfileCostModel(StepCostModel):
                 [1.0 / float(p["t_p50"]) for p in pts],
                 self.source,
             )
-            self.overhead_s = self._overhead_entry(1)[0]  # what a draft pass does not pay again
+            self.overhead_s = self._overhead_entry(1)[0]  # one row's (`step_overhead`: at any rows)
         self._dec_write: list[tuple[RateTable, float]] | None = None
         exact = [(f, share) for f, share in parts if not f.lossy]
         if exact and "kv_write" in ops:
@@ -393,6 +394,11 @@ class ProfileCostModel(StepCostModel):
         rate, out = self._overhead(np.array([float(max(rows, 1))]))
         return 1.0 / float(rate[0]), bool(out[0])
 
+    def step_overhead(self, num_rows: int) -> float:
+        if self._overhead is None:
+            return self.overhead_s
+        return self._overhead_entry(num_rows)[0]
+
     def _step_base(self, num_tokens: int, num_rows: int, num_decode: int, num_sampling: int) -> float:
         if self._rest is None and self._overhead is None and self._dec_write is None:
             return self.overhead_s
@@ -404,7 +410,8 @@ class ProfileCostModel(StepCostModel):
         """`_step_base`'s seconds (memoised) and the ops it priced off their grids: the measured
         overhead at this many rows (else the analytic 1 ms), plus `step_rest`'s layer part over the
         step's tokens times the layers, its embed part over the tokens and sample part over the
-        LM-head rows, plus the decode rows' KV write times the layers holding KV."""
+        LM-head rows, plus the decode rows' KV write times the layers holding KV (every new token's
+        over an imported attention table)."""
         key = (num_tokens, num_rows, num_decode, num_sampling)
         hit = self._base_cache.get(key)
         if hit is not None:
@@ -427,10 +434,13 @@ class ProfileCostModel(StepCostModel):
                     t += times * n * per_tok / float(rate[0])
                     if out[0] and "step_rest" not in flags:
                         flags.append("step_rest")
-        if self._dec_write is not None and num_decode:
+        # kvsim's chunked_prefill writes its chunk itself; an imported attention table times the
+        # attention alone, so there every new token pays its write (as a lossy part's does).
+        written = num_decode if self._prefill_writes else num_tokens
+        if self._dec_write is not None and written:
             for tab, per_tok in self._dec_write:
-                rate, out = tab(np.array([float(num_decode)]))
-                t += self._kv_layers * num_decode * per_tok / float(rate[0])
+                rate, out = tab(np.array([float(written)]))
+                t += self._kv_layers * written * per_tok / float(rate[0])
                 if out[0] and "kv_write" not in flags:
                     flags.append("kv_write")
         hit = self._base_cache[key] = (t, frozenset(flags) if flags else NO_FLAGS)
@@ -651,10 +661,13 @@ class ProfileCostModel(StepCostModel):
     def _prefill_attn_time(self, n: int, ctx: int) -> float:
         return self._prefill_entry(n, ctx)[0]
 
-    def _off_grid(self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray) -> Flags:
+    def _off_grid(
+        self, tokens: int, rows: int, chunks: Chunks, n_dec: int, dec: np.ndarray, seqs: int | None = None
+    ) -> Flags:
         flags: list[str] = []
         if self._rest is not None or self._overhead is not None or self._dec_write is not None:
-            flags.extend(self._base_entry(tokens, n_dec + len(chunks), n_dec, rows)[1])
+            n_seqs = n_dec + len(chunks) if seqs is None else seqs
+            flags.extend(self._base_entry(tokens, n_seqs, n_dec, rows)[1])
         if self._gemm_entry(tokens, rows)[1]:
             flags.append("gemm")
         if any(self._prefill_entry(n, c)[1] for n, c in chunks):

@@ -34,9 +34,13 @@ def _e(v: Any) -> str:
 
 
 def _config_line(e: dict[str, Any]) -> str:
+    # A configuration's $/h includes its dedicated pool nodes (absent in plans written before them).
+    pool = e.get("pool_nodes_usd_per_hour") or 0.0
     return (
         f"<b>{_e(e['label'])}</b>: {e['gpus']} GPU{'s' if e['gpus'] != 1 else ''} x "
-        f"${e['gpu_hour_usd']:.2f}/GPU-h = <b>${e['usd_per_hour']:.2f}/h</b>"
+        f"${e['gpu_hour_usd']:.2f}/GPU-h"
+        + (f" + ${pool:.2f}/h of pool nodes" if pool else "")
+        + f" = <b>${e['usd_per_hour']:.2f}/h</b>"
     )
 
 

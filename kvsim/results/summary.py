@@ -8,8 +8,8 @@ Definitions (also in scenarios/README.md):
   request's first admission / sum of prompt tokens of requests admitted at least once.
 - Throughput = (prompt + output tokens of completed requests) / simulated seconds.
 - Goodput = completed requests per second whose TTFT <= slo.ttft and TPOT <= slo.tpot.
-- Cost per million tokens = GPUs x simulated hours x $/GPU-hour / (tokens / 1e6), for all tokens
-  and for output tokens only.
+- Cost per million tokens = (GPUs x $/GPU-hour + the other machines' $/hour, dedicated pool nodes)
+  x simulated hours / (tokens / 1e6), for all tokens and for output tokens only.
 """
 
 from __future__ import annotations

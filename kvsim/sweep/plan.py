@@ -11,7 +11,8 @@ A combination's candidate is the largest of its per-load minimums, run at every 
 bisection skipped are made, so that the choice is checked, not assumed).
 
 All candidates serve the same traffic, so the cheapest is the one with the lowest cluster price
-per hour (GPUs x $/GPU-hour, the scenario's ``pricing.gpu_hour`` or the GPU preset's price);
+per hour (GPUs x $/GPU-hour, the scenario's ``pricing.gpu_hour`` or the GPU preset's price, plus
+its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``);
 cost per million tokens is shown beside it. An SLO bounds a percentile of TTFT, TPOT or E2E and
 also demands that no request is rejected or left unfinished, unless ``--max-unserved`` allows a
 fraction. Every point is a full run through the sweep's runner (`kvsim.sweep.local`), cached by
@@ -418,6 +419,7 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "count": count,
         "gpus": gpus,
         "gpu_hour_usd": price,
+        "pool_nodes_usd_per_hour": other,
         "usd_per_hour": gpus * price + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
@@ -581,7 +583,10 @@ def _header(p: Planner) -> dict[str, Any]:
             for a in p.axes
         ],
         "loads": [load_label(k) for k in p.loads],
-        "cost_basis": "cluster $/hour (GPUs x $/GPU-hour): every configuration serves the same traffic",
+        "cost_basis": (
+            "cluster $/hour (GPUs x $/GPU-hour + dedicated pool nodes' $/hour): every configuration "
+            "serves the same traffic"
+        ),
     }
 
 
