@@ -46,8 +46,8 @@ from kvsim.spec.scenario import EvictionConfig, EvictionPolicy, PagePolicy, Pref
 
 ONE_M = 1 << 20
 COST_BASIS = (
-    "cost per million tokens at the scenario's own load (GPU-hours of the simulated span over the "
-    "tokens served): while the GPUs have room it is the same for every row; raise "
+    "cost per million tokens at the scenario's own load (GPU-hours of the simulated span, and a "
+    "global pool's dedicated pool nodes' hours, over the tokens served): while the GPUs have room it is the same for every row; raise "
     "workload.rate_scale (--set) until they are full to compare what each technique serves per GPU"
 )
 # The documents' table (000, section 7.1): per-million-token memory and cost, as claimed.
