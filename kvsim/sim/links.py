@@ -75,13 +75,18 @@ class LinkQueue:
         arrived). Asks must come in non-decreasing `now` (the engine's clock) for FIFO order."""
         start = max(now, self.busy_until)
         hold = self.occupancy(nbytes, num_calls)
+        self._hold(now, start, hold, nbytes)
+        return start, start + hold + self.link.latency_s
+
+    def _hold(self, now: float, start: float, hold: float, nbytes: float) -> None:
+        """The link is occupied from `start` for `hold` seconds by a transfer of `nbytes` asked for
+        at `now`: it next frees then, and its statistics count the transfer."""
         self.busy_until = start + hold
         s = self.stats
         s.transfers += 1
         s.bytes += nbytes
         s.busy_s += hold
         s.queued_s += start - now
-        return start, start + hold + self.link.latency_s
 
 
 def reserve_through(
@@ -110,13 +115,8 @@ def reserve_through(
     hold = num_calls * max(a.per_call_overhead_s, b.per_call_overhead_s) + max(
         first_bytes / a.bw_bytes_per_s, nb2 / b.bw_bytes_per_s
     )
-    for q, nb in ((first, first_bytes), (second, nb2)):
-        q.busy_until = start + hold
-        st = q.stats
-        st.transfers += 1
-        st.bytes += nb
-        st.busy_s += hold
-        st.queued_s += start - now
+    first._hold(now, start, hold, first_bytes)
+    second._hold(now, start, hold, nb2)
     return start, start + hold + max(a.latency_s, b.latency_s)
 
 
