@@ -268,7 +268,18 @@ class OffloadPort:
         """Whether the replica has tiers below HBM to look prefixes up in."""
         return self.host is not None or self.glob is not None
 
-    def num_prefix_hits(self, keys: Sequence[int], start: int, stop: int, *, count: bool = True) -> int:
+    def num_prefix_hits(
+        self,
+        keys: Sequence[int],
+        start: int,
+        stop: int,
+        *,
+        count: bool = True,
+        remote: list[int] | None = None,
+    ) -> int:
+        """Entries of ``keys[start:stop]`` found below HBM, in order; with `remote` (the cache-aware
+        router), ``remote[0]`` also gains the blocks of those a load would fetch over the network
+        (pool entries homed on another node; every pool node's are)."""
         host, glob = self.host, self.glob
         local = host.entries if host is not None else None
         disk = self.ssd.tier.entries if self.ssd is not None else None
@@ -286,32 +297,17 @@ class OffloadPort:
             size = glob.pool.entries.get(k)
             if size is None:
                 break
-            if glob.pool.home[k] != self.node and not glob.worth(size):
-                if count and id(keys) not in self._declined:
-                    # Once per request (its keys' list): stepping looks a blocked head up at every
-                    # step, fast-forward once per window, with the same outcome each time.
-                    self._declined[id(keys)] = keys  # (kept alive, so the id is not reused)
-                    self.stats.declined += 1
-                break
+            if glob.pool.home[k] != self.node:
+                if not glob.worth(size):
+                    if count and id(keys) not in self._declined:
+                        # Once per request (its keys' list): stepping looks a blocked head up at every
+                        # step, fast-forward once per window, with the same outcome each time.
+                        self._declined[id(keys)] = keys  # (kept alive, so the id is not reused)
+                        self.stats.declined += 1
+                    break
+                if remote is not None:
+                    remote[0] += size
             n += 1
-        return n
-
-    def remote_blocks(self, keys: Sequence[int], cum: Sequence[int], start: int, stop: int) -> int:
-        """Blocks of the entries ``keys[start:stop]`` (all found below HBM) that a load would fetch
-        over the network: pool entries homed on another node (every pool node's are)."""
-        glob = self.glob
-        if glob is None:
-            return 0
-        local = self.host.entries if self.host is not None else None
-        disk = self.ssd.tier.entries if self.ssd is not None else None
-        home, node = glob.pool.home, self.node
-        n = 0
-        for i in range(start, stop):
-            k = keys[i]
-            if (local is not None and k in local) or (disk is not None and k in disk):
-                continue
-            if home[k] != node:
-                n += cum[i + 1] - cum[i]
         return n
 
     def touch(self, keys: Sequence[int]) -> int:

@@ -132,11 +132,10 @@ class Replica:
         cost = float(req.prompt_len - cum[hbm] * bs)
         off = self.offload
         if off is not None and off.looks_up:
-            lower = off.num_prefix_hits(req.keys, hbm, len(req.keys), count=False)
+            far = [0]  # blocks of those fetched over the network
+            lower = off.num_prefix_hits(req.keys, hbm, len(req.keys), count=False, remote=far)
             loaded = (cum[hbm + lower] - cum[hbm]) * bs
-            remote = 0
-            if lower and off.remote_weight != off.load_weight:
-                remote = off.remote_blocks(req.keys, cum, hbm, hbm + lower) * bs
+            remote = far[0] * bs
             cost -= (loaded - remote) * (1.0 - off.load_weight) + remote * (1.0 - off.remote_weight)
         return cost
 
