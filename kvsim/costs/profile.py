@@ -434,9 +434,7 @@ class ProfileCostModel(StepCostModel):
                     t += times * n * per_tok / float(rate[0])
                     if out[0] and "step_rest" not in flags:
                         flags.append("step_rest")
-        # kvsim's chunked_prefill writes its chunk itself; an imported attention table times the
-        # attention alone, so there every new token pays its write (as a lossy part's does).
-        written = num_decode if self._prefill_writes else num_tokens
+        written = self._written(num_tokens, num_decode)
         if self._dec_write is not None and written:
             for tab, per_tok in self._dec_write:
                 rate, out = tab(np.array([float(written)]))
@@ -678,7 +676,7 @@ class ProfileCostModel(StepCostModel):
             flags.append("h2o_accumulate")
         # A format switch's writes are flagged over the step's tokens (how many switched is not passed).
         sw = self._switch_write
-        written = n_dec if self._prefill_writes else tokens
+        written = self._written(tokens, n_dec)
         if (self._write is not None and written and self._write_entry(written)[1]) or (
             sw is not None and written and self._write_entry(written, sw, self._switch_write_cache)[1]
         ):
@@ -727,10 +725,15 @@ class ProfileCostModel(StepCostModel):
             t += a.trim_op_time(0, 0, work.table_entries)
         return StepPrice(t, frozenset(flags) if flags else NO_FLAGS)
 
+    def _written(self, num_tokens: int, num_decode: int) -> int:
+        """Of a step's `num_tokens` new tokens (`num_decode` of them decode rows'), those whose KV
+        write no timed attention holds: kvsim's chunked_prefill writes its chunk itself, so there
+        the decode rows'; an imported attention table times the attention alone, so there all."""
+        return num_decode if self._prefill_writes else num_tokens
+
     def _write_part(self, num_tokens: int, num_switched: int, num_decode: int) -> float:
-        if self._prefill_writes:  # the prefill rows' writes are inside chunked_prefill's times
-            num_tokens, num_switched = num_decode, min(num_switched, num_decode)
-        return super()._write_part(num_tokens, num_switched, num_decode)
+        written = self._written(num_tokens, num_decode)
+        return super()._write_part(written, min(num_switched, written), num_decode)
 
     def _write_time(self, num_tokens: int) -> float:
         """Quantize-on-write of the new tokens' lossy parts: `kv_write`'s measured rate at this
