@@ -722,18 +722,22 @@ class _Offload:
         (the cache-aware router's price of a token loaded from a lower tier, in computed tokens)."""
         bs, blocks = self.sc.kv.block_size, 32
         load_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * n_h2d, h2d, 1)
-        prefill_s = self.cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
-        return min(1.0, load_s / prefill_s)
+        return min(1.0, load_s / self._prefill_time(blocks * bs, 0))
 
     def _remote_weight(self, net: Link, on_net: int) -> float:
         """`_load_weight` for an entry fetched over the network (from another node's share of the
         pool, or a pool node: through its NICs too, at the slower end's rate)."""
         bs, blocks = self.sc.kv.block_size, 32
-        fetch_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * on_net, net, 1)
+        return min(1.0, self._fetch_time(blocks, net, on_net, 1) / self._prefill_time(blocks * bs, 0))
+
+    def _fetch_time(self, blocks: int, net: Link, on_net: int, calls: int) -> float:
+        """Seconds to fetch a remote pool entry of `blocks` blocks over idle links: this replica's
+        network link carrying its GPUs' shares, and a pool node's NICs (every GPU's) too, the
+        slower end's time."""
+        fetch_s = self.cost.transfer_time(blocks * self.block_bytes_per_gpu * on_net, net, calls)
         if self.pool_link is not None:
-            fetch_s = max(fetch_s, self.cost.transfer_time(blocks * self.block_bytes, self.pool_link, 1))
-        prefill_s = self.cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
-        return min(1.0, fetch_s / prefill_s)
+            fetch_s = max(fetch_s, self.cost.transfer_time(blocks * self.block_bytes, self.pool_link, calls))
+        return fetch_s
 
     def _fetch_policy(self, net: Link, on_net: int) -> Callable[[int], bool]:
         """``fetch: always``, or (``auto``) whether fetching a remote entry of `blocks` blocks over an
@@ -741,21 +745,15 @@ class _Offload:
         cheapest recompute, so a deep prefix is, if anything, fetched too rarely)."""
         if self.sc.kv.global_pool.fetch == "always":
             return lambda blocks: True
-        cost, bpg, bs = self.cost, self.block_bytes_per_gpu, self.sc.kv.block_size
+        bs = self.sc.kv.block_size
         per_block = self.sc.kv.offload.copy is CopyMode.PER_BLOCK
         memo: dict[int, bool] = {}
-
-        pool_link, whole = self.pool_link, self.block_bytes
 
         def worth(blocks: int) -> bool:
             ok = memo.get(blocks)
             if ok is None:
-                calls = blocks if per_block else 1
-                fetch_s = cost.transfer_time(blocks * bpg * on_net, net, calls)
-                if pool_link is not None:  # through a pool node's NICs too: the slower end's time
-                    fetch_s = max(fetch_s, cost.transfer_time(blocks * whole, pool_link, calls))
-                recompute_s = cost.price(ForwardBatch.prefill(blocks * bs, 0, sampling=False)).seconds
-                ok = memo[blocks] = fetch_s < recompute_s
+                fetch_s = self._fetch_time(blocks, net, on_net, blocks if per_block else 1)
+                ok = memo[blocks] = fetch_s < self._prefill_time(blocks * bs, 0)
             return ok
 
         return worth
