@@ -12,6 +12,7 @@ from plotly.offline import get_plotlyjs
 
 from kvsim.errors import KvsimError
 from kvsim.report import report_command, write_report
+from kvsim.report.outputs import is_kvsim_output
 from tests.helpers import CHROMIUM, chromium_args
 
 FIXTURE = Path(__file__).parent / "data" / "run_fixture"
@@ -25,9 +26,13 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fixture_html(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("report") / "report.html"
-    return write_report(FIXTURE, out).read_text(encoding="utf-8")
+def fixture_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_report(FIXTURE, tmp_path_factory.mktemp("report") / "report.html")
+
+
+@pytest.fixture(scope="module")
+def fixture_html(fixture_out: Path) -> str:
+    return fixture_out.read_text(encoding="utf-8")
 
 
 def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
@@ -53,13 +58,17 @@ def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
     assert "requests.csv has" not in html  # row count agrees with the summary
 
 
-def test_report_escapes_text_and_embeds_plotly_once(fixture_html: str):
+def test_report_escapes_text_and_loads_plotly_from_the_file_beside_it(fixture_out: Path, fixture_html: str):
     html = fixture_html
     assert "(&lt;end_of_simulation&gt;)" in html
     assert "H100 &amp; fp8" in html
     assert "<end_of_simulation>" not in html
-    assert '<script src="http' not in html and "<script src=" not in html
-    assert html.count(get_plotlyjs()[:500]) == 1
+    # plotly.js is not inlined: one copy beside the page, loaded by a relative script src.
+    assert html.count("<script src=") == 1 and '<script src="plotly.min.js"></script>' in html
+    assert get_plotlyjs()[:500] not in html
+    js = (fixture_out.parent / "plotly.min.js").read_text(encoding="utf-8")
+    assert js.endswith(get_plotlyjs()) and js.count(get_plotlyjs()[:500]) == 1
+    assert is_kvsim_output(fixture_out.parent / "plotly.min.js")
 
 
 def test_report_is_deterministic(run_dir: Path, tmp_path: Path):
