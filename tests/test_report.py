@@ -158,3 +158,33 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 50_000  # a blank 1200x2400 page compresses to a few kB
+
+
+def test_headline_says_how_the_hbm_peak_adds_up(tmp_path: Path):
+    from kvsim.cli import main
+
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100-sxm, gpus_per_node: 1}\n"
+        "workload: {synthetic: {num_requests: 16, rate: 6}}\nsim: {seed: 4}\n"
+    )
+    assert main(["run", str(sc), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    reserve = s["memory_plan"]["activation_reserve_bytes"]
+    held = (s["hbm_peak_bytes"] - s["weight_bytes_per_gpu"] - reserve) / s["kv_block_bytes"]
+    assert held == int(held) and held >= s["kv_peak_used_blocks"]
+    html = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")
+    assert f"+ {int(held):,} KV blocks held" in html
+    assert "cached for prefix reuse (free to evict) as well as those in use" in html
+    assert f"at most {s['kv_peak_used_blocks']:,} in use by requests at once" in html
+
+
+def test_report_command_replaces_only_its_own_plotly_file(run_dir: Path):
+    js = run_dir / "plotly.min.js"
+    js.write_text("/* a plotly.js kvsim did not write */\n")
+    with pytest.raises(KvsimError, match="plotly.min.js exists and was not written by kvsim; use --force"):
+        report_command(str(run_dir))
+    assert not (run_dir / "report.html").exists()
+    assert report_command(str(run_dir), force=True) == 0
+    assert is_kvsim_output(js) and js.read_text(encoding="utf-8").endswith(get_plotlyjs())
+    assert report_command(str(run_dir)) == 0  # its own file, now: replaced without --force

@@ -333,3 +333,13 @@ def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_
     assert "--executor ray: needs Ray, which is not installed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_points_report_rebuilt_keeps_loading_the_sweeps_plotly(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
+    point = out / "points" / _rows(out / "results.csv")[0]["id"]
+    before = (point / "report.html").read_bytes()
+    assert main(["report", str(point)]) == 0
+    assert (point / "report.html").read_bytes() == before  # ../../plotly.min.js, as the sweep wrote it
+    assert not (point / "plotly.min.js").exists()
