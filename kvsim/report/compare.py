@@ -1,7 +1,9 @@
-"""Several runs side by side in one self-contained HTML page: ``kvsim report A B ... --out FILE.html``.
+"""Several runs side by side in one HTML page: ``kvsim report A B ... --out FILE.html``.
 
 Reads each run directory as the run report does (``summary.json`` through
-`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional). Shows a
+`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional). Shows what
+differs between the runs (their ``--set`` overrides, every recorded config field not shared by
+all, the cost model), labels each run by it (the title too), a
 headline table with every run's delta against the first (absolute and relative), the TTFT and TPOT
 CDFs of all runs overlaid, KV blocks in use and queue length over time, each run's warnings, and
 where each run came from: scenario name, trace and profile, SHA-256 of ``summary.json`` (and of the
@@ -9,8 +11,9 @@ trace/profile files when they are still at the recorded paths), and the kvsim ve
 page, so that a comparison can be reproduced.
 
 Leaves out: per-replica detail (each run's own report has it) and any recomputation of the
-summary's percentiles. Everything user-supplied (names, paths, warnings) is escaped; the page holds
-no generation time, so the same inputs give the same bytes.
+summary's percentiles. Everything user-supplied (names, paths, warnings) is escaped (the page is
+a template); plotly.js is loaded from ``plotly.min.js`` beside the page; the page holds no
+generation time, so the same inputs give the same bytes.
 """
 
 from __future__ import annotations
