@@ -180,8 +180,8 @@ def _settings(s: dict[str, Any]) -> dict[str, str]:
     """A run's recorded settings as "path": "value" text: the config (one level of nesting
     flattened with dots) and the scenario's name."""
     out = {"scenario": str(s.get("scenario") or "–")}
-    cfg = s.get("config") if isinstance(s.get("config"), dict) else {}
-    for k, v in cfg.items():
+    cfg = s.get("config")
+    for k, v in (cfg if isinstance(cfg, dict) else {}).items():
         if k in _NOT_A_SETTING:
             continue
         if isinstance(v, dict):

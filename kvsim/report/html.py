@@ -99,7 +99,7 @@ def section(title: Any, *body: Any) -> Markup:
 def plotly_js_bytes() -> bytes:
     from plotly.offline import get_plotlyjs
 
-    return _PLOTLY_MARK + get_plotlyjs().encode("utf-8")
+    return _PLOTLY_MARK + str(get_plotlyjs()).encode("utf-8")
 
 
 def is_plotly_js(path: Path) -> bool:

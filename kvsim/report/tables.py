@@ -143,13 +143,18 @@ def _hbm_parts(s: dict[str, Any]) -> str:
     """How the HBM peak adds up: weights + activation reserve + the KV blocks held at the peak,
     which counts blocks cached for prefix reuse (free to evict) as well as blocks in use; empty
     when the summary lacks a part."""
-    peak, weights, block = s.get("hbm_peak_bytes"), s.get("weight_bytes_per_gpu"), s.get("kv_block_bytes")
-    reserve = _get(s, "memory_plan", "activation_reserve_bytes")
-    if not all(_is_num(v) for v in (peak, weights, block, reserve)) or block <= 0:
+    parts: tuple[Any, ...] = (
+        s.get("hbm_peak_bytes"),
+        s.get("weight_bytes_per_gpu"),
+        s.get("kv_block_bytes"),
+        _get(s, "memory_plan", "activation_reserve_bytes"),
+        s.get("kv_blocks_per_replica"),
+    )
+    if not all(_is_num(v) for v in parts):
         return ""
-    blocks = round((peak - weights - reserve) / block)
-    pool = s.get("kv_blocks_per_replica")
-    if not (_is_num(pool) and 0 <= blocks <= pool):  # the parts do not add up: say nothing wrong
+    peak, weights, block, reserve, pool = (float(v) for v in parts)
+    blocks = round((peak - weights - reserve) / block) if block > 0 else -1
+    if not 0 <= blocks <= pool:  # the parts do not add up: say nothing rather than something wrong
         return ""
     text = (
         f"weights {_gib(weights)} + activation reserve {_gib(reserve)} + {blocks:,} KV blocks held "
