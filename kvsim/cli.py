@@ -174,7 +174,7 @@ class _AxisAction(argparse.Action):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from kvsim.report import write_report
+    from kvsim.report import point_reports
     from kvsim.report.outputs import check_output_dir
     from kvsim.report.sweep import SWEEP_FILES, write_sweep_report
     from kvsim.sweep.define import Factor, grid_factor, load_sweep_file, parse_axis, zip_factor
@@ -209,7 +209,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             out,
             jobs=jobs,
             reuse=reuse,
-            finish=write_report,
+            finish=point_reports(out),
             progress=not args.no_progress,
             executor=args.executor,
             ray_address=args.ray_address,
@@ -233,7 +233,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from kvsim.report import write_report
+    from kvsim.report import point_reports
     from kvsim.report.outputs import check_output_dir
     from kvsim.report.plan import write_plan_report
     from kvsim.sweep.plan import (
@@ -261,7 +261,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"running {n} point{'s' if n != 1 else ''}...", file=sys.stderr, flush=True)
 
     try:
-        data = run_plan(planner, out, jobs=jobs, reuse=reuse, finish=write_report, on_batch=progress)
+        data = run_plan(planner, out, jobs=jobs, reuse=reuse, finish=point_reports(out), on_batch=progress)
         page = write_plan_report(out)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None

@@ -50,6 +50,7 @@ from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.report.compare import compare_page
+from kvsim.report.html import write_plotly_js
 from kvsim.report.outputs import check_output_dir
 from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import BusyFraction, ReplicaRecord, RunSummary, write_summary
@@ -823,6 +824,7 @@ def validate_command(args: Any) -> int:
         )
         page = page.replace("</h1>", "</h1>\n" + _html_table(data), 1)
         (out / "validate.html").write_text(page, encoding="utf-8")
+        write_plotly_js(out)  # the page's charts load it from beside it
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc.strerror or exc}", source="--out") from None
     print(f"validation on {device_name}: {data['model']['how']}, {len(wl)} requests, {data['repeats']} runs")

@@ -12,6 +12,7 @@ from plotly.offline import get_plotlyjs
 
 from kvsim.errors import KvsimError
 from kvsim.report import report_command, write_report
+from kvsim.report.outputs import is_kvsim_output
 from tests.helpers import CHROMIUM, chromium_args
 
 FIXTURE = Path(__file__).parent / "data" / "run_fixture"
@@ -25,9 +26,13 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fixture_html(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("report") / "report.html"
-    return write_report(FIXTURE, out).read_text(encoding="utf-8")
+def fixture_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_report(FIXTURE, tmp_path_factory.mktemp("report") / "report.html")
+
+
+@pytest.fixture(scope="module")
+def fixture_html(fixture_out: Path) -> str:
+    return fixture_out.read_text(encoding="utf-8")
 
 
 def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
@@ -53,13 +58,17 @@ def test_report_shows_the_scenario_totals_and_percentiles(fixture_html: str):
     assert "requests.csv has" not in html  # row count agrees with the summary
 
 
-def test_report_escapes_text_and_embeds_plotly_once(fixture_html: str):
+def test_report_escapes_text_and_loads_plotly_from_the_file_beside_it(fixture_out: Path, fixture_html: str):
     html = fixture_html
     assert "(&lt;end_of_simulation&gt;)" in html
     assert "H100 &amp; fp8" in html
     assert "<end_of_simulation>" not in html
-    assert '<script src="http' not in html and "<script src=" not in html
-    assert html.count(get_plotlyjs()[:500]) == 1
+    # plotly.js is not inlined: one copy beside the page, loaded by a relative script src.
+    assert html.count("<script src=") == 1 and '<script src="plotly.min.js"></script>' in html
+    assert get_plotlyjs()[:500] not in html
+    js = (fixture_out.parent / "plotly.min.js").read_text(encoding="utf-8")
+    assert js.endswith(get_plotlyjs()) and js.count(get_plotlyjs()[:500]) == 1
+    assert is_kvsim_output(fixture_out.parent / "plotly.min.js")
 
 
 def test_report_is_deterministic(run_dir: Path, tmp_path: Path):
@@ -149,3 +158,33 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 50_000  # a blank 1200x2400 page compresses to a few kB
+
+
+def test_headline_says_how_the_hbm_peak_adds_up(tmp_path: Path):
+    from kvsim.cli import main
+
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100-sxm, gpus_per_node: 1}\n"
+        "workload: {synthetic: {num_requests: 16, rate: 6}}\nsim: {seed: 4}\n"
+    )
+    assert main(["run", str(sc), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    reserve = s["memory_plan"]["activation_reserve_bytes"]
+    held = (s["hbm_peak_bytes"] - s["weight_bytes_per_gpu"] - reserve) / s["kv_block_bytes"]
+    assert held == int(held) and held >= s["kv_peak_used_blocks"]
+    html = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")
+    assert f"+ {int(held):,} KV blocks held" in html
+    assert "cached for prefix reuse (free to evict) as well as those in use" in html
+    assert f"at most {s['kv_peak_used_blocks']:,} in use by requests at once" in html
+
+
+def test_report_command_replaces_only_its_own_plotly_file(run_dir: Path):
+    js = run_dir / "plotly.min.js"
+    js.write_text("/* a plotly.js kvsim did not write */\n")
+    with pytest.raises(KvsimError, match="plotly.min.js exists and was not written by kvsim; use --force"):
+        report_command(str(run_dir))
+    assert not (run_dir / "report.html").exists()
+    assert report_command(str(run_dir), force=True) == 0
+    assert is_kvsim_output(js) and js.read_text(encoding="utf-8").endswith(get_plotlyjs())
+    assert report_command(str(run_dir)) == 0  # its own file, now: replaced without --force

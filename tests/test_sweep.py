@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
+from plotly.offline import get_plotlyjs
 
 from kvsim.cli import main
 from kvsim.report.sweep import write_sweep_report
@@ -14,7 +15,7 @@ from kvsim.spec.scenario import load_scenario
 from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis, zip_factor
 from kvsim.sweep.local import PointRunner, PointTask
 from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
-from kvsim.sweep.table import metrics_of, pareto_front
+from kvsim.sweep.table import PARETO_REL_TOL, metrics_of, pareto_front
 from tests.helpers import CHROMIUM, chromium_args
 
 SCENARIO = """\
@@ -196,6 +197,15 @@ def test_pareto_front_on_a_hand_made_table():
     assert pareto_front([]) == []
 
 
+def test_pareto_front_ignores_differences_below_its_tolerance():
+    # 0.4% dearer at the same latency, or 0.02% slower at the same cost: ties, both on the front;
+    # 0.8% dearer at the same latency is dominated. Without the tolerance, only the first is on.
+    table = [(1.0, 5.0), (1.004, 5.0), (1.0, 5.001), (1.008, 5.0)]
+    assert PARETO_REL_TOL == 0.005
+    assert pareto_front(table) == [True, True, True, False]
+    assert pareto_front(table, rel_tol=0.0) == [True, False, False, False]
+
+
 def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
@@ -204,7 +214,16 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
         assert (out / "points" / r["id"] / "report.html").is_file()
         assert f'href="points/{r["id"]}/report.html"' in page
     assert "Heatmap" in page or "heatmap" in page
-    assert "Pareto front" in page and "<script src=" not in page
+    assert "Pareto front" in page and "than 0.5% (relative)" in page
+    # One plotly.js for the folder: the sweep page and every point's page load it, none inlines it.
+    assert page.count("<script src=") == 1 and '<script src="plotly.min.js"></script>' in page
+    js = (out / "plotly.min.js").read_text()
+    assert js.endswith(get_plotlyjs())
+    for r in _rows(out / "results.csv"):
+        point = (out / "points" / r["id"] / "report.html").read_text()
+        assert '<script src="../../plotly.min.js"></script>' in point and get_plotlyjs()[:500] not in point
+        assert not (out / "points" / r["id"] / "plotly.min.js").exists()
+    assert page.count("texttemplate") == 2  # both heatmaps show their values in the cells
     before = page
     write_sweep_report(out)
     assert (out / "sweep.html").read_text() == before  # rebuilt from the files: same bytes
@@ -314,3 +333,13 @@ def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_
     assert "--executor ray: needs Ray, which is not installed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_points_report_rebuilt_keeps_loading_the_sweeps_plotly(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
+    point = out / "points" / _rows(out / "results.csv")[0]["id"]
+    before = (point / "report.html").read_bytes()
+    assert main(["report", str(point)]) == 0
+    assert (point / "report.html").read_bytes() == before  # ../../plotly.min.js, as the sweep wrote it
+    assert not (point / "plotly.min.js").exists()

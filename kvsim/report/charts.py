@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+from markupsafe import Markup
 from plotly.subplots import make_subplots
 
+from kvsim.report import html as h
 from kvsim.report.data import _Csv
 from kvsim.report.tables import _is_num, _note, _plural
 
@@ -231,15 +233,19 @@ def _links_figures(lc: _Csv) -> _Figures:
     return [("links", fig)], []
 
 
-def _figure_html(div_id: str, fig: go.Figure) -> str:
+def _figure_html(div_id: str, fig: go.Figure) -> Markup:
+    """The figure's div and the script drawing it (plotly's own HTML; its JSON is escaped for a
+    script element, so user text in labels cannot close it)."""
     fig.update_layout(template=_TEMPLATE, margin={"l": 60, "r": 20, "t": 60, "b": 50})
-    return pio.to_html(
-        fig,
-        include_plotlyjs=False,
-        full_html=False,
-        div_id=f"kvsim-{div_id}",
-        config=_PLOT_CONFIG,
-        default_height=f"{fig.layout.height or 380}px",
+    return Markup(
+        pio.to_html(
+            fig,
+            include_plotlyjs=False,
+            full_html=False,
+            div_id=f"kvsim-{div_id}",
+            config=_PLOT_CONFIG,
+            default_height=f"{fig.layout.height or 380}px",
+        )
     )
 
 
@@ -249,10 +255,10 @@ def _charts_section(
     slo: dict[str, Any],
     tiers: _Csv | None = None,
     links: _Csv | None = None,
-) -> tuple[str, bool]:
+) -> tuple[Markup, bool]:
     """HTML for the charts and whether any figure needs plotly.js (``tiers.csv`` only where the run
     wrote one: memory tiers on)."""
-    out = ["<h2>Charts</h2>"]
+    out: list[Markup] = []
     any_fig = False
     sources: tuple[tuple[str, _Csv | None, Callable[[_Csv], _Figures]], ...] = (
         ("requests.csv", requests, lambda r: _latency_figures(r, slo)),
@@ -274,7 +280,7 @@ def _charts_section(
         for div_id, fig in figs:
             out.append(_figure_html(div_id, fig))
             any_fig = True
-    return "\n".join(out), any_fig
+    return h.section("Charts", *out), any_fig
 
 
 # ------------------------------------------------------------------------------------------ page

@@ -15,11 +15,20 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvsim.errors import KvsimError
+from kvsim.report.html import PLOTLY_JS, is_plotly_js
 from kvsim.results.io import LINK_COLUMNS, REQUEST_COLUMNS, TIER_COLUMNS
 from kvsim.sweep.plan import is_plan_csv, read_plan
 from kvsim.sweep.table import is_results_csv, is_results_parquet, read_manifest
 
-RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "tiers.csv", "links.csv", "report.html")
+RUN_FILES = (
+    "summary.json",
+    "requests.csv",
+    "timeseries.csv",
+    "tiers.csv",
+    "links.csv",
+    "report.html",
+    PLOTLY_JS,
+)
 _HEADERS = {
     "links.csv": ",".join(LINK_COLUMNS),
     "tiers.csv": ",".join(TIER_COLUMNS),
@@ -37,6 +46,8 @@ def is_kvsim_output(path: Path) -> bool:
             head = f.read(4096)
         if path.name in _HEADERS:
             return head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8") == _HEADERS[path.name]
+        if path.name == PLOTLY_JS:
+            return is_plotly_js(path)
         if path.name == "report.html":
             return head.startswith(b"<!doctype html>") and b"<title>kvsim: " in head
         if path.name == "sweep.html":

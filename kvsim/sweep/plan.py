@@ -45,7 +45,7 @@ from kvsim.units import parse_duration
 
 SCHEMA = "kvsim-plan"
 VERSION = 1
-PLAN_FILES = ("plan.json", "plan.csv", "plan.html")
+PLAN_FILES = ("plan.json", "plan.csv", "plan.html", "plotly.min.js")  # plotly: the points' pages
 POINTS = "points"
 LOAD_PATH = "workload.rate_scale"
 MAX_COUNT_SPAN = 100_000  # a lo..hi range wider than this is a typo; bisection itself would cope
