@@ -32,7 +32,8 @@ def run_guarded(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[An
     try:
         return subprocess.run(cmd, timeout=HANG_GUARD_S, **kwargs)
     except subprocess.TimeoutExpired:
-        pytest.fail(hang_message(" ".join(str(c) for c in cmd)[:200]))
+        pass  # failed outside the handler: the message, not Python's traceback of the timeout
+    pytest.fail(hang_message(" ".join(" ".join(str(c) for c in cmd).split())[:200]))
 
 
 def make_workload(arrivals, prompts, outputs, hash_ids=None, block_tokens: int = 16) -> Workload:
