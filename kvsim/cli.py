@@ -418,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--quick",
         action="store_true",
-        help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (seconds on a CPU)",
+        help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (a check, not a shortcut: the "
+        "default trace is within them and takes about 1 min on a 2-core CPU, calibration included)",
     )
     v.add_argument("--out", required=True, help="output directory")
     v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")

@@ -66,7 +66,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = ROOT / "scenarios" / "validate.yaml"
 SCHEMA = "kvsim-validate"
 VERSION = 1
-# --quick limits: a trace that executes in seconds on a CPU (the CI test's budget).
+# --quick limits: a short trace (each execution at most 30 s of arrivals and its drain). They do not
+# shorten a run: the default trace (32 requests over 5 s) is within them, and with its calibration,
+# warm-up and 3 runs takes about 1 min on a 2-core CPU (2 min with --recalibrate).
 QUICK_MAX_REQUESTS = 64
 QUICK_MAX_TOKENS = 16_384  # prompt + output tokens over the whole trace
 QUICK_MAX_SPAN_S = 30.0

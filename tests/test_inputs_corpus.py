@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers import HANG_GUARD_S, hang_message
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).parent / "inputs"
@@ -40,7 +43,6 @@ BASE_SCENARIO: dict[str, Any] = {
 BASE_TRACE = "arrival_s,prompt_tokens,output_tokens\n0,64,8\n0.5,128,16\n1.0,32,4\n"
 DEFAULT_ARGV = ["run", "scenario.yaml", "--out", "out", "--no-progress"]
 MAX_LINE = 300
-TIMEOUT_S = 20
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -174,11 +176,11 @@ def test_input_case(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     before = _snapshot(tmp_path)
     argv = [str(a) for a in case.get("argv", DEFAULT_ARGV)]
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(TIMEOUT_S)
+    signal.alarm(math.ceil(HANG_GUARD_S))
     try:
         code = _run(argv)
     except _Hang:
-        pytest.fail(f"{path.name}: still running after {TIMEOUT_S} s")
+        pytest.fail(f"{path.name}: {hang_message('the case')}")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from plotly.offline import get_plotlyjs
 from kvsim.errors import KvsimError
 from kvsim.report import report_command, write_report
 from kvsim.report.outputs import is_kvsim_output
-from tests.helpers import CHROMIUM, chromium_args
+from tests.helpers import CHROMIUM, chromium_args, run_guarded
 
 FIXTURE = Path(__file__).parent / "data" / "run_fixture"
 
@@ -153,7 +152,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
         "--virtual-time-budget=3000",  # let plotly draw before the screenshot
         html.resolve().as_uri(),
     ]
-    subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    run_guarded(cmd, capture_output=True, check=False)
     assert png.is_file()
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,7 @@ from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis,
 from kvsim.sweep.local import PointRunner, PointTask
 from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
 from kvsim.sweep.table import PARETO_REL_TOL, metrics_of, pareto_front
-from tests.helpers import CHROMIUM, chromium_args
+from tests.helpers import CHROMIUM, chromium_args, run_guarded
 
 SCENARIO = """\
 model: llama-3.1-8b
@@ -233,15 +233,13 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
 def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_path: Path):
     # In a real browser, offline: plotly (inlined) must draw the two heatmaps and the Pareto chart,
     # and every point's link must be in the rendered page.
-    import subprocess
-
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
     cmd = [
         *chromium_args(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom"),
         (out / "sweep.html").resolve().as_uri(),
     ]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
+    dom = run_guarded(cmd, capture_output=True, text=True, check=False).stdout
     assert dom.count('class="main-svg"') >= 2  # plotly drew both figures (axes grid, Pareto)
     assert dom.count('class="hm"') == 2  # the two heatmaps (p99 TTFT, cost) hold drawn cells
     assert 'class="scatterlayer' in dom  # the Pareto chart's points
@@ -311,7 +309,6 @@ def test_ray_address_without_the_ray_executor_is_refused(scenario: Path, tmp_pat
 
 
 def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_path: Path):
-    import subprocess
     import sys
     import textwrap
 
@@ -328,7 +325,7 @@ def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_
                        {str(tmp_path / "o")!r}, "--executor", "ray", "--no-progress"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = run_guarded([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert "--executor ray: needs Ray, which is not installed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
