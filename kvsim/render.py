@@ -72,9 +72,31 @@ def print_kv_size(
         con.print(f"  {a['format']}: " + "; ".join(x for x in (measured, cited) if x))
 
 
+def slo_lines(summary: RunSummary) -> list[str]:
+    """Whether each SLO was met, one line each: the first thing the terminal summary says."""
+    slo, req = summary.slo, summary.requests
+    pct = f"p{slo.percentile:g}"
+    short = (
+        ""
+        if req.completed == req.total
+        else f" ({req.total - req.completed:,} of {req.total:,} requests not completed)"
+    )
+    out: list[str] = []
+    for name, target, at, met in (
+        ("TTFT", slo.ttft_s, slo.ttft_at_percentile_s, slo.ttft_met),
+        ("TPOT", slo.tpot_s, slo.tpot_at_percentile_s, slo.tpot_met),
+    ):
+        verdict = "met" if met else "MISSED"
+        out.append(f"SLO {name} {pct} <= {_ms(target)}: {verdict} ({pct} {_ms(at)}){'' if met else short}")
+    out.append(f"requests meeting both SLOs: {slo.good_fraction:.1%} of those that arrived")
+    return out
+
+
 def print_summary(summary: RunSummary) -> None:
     con = Console()
     req = summary.requests
+    for line in slo_lines(summary):
+        con.print(line.replace("MISSED", "[red]MISSED[/]").replace(": met", ": [green]met[/]"))
     t = Table(title=f"kvsim run: {summary.scenario}", title_justify="left")
     t.add_column("metric")
     t.add_column("p50", justify="right")

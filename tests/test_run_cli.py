@@ -38,7 +38,13 @@ def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     assert sum(x.requests for x in s.replicas) == r.total - r.rejected
     assert (out / "requests.csv").read_text().count("\n") == 61
     assert (out / "report.html").stat().st_size > 10_000
-    assert "TTFT" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    # the SLO verdicts come first, each met or missed, with the latency at the SLO percentile
+    verdict = {True: "met", False: "MISSED"}
+    assert lines[0].startswith("SLO TTFT p99 <= 2,000.0 ms: ") and verdict[s.slo.ttft_met] in lines[0]
+    assert lines[1].startswith("SLO TPOT p99 <= 100.0 ms: ") and verdict[s.slo.tpot_met] in lines[1]
+    assert f"{s.slo.ttft_at_percentile_s * 1e3:,.1f} ms" in lines[0]
+    assert any("TTFT" in x and "TPOT" not in x for x in lines[3:])  # the table after them
 
 
 def test_report_rebuilds_without_rerunning(scenario, tmp_path, capsys):
