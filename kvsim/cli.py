@@ -30,6 +30,15 @@ def one_line(text: str, limit: int = 280) -> str:
     return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
 
 
+def error_line(exc: KvsimError) -> str:
+    """The one line a user mistake prints, from every subcommand (calibrate's too): ``kvsim: error: ``
+    once, then the source without a second ``kvsim`` (``kvsim run: ...`` reads ``run: ...``)."""
+    text = str(exc)
+    for lead in ("kvsim: ", "kvsim "):
+        text = text.removeprefix(lead)
+    return f"kvsim: error: {one_line(text)}"
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text.replace("_", "").replace(",", ""))
@@ -119,9 +128,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from kvsim.render import console
     from kvsim.report.outputs import check_output_dir, discard_if_empty
     from kvsim.report.stack import HEADER, stack_cells, write_stack_report
     from kvsim.spec.scenario import load_scenario
@@ -150,7 +159,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             t.add_column(h)
         for r in data["rows"]:
             t.add_row(*stack_cells(r))
-        Console().print(t)
+        console().print(t)
         print(f"claimed column: {data['claimed_source']}")
         print(f"cost column: {data['cost_basis']}")
     if out is not None:
@@ -310,9 +319,23 @@ def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
     return proc.returncode
 
 
+def version() -> str:
+    """The installed distribution's version; `kvsim.__version__` when run from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvsim")
+    except PackageNotFoundError:
+        from kvsim import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvsim", description="KV-cache-centred LLM inference cluster simulator")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--version", action="version", version=f"kvsim {version()}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     k = sub.add_parser("kv-size", help="KV-cache memory per sequence and batch, and whether it fits")
@@ -449,7 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     sub.add_parser(
-        "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False
+        "calibrate",
+        help="measure per-op costs on a device, or import measured tables (kvsim calibrate --help)",
+        add_help=False,
     )
     return p
 
@@ -471,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         if debug:
             raise
-        print(f"kvsim: error: {one_line(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +14,13 @@ from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 
 MAX_REPLICA_LINES = 8  # more replicas than this: the per-replica table is in report.html only
+PIPED_WIDTH = 400  # columns when stdout is not a terminal: tables whole, not cut to 80
+
+
+def console() -> Console:
+    """A rich console: the terminal's width on a terminal; piped, wide enough that no table is cut
+    (rich would assume 80 columns and truncate cells)."""
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
 def _gb(n: float) -> str:
@@ -27,7 +35,7 @@ def print_kv_size(
     notes: list[str],
     accuracy: list[dict[str, Any]] | None = None,
 ) -> None:
-    con = Console()
+    con = console()
     title = (
         f"{model.name}: {model.attention.value.upper()}, {model.num_layers} layers, "
         f"{model.num_kv_heads} KV heads x {model.kv_vector_dim}; weights {_gb(model.weight_bytes)} "
@@ -93,7 +101,7 @@ def slo_lines(summary: RunSummary) -> list[str]:
 
 
 def print_summary(summary: RunSummary) -> None:
-    con = Console()
+    con = console()
     req = summary.requests
     for line in slo_lines(summary):
         con.print(line.replace("MISSED", "[red]MISSED[/]").replace(": met", ": [green]met[/]"))
