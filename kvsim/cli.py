@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -16,11 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.schema import did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:  # the choices listed after a suggestion, so that a cut line keeps it
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            hint = did_you_mean(m.group(2), choices)
+            message = f"argument {m.group(1)}: invalid choice: '{m.group(2)}';{hint} choose from {', '.join(choices)}"
         raise KvsimError(message, source=self.prog)
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, argv: list[str], exc: KvsimError) -> KvsimError:
+    """argparse's ``unrecognized arguments: --no-progres`` with the subcommand's closest flag."""
+    if not exc.message.startswith("unrecognized arguments: "):
+        return exc
+    flags = [a for a in exc.message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+    sub = next((a for a in argv if not a.startswith("-")), None)
+    options = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and sub in action.choices:
+            options |= set(action.choices[sub]._option_string_actions)
+    hint = did_you_mean(flags[0].partition("=")[0], sorted(options)) if flags else ""
+    return KvsimError(exc.message + (f";{hint}" if hint else ""), source=exc.source)
 
 
 def one_line(text: str, limit: int = 280) -> str:
@@ -488,7 +509,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("calibrate")
         return cmd_calibrate(argparse.Namespace(), argv[i + 1 :])
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except KvsimError as exc:
+            raise _unknown_flags(parser, argv, exc) from None
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
