@@ -70,6 +70,22 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _percentiles(text: str) -> tuple[float, ...]:
+    out: list[float] = []
+    for part in text.split(","):
+        try:
+            q = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected percentiles such as 50,90,99,99.9, got {text!r}"
+            ) from None
+        if not 0 <= q <= 100:  # nan and inf fail too
+            raise argparse.ArgumentTypeError(f"expected percentiles in [0, 100], got {part.strip()!r}")
+        if q not in out:
+            out.append(q)
+    return tuple(out)
+
+
 def _context(text: str) -> int:
     t = text.strip().upper()
     mult = 1
@@ -134,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     existed = Path(args.out).is_dir()
     out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
     try:
-        result = run_scenario(sc, progress=not args.no_progress)
+        result = run_scenario(sc, progress=not args.no_progress, percentiles=args.percentiles)
     except BaseException:
         discard_if_empty(out, existed)
         raise
@@ -377,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=(),
+        metavar="50,90,99,99.9",
+        help="latency percentiles for the table and each distribution's by_percentile (vLLM bench's "
+        "--metric-percentiles); default p50, p90, p99 shown, p50..p99.9 written",
+    )
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser(

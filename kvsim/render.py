@@ -107,16 +107,20 @@ def print_summary(summary: RunSummary) -> None:
         con.print(line.replace("MISSED", "[red]MISSED[/]").replace(": met", ": [green]met[/]"))
     t = Table(title=f"kvsim run: {summary.scenario}", title_justify="left")
     t.add_column("metric")
-    t.add_column("p50", justify="right")
-    t.add_column("p90", justify="right")
-    t.add_column("p99", justify="right")
-    for d, label in (
+    keys = [f"p{q:g}" for q in summary.percentiles] or ["p50", "p90", "p99"]  # --percentiles
+    for k in keys:
+        t.add_column(k, justify="right")
+    rows = [
         (summary.ttft_s, "TTFT"),
-        (summary.tpot_s, "TPOT"),
+        (summary.tpot_s, "TPOT (per request)"),
+        (summary.itl_s, "ITL (per token)"),
         (summary.e2e_s, "E2E"),
         (summary.queue_s, "queueing"),
-    ):
-        t.add_row(label, _ms(d.p50), _ms(d.p90), _ms(d.p99))
+    ]
+    for d, label in rows:
+        if d is not None:  # ITL: None in a summary written before it existed
+            vals = [d.by_percentile.get(k) for k in keys] if summary.percentiles else [d.p50, d.p90, d.p99]
+            t.add_row(label, *map(_ms, vals))
     con.print(t)
     con.print(
         f"requests: {req.total:,} arrived, {req.completed:,} completed, {req.rejected:,} rejected, "

@@ -54,7 +54,7 @@ from kvsim.results.record import (
     part_from_dict,
     write_summary,
 )
-from kvsim.results.summary import dist, summarize
+from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
@@ -208,9 +208,11 @@ def run_scenario(
     workload: Workload | None = None,
     make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
     cost: CostModel | None = None,
+    percentiles: tuple[float, ...] = (),
 ) -> RunResult:
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
-    invariants after every operation)."""
+    invariants after every operation); `percentiles`: also these, in each latency distribution's
+    ``by_percentile`` and the terminal table (``kvsim run --percentiles``)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else scenario_workload(sc)
@@ -344,7 +346,14 @@ def run_scenario(
         percentile=sc.slo.percentile,
         not_arrived=len(wl) - len(seqs),
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
+        percentiles=percentiles,
     )
+    completed = {s.id for s in seqs if s.status is RequestStatus.FINISHED}
+    pooled = [r.gaps.pooled(completed) for r in replicas]
+    parts["itl_s"] = weighted_dist(
+        np.concatenate([v for v, _ in pooled]), np.concatenate([c for _, c in pooled]), percentiles
+    )
+    parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
     stuck = counts.unfinished
