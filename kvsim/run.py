@@ -348,10 +348,17 @@ def run_scenario(
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
         percentiles=percentiles,
     )
-    completed = {s.id for s in seqs if s.status is RequestStatus.FINISHED}
-    pooled = [r.gaps.pooled(completed) for r in replicas]
+    finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
+    pooled = [r.gaps.pooled({s.id for s in finished}) for r in replicas]
+    # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
+    # sum of the gaps) does not depend on how windows grouped them.
+    multi = [s for s in finished if s.output_len > 1]
+    itl_tokens = sum(s.output_len - 1 for s in multi)
     parts["itl_s"] = weighted_dist(
-        np.concatenate([v for v, _ in pooled]), np.concatenate([c for _, c in pooled]), percentiles
+        np.concatenate([v for v, _ in pooled]),
+        np.concatenate([c for _, c in pooled]),
+        percentiles,
+        mean=math.fsum(s.finish_s - s.first_token_s for s in multi) / itl_tokens if itl_tokens else None,
     )
     parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]

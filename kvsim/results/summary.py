@@ -67,9 +67,10 @@ def weighted_percentile(v: np.ndarray, cum: np.ndarray, q: float) -> float:
 
 
 def weighted_dist(
-    values: np.ndarray, counts: np.ndarray, percentiles: tuple[float, ...] = ()
+    values: np.ndarray, counts: np.ndarray, percentiles: tuple[float, ...] = (), mean: float | None = None
 ) -> Distribution:
-    """`dist` of each value repeated its count of times (inter-token gaps a window shares)."""
+    """`dist` of each value repeated its count of times (inter-token gaps a window shares); `mean`
+    given: that one (ITL's, from the requests' spans, is the same however the gaps were grouped)."""
     keep = counts > 0
     values, counts = values[keep], counts[keep]
     if values.size == 0:
@@ -78,7 +79,7 @@ def weighted_dist(
     v, cum = values[order], np.cumsum(counts[order])
     p50, p90, p99, p999 = (weighted_percentile(v, cum, q) for q in QUANTILES.values())
     return Distribution(
-        mean=float(np.dot(values, counts) / cum[-1]),
+        mean=float(np.dot(values, counts) / cum[-1]) if mean is None else mean,
         p50=p50,
         p90=p90,
         p99=p99,
