@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -1098,9 +1099,24 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
         return
+    horizon = min(span, end_s)
+    if not sys.stdout.isatty():  # piped or logged: a plain line at each quarter (on stderr), no bar
+        t0 = time.perf_counter()
+        for k in range(1, 5):
+            env.run(until=horizon * k / 4)
+            print(
+                f"simulated {env.now:,.0f}/{horizon:,.0f} s of arrivals ({25 * k}%) "
+                f"in {time.perf_counter() - t0:,.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        if not math.isfinite(end_s):
+            env.run()
+        elif env.now < end_s:
+            env.run(until=end_s)
+        return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    horizon = min(span, end_s)
     with Progress(
         TextColumn("simulating"),
         BarColumn(),

@@ -148,3 +148,13 @@ def test_a_run_where_every_request_is_rejected_still_reports(tmp_path, capsys):
     assert s.requests.rejected == 2 and s.cost_per_mtok_usd is None
     assert "cost -/M tokens" in capsys.readouterr().out
     assert (tmp_path / "o" / "report.html").exists()
+
+
+def test_piped_run_prints_a_progress_line_per_quarter(scenario, tmp_path, capsys):
+    """capsys is not a terminal: no bar, four plain lines on stderr; --no-progress: none."""
+    assert main(["run", str(scenario), "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split("(")[1].split(")")[0] for line in err] == ["25%", "50%", "75%", "100%"], err
+    assert all(line.startswith("simulated ") and " s of arrivals " in line for line in err)
+    assert main(["run", str(scenario), "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
