@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -16,11 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.schema import did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:  # the choices listed after a suggestion, so that a cut line keeps it
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            hint = did_you_mean(m.group(2), choices)
+            message = f"argument {m.group(1)}: invalid choice: '{m.group(2)}';{hint} choose from {', '.join(choices)}"
         raise KvsimError(message, source=self.prog)
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, argv: list[str], exc: KvsimError) -> KvsimError:
+    """argparse's ``unrecognized arguments: --no-progres`` with the subcommand's closest flag."""
+    if not exc.message.startswith("unrecognized arguments: "):
+        return exc
+    flags = [a for a in exc.message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+    sub = next((a for a in argv if not a.startswith("-")), None)
+    options = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and sub in action.choices:
+            options |= set(action.choices[sub]._option_string_actions)
+    hint = did_you_mean(flags[0].partition("=")[0], sorted(options)) if flags else ""
+    return KvsimError(exc.message + (f";{hint}" if hint else ""), source=exc.source)
 
 
 def one_line(text: str, limit: int = 280) -> str:
@@ -28,6 +49,15 @@ def one_line(text: str, limit: int = 280) -> str:
     a message quoted: the promise is one short line per mistake."""
     text = " ".join(text.split())
     return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
+
+
+def error_line(exc: KvsimError) -> str:
+    """The one line a user mistake prints, from every subcommand (calibrate's too): ``kvsim: error: ``
+    once, then the source without a second ``kvsim`` (``kvsim run: ...`` reads ``run: ...``)."""
+    text = str(exc)
+    for lead in ("kvsim: ", "kvsim "):
+        text = text.removeprefix(lead)
+    return f"kvsim: error: {one_line(text)}"
 
 
 def _positive_int(text: str) -> int:
@@ -38,6 +68,22 @@ def _positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return v
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    out: list[float] = []
+    for part in text.split(","):
+        try:
+            q = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected percentiles such as 50,90,99,99.9, got {text!r}"
+            ) from None
+        if not 0 <= q <= 100:  # nan and inf fail too
+            raise argparse.ArgumentTypeError(f"expected percentiles in [0, 100], got {part.strip()!r}")
+        if q not in out:
+            out.append(q)
+    return tuple(out)
 
 
 def _context(text: str) -> int:
@@ -104,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     existed = Path(args.out).is_dir()
     out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
     try:
-        result = run_scenario(sc, progress=not args.no_progress)
+        result = run_scenario(sc, progress=not args.no_progress, percentiles=args.percentiles)
     except BaseException:
         discard_if_empty(out, existed)
         raise
@@ -119,9 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from kvsim.render import console
     from kvsim.report.outputs import check_output_dir, discard_if_empty
     from kvsim.report.stack import HEADER, stack_cells, write_stack_report
     from kvsim.spec.scenario import load_scenario
@@ -150,7 +196,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             t.add_column(h)
         for r in data["rows"]:
             t.add_row(*stack_cells(r))
-        Console().print(t)
+        console().print(t)
         print(f"claimed column: {data['claimed_source']}")
         print(f"cost column: {data['cost_basis']}")
     if out is not None:
@@ -310,9 +356,23 @@ def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
     return proc.returncode
 
 
+def version() -> str:
+    """The installed distribution's version; `kvsim.__version__` when run from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvsim")
+    except PackageNotFoundError:
+        from kvsim import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvsim", description="KV-cache-centred LLM inference cluster simulator")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--version", action="version", version=f"kvsim {version()}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     k = sub.add_parser("kv-size", help="KV-cache memory per sequence and batch, and whether it fits")
@@ -333,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=(),
+        metavar="50,90,99,99.9",
+        help="latency percentiles for the table and each distribution's by_percentile (vLLM bench's "
+        "--metric-percentiles); default p50, p90, p99 shown, p50..p99.9 written",
+    )
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser(
@@ -450,7 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     sub.add_parser(
-        "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False
+        "calibrate",
+        help="measure per-op costs on a device, or import measured tables (kvsim calibrate --help)",
+        add_help=False,
     )
     return p
 
@@ -464,7 +534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("calibrate")
         return cmd_calibrate(argparse.Namespace(), argv[i + 1 :])
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except KvsimError as exc:
+            raise _unknown_flags(parser, argv, exc) from None
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
@@ -472,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         if debug:
             raise
-        print(f"kvsim: error: {one_line(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from kvsim.results.record import (
     part_from_dict,
     write_summary,
 )
-from kvsim.results.summary import dist, summarize
+from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
@@ -208,9 +209,11 @@ def run_scenario(
     workload: Workload | None = None,
     make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
     cost: CostModel | None = None,
+    percentiles: tuple[float, ...] = (),
 ) -> RunResult:
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
-    invariants after every operation)."""
+    invariants after every operation); `percentiles`: also these, in each latency distribution's
+    ``by_percentile`` and the terminal table (``kvsim run --percentiles``)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else scenario_workload(sc)
@@ -344,7 +347,21 @@ def run_scenario(
         percentile=sc.slo.percentile,
         not_arrived=len(wl) - len(seqs),
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
+        percentiles=percentiles,
     )
+    finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
+    pooled = [r.gaps.pooled({s.id for s in finished}) for r in replicas]
+    # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
+    # sum of the gaps) does not depend on how windows grouped them.
+    multi = [s for s in finished if s.output_len > 1]
+    itl_tokens = sum(s.output_len - 1 for s in multi)
+    parts["itl_s"] = weighted_dist(
+        np.concatenate([v for v, _ in pooled]),
+        np.concatenate([c for _, c in pooled]),
+        percentiles,
+        mean=math.fsum(s.finish_s - s.first_token_s for s in multi) / itl_tokens if itl_tokens else None,
+    )
+    parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
     stuck = counts.unfinished
@@ -1082,9 +1099,24 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
         return
+    horizon = min(span, end_s)
+    if not sys.stdout.isatty():  # piped or logged: a plain line at each quarter (on stderr), no bar
+        t0 = time.perf_counter()
+        for k in range(1, 5):
+            env.run(until=horizon * k / 4)
+            print(
+                f"simulated {env.now:,.0f}/{horizon:,.0f} s of arrivals ({25 * k}%) "
+                f"in {time.perf_counter() - t0:,.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        if not math.isfinite(end_s):
+            env.run()
+        elif env.now < end_s:
+            env.run(until=end_s)
+        return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    horizon = min(span, end_s)
     with Progress(
         TextColumn("simulating"),
         BarColumn(),

@@ -195,7 +195,7 @@ def test_input_case(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         assert len(lines) == 1, f"{path.name}: expected one line, got {lines}"
         line = lines[0]
         assert len(line) <= MAX_LINE, f"{path.name}: {len(line)} characters: {line[:200]}..."
-        assert line.startswith(("kvsim: error: ", "calibrate: error: ")), line
+        assert line.startswith("kvsim: error: ") and not line.startswith("kvsim: error: kvsim"), line
         assert case["error"] in line, f"{path.name}: expected {case['error']!r} in {line!r}"
         created = sorted(set(after) - set(before))
         assert not created, f"{path.name}: a refused command wrote {created}"

@@ -61,6 +61,8 @@ class Distribution:
     p90: float | None
     p99: float | None
     p999: float | None
+    # The percentiles a user chose (``kvsim run --percentiles``), keyed p50, p99.9; empty by default.
+    by_percentile: dict[str, float | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -389,6 +391,8 @@ class RunSummary:
     tpot_s: Distribution
     e2e_s: Distribution
     queue_s: Distribution
+    itl_s: Distribution | None = None  # inter-token gaps, per token (None in files written before it)
+    percentiles: tuple[float, ...] = ()  # chosen with --percentiles (the table's columns); () default
     # throughput and goodput (tokens or requests per simulated second)
     throughput_tok_s: float
     output_throughput_tok_s: float

@@ -59,6 +59,57 @@ class ReplicaStats:
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
+class TokenGaps:
+    """Inter-token latency, exactly: the gap before each output token after a request's first, from
+    the step ends that emitted them (a step emitting several tokens of one request, speculative
+    decoding's accepted drafts, gives the first the gap and the rest 0, so a request's gaps sum to
+    finish - first token). A fast-forward window's steps after its first share their gaps among its
+    decoding requests: one array of gaps with the requests' ids, not one entry per token."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}  # request id -> when it last emitted
+        self.gap_s: list[float] = []  # one token's gap each, of request gap_id[i]
+        self.gap_id: list[int] = []
+        self.zeros: list[tuple[int, int]] = []  # (request id, tokens) emitted with another, gap 0
+        self.shared: list[tuple[np.ndarray, tuple[int, ...]]] = []  # (gaps, requests each had them)
+
+    def emit(self, req_id: int, t: float, n: int) -> None:
+        """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
+        last = self.last.get(req_id)
+        if last is not None:
+            self.gap_s.append(t - last)
+            self.gap_id.append(req_id)
+        if n > 1:
+            self.zeros.append((req_id, n - 1))
+        self.last[req_id] = t
+
+    def window(self, reqs: list[Request], ends: list[float]) -> None:
+        """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
+        last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
+        t0, t1 = ends[0], ends[-1]
+        for req in reqs:  # decoding: each emitted before
+            gap_s.append(t0 - last[req.id])
+            gap_id.append(req.id)
+            last[req.id] = t1
+        if len(ends) > 1 and reqs:
+            self.shared.append((np.diff(np.asarray(ends, dtype=np.float64)), tuple(r.id for r in reqs)))
+
+    def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
+        gaps = np.asarray(self.gap_s, dtype=np.float64)
+        counts = np.ones(len(gaps), dtype=np.int64)
+        others = set(self.last) - keep  # emitted, never completed (sim.max_time)
+        if others:
+            counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
+        vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
+        ns.append(np.array([n if r in keep else 0 for r, n in self.zeros], dtype=np.int64))
+        for shared, ids in self.shared:
+            w = len(ids) if not others else sum(1 for r in ids if r in keep)
+            vals.append(shared)
+            ns.append(np.full(len(shared), w, dtype=np.int64))
+        return np.concatenate(vals), np.concatenate(ns)
+
+
 class Replica:
     def __init__(
         self,
@@ -83,6 +134,7 @@ class Replica:
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
+        self.gaps = TokenGaps()  # inter-token latency of its requests (the summary's itl_s)
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
@@ -193,6 +245,10 @@ class Replica:
         if win.verify is not None:
             a = win.applied
             in_use, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
+            for j in range(a, a + n):
+                rows = zip(win.reqs, win.verify.drafts[j], win.verify.accepted[j], strict=True)
+                for req, n_draft, n_acc in rows:
+                    self.gaps.emit(req.id, win.ends[j], 1 + (n_acc if n_draft else 0))  # as advance_verify
             acc, dsum = self.stats.kv_block_s, self.stats.draft_s
             for u, d_j, ds in zip(
                 in_use, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
@@ -203,11 +259,16 @@ class Replica:
             win.applied += n
             return [], done
         used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
+        a = win.applied
+        self.gaps.window(win.plan.decode_reqs, win.ends[a : a + n])
         if win.chunk:
+            (p,) = win.plan.prefill_reqs
+            g0 = p.num_generated
             first, done = sched.advance_mixed(win.plan, n)
+            if p.num_generated > g0:  # its prefill's last chunk sampled a token
+                self.gaps.emit(p.id, win.ends[a + n - 1], p.num_generated - g0)
         else:
             first, done = [], sched.advance_decode(win.plan, n)
-        a = win.applied
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
@@ -327,7 +388,12 @@ class Replica:
                 self.stats.kv_block_s += used * dt
                 if draft_s:  # counted once the step ran, as a window counts its steps
                     self.stats.draft_s += draft_s
+                rows = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
+                g0 = [r.num_generated for r in rows]
                 first, done = sched.complete(plan)
+                for r, g in zip(rows, g0, strict=True):
+                    if r.num_generated > g:
+                        self.gaps.emit(r.id, t_end, r.num_generated - g)
                 self.stats.steps += 1
                 pause = self._end_step(first, done, t_end)
                 if pause:
