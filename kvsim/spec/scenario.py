@@ -1012,8 +1012,8 @@ def cwd_paths(key: str, value: Any, scenario_dir: Path, cwd: Path) -> Any:
     if not here.exists() and beside.exists():
         hint = os.path.normpath(beside)
         raise KvsimError(
-            f"{shorten(value, 100)} is not in the working directory (--set paths are relative "
-            f"to it, not to the scenario); did you mean {shorten(hint, 120)}?",
+            f"{shorten(value, 100)} is not in the working directory (paths on the command line "
+            f"are relative to it, not to the scenario); did you mean {shorten(hint, 120)}?",
             source=f"--set {key}",
         )
     return str(here)
