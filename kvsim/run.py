@@ -1206,8 +1206,9 @@ def _replica_records(
     )
 
 
-def write_run(result: RunResult, out: Path) -> None:
+def write_run(result: RunResult, out: Path | str) -> None:
     """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_summary(out / "summary.json", result.record)
     write_requests_csv(out / "requests.csv", result.seqs)

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -572,7 +573,28 @@ def _device_peaks(prof: dict[str, Any]) -> dict[str, float]:
     return {"bf16_flops": flops, "hbm_bw": bw}
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what a failed command removes)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing = p
+    return missing
+
+
 def validate_command(args: Any) -> int:
+    """`kvsim validate`; a refused command leaves no folder it created behind."""
+    created = _first_missing(Path(args.out)) if args.out.strip() else None
+    try:
+        return _validate(args)
+    except KvsimError:
+        if created is not None and created.is_dir():
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _validate(args: Any) -> int:
     progress = not args.no_progress
 
     def say(msg: str) -> None:
@@ -608,6 +630,10 @@ def validate_command(args: Any) -> int:
     )
     _check_ours(out, force=args.force)
     _probe_writable(out)
+    shown = out
+    # Absolute: the scaled config.json and the profiles written here are read back through
+    # scenarios whose relative paths resolve against the scenario's folder, not the working one.
+    out = out.absolute()
     threads = args.cpu_threads if args.device == "cpu" else None
     scale = args.scale if args.scale is not None else (8 if args.device == "cpu" else 1)
     cfg = scaled_config(base.model, scale)
@@ -835,7 +861,7 @@ def validate_command(args: Any) -> int:
         print(f"host load average: {la}")
     for line in table_lines(data):
         print(line)
-    print(f"wrote {out / 'validate.json'}, {out / 'validate.html'}")
+    print(f"wrote {shown / 'validate.json'}, {shown / 'validate.html'}")
     return 0
 
 

@@ -42,6 +42,7 @@ BASE_SCENARIO: dict[str, Any] = {
 }
 BASE_TRACE = "arrival_s,prompt_tokens,output_tokens\n0,64,8\n0.5,128,16\n1.0,32,4\n"
 DEFAULT_ARGV = ["run", "scenario.yaml", "--out", "out", "--no-progress"]
+TMP = "<tmp>"  # in argv and text files: the case's folder, for absolute paths
 MAX_LINE = 300
 
 
@@ -107,7 +108,9 @@ def _prepare(case: dict[str, Any], tmp: Path) -> None:
     for name, spec in files.items():
         path = tmp / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(spec, dict) and "mkdir" in spec:
+        if isinstance(spec, str):
+            path.write_bytes(spec.replace(TMP, str(tmp)).encode("utf-8"))
+        elif isinstance(spec, dict) and "mkdir" in spec:
             path.mkdir(exist_ok=True)
         elif isinstance(spec, dict) and "symlink" in spec:
             path.symlink_to(spec["symlink"])
@@ -174,7 +177,7 @@ def test_input_case(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     _prepare(case, tmp_path)
     monkeypatch.chdir(tmp_path)
     before = _snapshot(tmp_path)
-    argv = [str(a) for a in case.get("argv", DEFAULT_ARGV)]
+    argv = [str(a).replace(TMP, str(tmp_path)) for a in case.get("argv", DEFAULT_ARGV)]
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(math.ceil(HANG_GUARD_S))
     try:

@@ -2,12 +2,15 @@
 
 ``load_scenario(path, overrides)`` reads the file with `kvsim.spec.yaml_loader` (YAML 1.2 numbers), applies ``--set a.b=v``
 overrides (values parsed as YAML scalars, same paths, same validation) and returns a `Scenario`.
+Paths in the file are relative to the file's folder; paths given in ``--set`` are relative to the
+working directory (`OVERRIDE_PATHS`), as every path on the command line is.
 Every field is documented in ``scenarios/README.md``; defaults name their source.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -16,7 +19,7 @@ from typing import Any, TypeVar
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
-from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
 from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
 from kvsim.spec.schema import Section, shorten, show
@@ -979,8 +982,48 @@ def scenario_from_dict(
     )
 
 
+# The fields that name a file, and whether they may name a model preset instead.
+OVERRIDE_PATHS = {
+    "model": True,
+    "model.name": True,
+    "scheduler.spec_decode.draft.model": True,
+    "workload.trace": False,
+    "cost_model.profile": False,
+    "costs.profile": False,  # cost_model's old name
+}
+
+
+def cwd_paths(key: str, value: Any, scenario_dir: Path, cwd: Path) -> Any:
+    """An override's value with the files it names made absolute against the working directory
+    `cwd` (a mapping value is walked: ``--set workload={trace: t.csv}``). A file that is missing
+    there but exists beside the scenario is refused with a hint, never silently read from there."""
+    if isinstance(value, dict):
+        return {k: cwd_paths(f"{key}.{k}", v, scenario_dir, cwd) for k, v in value.items()}
+    model = OVERRIDE_PATHS.get(key)
+    if model is None or not isinstance(value, str) or not value.strip():
+        return value
+    if model and not names_a_file(value):
+        return value
+    p = Path(value)
+    if p.is_absolute():
+        return value
+    here = cwd / p
+    beside = scenario_dir / p
+    if not here.exists() and beside.exists():
+        hint = os.path.normpath(beside)
+        raise KvsimError(
+            f"{shorten(value, 100)} is not in the working directory (paths on the command line "
+            f"are relative to it, not to the scenario); did you mean {shorten(hint, 120)}?",
+            source=f"--set {key}",
+        )
+    return str(here)
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read, override and validate a scenario file. Raises `KvsimError` on any mistake."""
+    """Read, override and validate a scenario file. Raises `KvsimError` on any mistake.
+
+    Paths inside the file are relative to its folder; paths in `overrides` (``a.b=v``) to the
+    working directory."""
     p = Path(path)
     data = read_yaml(p)
     if data is None:
@@ -988,9 +1031,10 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     if not isinstance(data, dict):
         raise KvsimError("expected a mapping at the top level", source=str(p))
     touched = []
+    cwd = Path.cwd()
     for text in overrides:
         key, value = parse_override(text)
-        set_path(data, key, value)
+        set_path(data, key, cwd_paths(key, value, p.parent, cwd))
         touched.append(key)
     try:
         return scenario_from_dict(data, source=str(p), base_dir=p.parent, overrides=tuple(overrides))
