@@ -30,7 +30,7 @@ def test_validate_relative_out_reads_its_model_and_leaves_nothing_when_refused(
     code = main(["validate", "--device", "cpu", "--quick", "--out", "reports/validate", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.strip() == "kvsim: error: kvsim validate: the calibration refused its input"
+    assert err.strip() == "kvsim: error: validate: the calibration refused its input"
     # Before the fix the scaled model was read relative to scenarios/ and this was exit 2 earlier,
     # with reports/validate/model/ left behind.
     [(model, existed)] = seen
