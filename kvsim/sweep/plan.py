@@ -11,8 +11,10 @@ A combination's candidate is the largest of its per-load minimums, run at every 
 bisection skipped are made, so that the choice is checked, not assumed).
 
 All candidates serve the same traffic, so the cheapest is the one with the lowest cluster price
-per hour (GPUs x $/GPU-hour, the scenario's ``pricing.gpu_hour`` or the GPU preset's price, plus
-its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``);
+per hour (GPUs x $/GPU-hour, plus its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``).
+Each GPU type is priced at its own rate (`kvsim.spec.scenario.resolve_gpu_price`:
+``pricing.gpu_hour_by_gpu`` > ``pricing.gpu_hour`` > the preset's sourced price); a scenario-wide
+``pricing.gpu_hour`` applied to a searched GPU other than the scenario's own is a warning;
 cost per million tokens is shown beside it. An SLO bounds a percentile of TTFT, TPOT or E2E and
 also demands that no request is rejected or left unfinished, unless ``--max-unserved`` allows a
 fraction. Every point is a full run through the sweep's runner (`kvsim.sweep.local`), cached by
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.spec.scenario import load_scenario
+from kvsim.spec.scenario import GpuPrice, load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.sweep.define import Factor, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
@@ -165,8 +167,8 @@ class Planner:
     count: SearchAxis | None
     base_rate_scale: float
     keys: dict[tuple[str, ...], Hashable]  # each point's overrides -> its workload key
-    # configuration overrides -> (GPUs, $/GPU-h, $/h of the other machines: dedicated pool nodes)
-    cost: dict[tuple[str, ...], tuple[int, float, float]]
+    # configuration overrides -> (GPUs, $/GPU-h and its source, $/h of the dedicated pool nodes)
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]]
     reads: tuple[tuple[str, Path | None], ...]
 
     def point_overrides(self, combo: Combo, count: str | None, load: float) -> tuple[str, ...]:
@@ -226,10 +228,10 @@ def prepare_plan(
             raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
-    cost: dict[tuple[str, ...], tuple[int, float, float]] = {}
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
-        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_hour_usd, sc.pool_nodes_usd_per_hour)
+        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_price, sc.pool_nodes_usd_per_hour)
     discrete = [a for a in axes if not a.count]
     combos = tuple(
         Combo(i, tuple(f"{a.path}={v}" for a, v in zip(discrete, vs, strict=True)))
@@ -418,9 +420,12 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "label": ", ".join(p.config_overrides(combo, count)) or "(the scenario as written)",
         "count": count,
         "gpus": gpus,
-        "gpu_hour_usd": price,
+        "gpu_hour_usd": price.usd_per_hour,
+        "gpu_hour_basis": str(price.basis),
+        "gpu_hour_source": price.source,
+        "price_warning": price.warning or None,
         "pool_nodes_usd_per_hour": other,
-        "usd_per_hour": gpus * price + other,
+        "usd_per_hour": gpus * price.usd_per_hour + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
         "loads": loads,
@@ -547,11 +552,18 @@ def run_plan(
         "runners_up": runners,
         "closest": closest,
         "notes": notes,
+        "warnings": price_warnings(planner),
         "configurations": list(configs.values()),
     }
     write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
     write_atomic(out / "plan.csv", plan_csv(data))
     return data | {"points_run": run.ran, "points_reused": run.reused}  # not in plan.json: one seed, one file
+
+
+def price_warnings(p: Planner) -> list[str]:
+    """Each distinct warning of the configurations' prices (a scenario-wide ``pricing.gpu_hour``
+    applied to a GPU type other than the scenario's own), in search order."""
+    return list(dict.fromkeys(price.warning for _, price, _ in p.cost.values() if price.warning))
 
 
 def o_count(p: Planner, o: tuple[str, ...]) -> str:
@@ -587,6 +599,10 @@ def _header(p: Planner) -> dict[str, Any]:
             "cluster $/hour (GPUs x $/GPU-hour + dedicated pool nodes' $/hour): every configuration "
             "serves the same traffic"
         ),
+        "price_rule": (
+            "each GPU type at its own $/GPU-hour: pricing.gpu_hour_by_gpu, else pricing.gpu_hour, "
+            "else the GPU preset's price (each row's gpu_hour_source says which)"
+        ),
     }
 
 
@@ -594,7 +610,13 @@ def plan_csv(data: dict[str, Any]) -> str:
     """One row per point run: its configuration, load, verdict, price and headline metrics."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*CSV_HEAD, "status", "meets", "misses", "gpus", "usd_per_hour", *METRIC_COLUMNS])
+    w.writerow(
+        [
+            *CSV_HEAD,
+            *("status", "meets", "misses", "gpus", "usd_per_hour", "gpu_hour_usd", "gpu_hour_source"),
+            *METRIC_COLUMNS,
+        ]
+    )
     for e in data["configurations"]:
         for ld in e["loads"]:
             if not ld["evaluated"]:
@@ -609,6 +631,8 @@ def plan_csv(data: dict[str, Any]) -> str:
                     "; ".join(m["text"] for m in ld["misses"]),
                     e["gpus"],
                     repr(e["usd_per_hour"]),
+                    repr(e["gpu_hour_usd"]),
+                    e["gpu_hour_source"],
                     *(_cell(ld["metrics"].get(c)) for c in METRIC_COLUMNS),
                 ]
             )
