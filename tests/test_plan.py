@@ -185,6 +185,25 @@ def test_a_per_gpu_price_map_beats_the_scenario_wide_price_which_is_a_warning(tm
     assert warning in json.loads(point.read_text())["warnings"]  # kvsim run says so too
 
 
+def test_a_piped_plan_prints_a_line_per_point_run_with_a_bound_on_the_total(
+    scenario: Path, tmp_path: Path, capsys
+):
+    """capsys is not a terminal: one plain line per point run, on stderr; the total is a bound
+    (<=N) while bisection may stop early; --no-progress prints none."""
+    flags = ["--slo", "ttft_p99=300ms", "--search", "cluster.nodes=1..8", "--out", str(tmp_path / "p")]
+    assert main(["plan", str(scenario), *flags, "--jobs", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("point ")]
+    assert captured.err.splitlines() == lines and "point " not in captured.out
+    ran = len(list((tmp_path / "p" / "points").iterdir()))
+    assert len(lines) == ran and ran < 8
+    assert [ln.split(" ")[1].split("/")[0] for ln in lines] == [str(k) for k in range(1, ran + 1)]
+    assert lines[0].startswith("point 1/<=") and "(cluster.nodes=8, load 1x)" in lines[0]
+    assert all(" done (cluster.nodes=" in ln for ln in lines)
+    assert _plan(scenario, tmp_path / "q", "--slo", "ttft_p99=300ms", "--search", "cluster.nodes=1..8") == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_no_feasible_configuration_says_so_with_the_closest(scenario: Path, tmp_path: Path, capsys):
     out = tmp_path / "plan"
     code = _plan(scenario, out, "--slo", "ttft_p99=1ms", "--search", "cluster.nodes=1..4", "--load", "1x,2x")
