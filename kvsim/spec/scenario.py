@@ -875,7 +875,10 @@ def resolve_gpu_price(
         if not m.data:
             raise s.err("gpu_hour_by_gpu", "expected GPU preset names with prices, such as {h100-sxm: 2.5}")
         for key in list(m.data):
-            name = m.parsed(key, lambda _, k=key: load_gpu(k)).name
+            try:
+                name = load_gpu(key).name  # the key names the GPU
+            except KvsimError as exc:
+                raise m.err(shorten(str(key)), exc.message) from None
             if name in by_gpu:
                 raise m.err(shorten(str(key)), f"the same GPU as {by_gpu[name][0]!r}: give its price once")
             by_gpu[name] = (str(key), m.parsed(key, parse_price_per_hour))
