@@ -183,7 +183,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
         reads = (("scenario", Path(args.scenario)), ("trace", sc.workload.trace))
         out = check_output_dir(args.out, reads=reads, force=args.force, files=files)
     try:
-        data = stack_json(sc, stack_rows(sc))
+        data = stack_json(sc, stack_rows(sc, progress=not args.no_progress))
     except BaseException:
         if out is not None:
             discard_if_empty(out, existed)
@@ -302,12 +302,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     reuse = plan_resumable(planner, out, force=args.force)
     jobs = args.jobs or os.cpu_count() or 1
 
-    def progress(n: int) -> None:
-        if not args.no_progress:
-            print(f"running {n} point{'s' if n != 1 else ''}...", file=sys.stderr, flush=True)
-
     try:
-        data = run_plan(planner, out, jobs=jobs, reuse=reuse, finish=point_reports(out), on_batch=progress)
+        data = run_plan(
+            planner, out, jobs=jobs, reuse=reuse, finish=point_reports(out), progress=not args.no_progress
+        )
         page = write_plan_report(out)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
@@ -411,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     st.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     st.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
     st.set_defaults(func=cmd_stack)
 
     sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides; results.csv and sweep.html")

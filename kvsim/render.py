@@ -235,6 +235,8 @@ def print_plan(data: dict[str, Any]) -> None:
     print(f"{n} configurations evaluated; {ran} points run, {reused} reused from an earlier run")
     for note in data.get("notes", []):
         print(f"note: {note}")
+    for warning in data.get("warnings", []):
+        print(f"warning: {warning}")
     choice = data["choice"]
     if choice is None:
         print(f"no configuration in the search meets {slos} at {loads}")

@@ -1175,7 +1175,14 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         seed=sc.sim.seed,
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
-        sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources + _pool_node_sources(sc)),
+        sources=dict(
+            [
+                *sc.cluster.gpu.sources,
+                ("price", sc.gpu_price.source_line),
+                *sc.cluster.topology.sources,
+                *_pool_node_sources(sc),
+            ]
+        ),
         clip_to_context=sc.workload.clip_to_context,
         scenario_path=sc.source,
         profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),

@@ -31,7 +31,7 @@ def test_kvsim_never_imports_torch_triton_ray_kernels_calibrate_or_validate():
 # The layers of kvsim, lowest first (docs/architecture.md). A module may import its own layer and
 # the layers below it, never one above: the pure core knows no clock, the cost seam no engine.
 LAYERS = [
-    ("errors", "units"),
+    ("errors", "units", "progress"),
     ("spec",),
     ("core",),
     ("costs",),

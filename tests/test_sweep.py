@@ -340,3 +340,52 @@ def test_a_points_report_rebuilt_keeps_loading_the_sweeps_plotly(scenario: Path,
     assert main(["report", str(point)]) == 0
     assert (point / "report.html").read_bytes() == before  # ../../plotly.min.js, as the sweep wrote it
     assert not (point / "plotly.min.js").exists()
+
+
+def test_a_piped_sweep_prints_a_line_per_finished_point_on_stderr(scenario: Path, tmp_path: Path, capsys):
+    """capsys is not a terminal: no bar, one plain line per point run (stderr, so that stdout holds
+    only the summary); a re-run that reuses every point prints none, and so does --no-progress."""
+    out = tmp_path / "o"
+    argv = ["sweep", str(scenario), "--grid", "kv.format=bf16,fp8", "--grid", "kv.block_size=16,32"]
+    assert main([*argv, "--out", str(out), "--jobs", "2"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("point ")]
+    assert len(lines) == 4 and captured.err.splitlines() == lines
+    assert sorted(ln.split(" ")[1] for ln in lines) == ["1/4", "2/4", "3/4", "4/4"]
+    assert all(" done (kv.format=" in ln and ", kv.block_size=" in ln and "after " in ln for ln in lines)
+    assert all("ETA" in ln for ln in lines[:-1]) and "ETA" not in lines[-1]
+    assert "point " not in captured.out
+    assert main([*argv, "--out", str(out), "--jobs", "1"]) == 0  # every point reused
+    assert "point " not in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "quiet"), "--jobs", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_lines_when_piped():
+    import io
+
+    from kvsim.progress import PointProgress
+
+    for tty in (True, False):
+        buf = io.StringIO()
+        bar = PointProgress(3, tty=tty, stream=buf)
+        bar.start()
+        for k in range(3):
+            bar.finished(f"kv.block_size={16 << k}", ok=k != 1)
+        bar.stop()
+        lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("point ")]
+        assert (bar.done, bar.failed) == (3, 1)
+        if tty:
+            assert lines == []  # the bar, drawn and removed (transient)
+        else:
+            assert [ln.split(":")[0] for ln in lines] == [
+                "point 1/3 done (kv.block_size=16)",
+                "point 2/3 failed (kv.block_size=32)",
+                "point 3/3 done (kv.block_size=64)",
+            ]
+    quiet = io.StringIO()
+    off = PointProgress(2, enabled=False, stream=quiet, tty=False)
+    off.start()
+    off.finished("x", True)
+    off.stop()
+    assert quiet.getvalue() == ""

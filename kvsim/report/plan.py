@@ -2,7 +2,8 @@
 
 Shows the choice (or, when nothing in the search meets the SLOs, that fact and the closest
 configuration with what it misses by), the runner-up configurations with why each lost (the SLO
-missed and by how much, or the extra cost), and every point run, each linking to its own
+missed and by how much, or the extra cost), each $/GPU-hour used with where it comes from, and
+every point run, each linking to its own
 ``points/<id>/report.html``. No script and no network: the same plan.json gives the same bytes.
 """
 
@@ -40,8 +41,28 @@ def _config_line(e: dict[str, Any]) -> Markup:
             + (f" + ${pool:.2f}/h of pool nodes" if pool else "")
             + " = ",
             h.bold(f"${e['usd_per_hour']:.2f}/h"),
+            f" ($/GPU-h: {e['gpu_hour_source']})" if e.get("gpu_hour_source") else "",
         )
     )
+
+
+def _prices(configs: list[dict[str, Any]]) -> Markup | None:
+    """One row per $/GPU-hour and source used, with the configurations priced at it (None for a
+    plan written before rows carried their price's source)."""
+    by: dict[tuple[float, str], list[str]] = {}
+    for e in configs:
+        if e.get("gpu_hour_source") is None:
+            return None
+        by.setdefault((e["gpu_hour_usd"], e["gpu_hour_source"]), []).append(e["label"])
+    body = [
+        [
+            f"${usd:.2f}",
+            source,
+            f"{len(labels)}: " + "; ".join(labels[:3]) + ("; ..." if len(labels) > 3 else ""),
+        ]
+        for (usd, source), labels in by.items()
+    ]
+    return _table(body, ["$/GPU-h", "where it comes from", "configurations"], cls="num")
 
 
 def _mtok(e: dict[str, Any]) -> str:
@@ -118,6 +139,9 @@ def _page(plan_dir: Path) -> str:
         closest=None if choice is not None or closest is None else _config_line(closest),
         closest_why="" if closest is None else closest["why"],
         notes=data.get("notes", []),
+        warnings=data.get("warnings", []),
+        price_rule=data.get("price_rule", ""),
+        prices=_prices(data["configurations"]),
         points=_points(data["configurations"]),
         plotly_src=None,
     )

@@ -317,6 +317,35 @@ class SimConfig:
     fast_forward: bool
 
 
+class PriceBasis(Choice):
+    """Where a run's $/GPU-hour comes from, in order of precedence."""
+
+    GPU_MAP = "gpu_map"  # pricing.gpu_hour_by_gpu: the scenario's price for this GPU type
+    SCENARIO = "scenario"  # pricing.gpu_hour: one price for whatever GPU the scenario runs on
+    PRESET = "preset"  # the GPU preset's price (kvsim/spec/hardware.py, with its source)
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    """A run's $/GPU-hour and where it comes from (`resolve_gpu_price`)."""
+
+    usd_per_hour: float
+    basis: PriceBasis
+    origin: str  # "h100-sxm preset", "pricing.gpu_hour (plan.yaml)", "pricing.gpu_hour_by_gpu.b200 (--set)"
+    note: str = ""  # the preset's price_source (its basis), "" for a scenario's own price
+    warning: str = ""  # a scenario-wide price applied to a GPU type other than the file's own
+
+    @property
+    def source(self) -> str:
+        """Where the price comes from, in words (the plan's rows and page)."""
+        return f"{self.origin}: {self.note}" if self.note else self.origin
+
+    @property
+    def source_line(self) -> str:
+        """The summary's ``config.sources.price``: the price, then its source."""
+        return f"${self.usd_per_hour:.2f}/GPU-h: {self.note or self.origin}"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -327,11 +356,15 @@ class Scenario:
     scheduler: SchedulerConfig
     workload: WorkloadConfig
     slo: SLOConfig
-    gpu_hour_usd: float  # pricing.gpu_hour
+    gpu_price: GpuPrice  # pricing (resolve_gpu_price)
     cost_model: CostModelConfig
     sim: SimConfig
     overrides: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
+
+    @property
+    def gpu_hour_usd(self) -> float:
+        return self.gpu_price.usd_per_hour
 
     @property
     def pool_nodes_usd_per_hour(self) -> float:
@@ -823,6 +856,63 @@ def _read_slo(root: Section) -> SLOConfig:
 RENAMED_SECTIONS = {"pricing": "cost", "cost_model": "costs"}
 
 
+def resolve_gpu_price(
+    s: Section, gpu: GPUSpec, *, file_gpu: str | None = None, overrides: tuple[str, ...] = ()
+) -> GpuPrice:
+    """The $/GPU-hour of `gpu` from the ``pricing`` section `s`, the one rule ``run``, ``sweep`` and
+    ``plan`` share: ``gpu_hour_by_gpu[preset]`` > ``gpu_hour`` > the preset's own (sourced) price.
+    `file_gpu` is the GPU the scenario file names (before ``--set``/``--search``): ``gpu_hour`` applied
+    to another GPU type carries a warning. A GPU whose figures the scenario changes keeps its preset's
+    name for the lookup."""
+    preset = gpu.name.removesuffix("*")
+    set_keys = {o.partition("=")[0].strip() for o in overrides}
+
+    def where(path: str) -> str:
+        cli = any(k == path or path.startswith(k + ".") for k in set_keys)
+        return f"{path} ({'--set' if cli else Path(s.source).name})"
+
+    by_gpu: dict[str, tuple[str, float]] = {}  # preset -> (the key as written, $/GPU-h)
+    raw = s.raw("gpu_hour_by_gpu", None)
+    if raw is not None:
+        m = Section(raw, source=s.source, path=s._p("gpu_hour_by_gpu"))
+        if not m.data:
+            raise s.err("gpu_hour_by_gpu", "expected GPU preset names with prices, such as {h100-sxm: 2.5}")
+        for key in list(m.data):
+            try:
+                name = load_gpu(key).name  # the key names the GPU
+            except KvsimError as exc:
+                raise m.err(shorten(str(key)), exc.message) from None
+            if name in by_gpu:
+                raise m.err(shorten(str(key)), f"the same GPU as {by_gpu[name][0]!r}: give its price once")
+            by_gpu[name] = (str(key), m.parsed(key, parse_price_per_hour))
+    wide = s.parsed("gpu_hour", parse_price_per_hour, None)
+    if preset in by_gpu:
+        key, usd = by_gpu[preset]
+        return GpuPrice(usd, PriceBasis.GPU_MAP, where(f"{s._p('gpu_hour_by_gpu')}.{key}"))
+    if wide is not None:
+        path = s._p("gpu_hour")
+        warning = ""
+        if file_gpu is not None and file_gpu != preset:
+            warning = (
+                f"{path} (${wide:.2f}/GPU-h), given for the scenario's {file_gpu}, also prices {preset}; "
+                f"give {s._p('gpu_hour_by_gpu')}.{preset} to price it at its own rate"
+            )
+        return GpuPrice(wide, PriceBasis.SCENARIO, where(path), warning=warning)
+    return GpuPrice(gpu.usd_per_hour, PriceBasis.PRESET, f"{preset} preset", note=gpu.price_source)
+
+
+def _file_gpu(data: dict[str, Any]) -> str | None:
+    """The GPU preset a scenario file names (None when it names none a preset reads)."""
+    cluster = data.get("cluster")
+    gpu = cluster.get("gpu") if isinstance(cluster, dict) else None
+    if isinstance(gpu, dict):
+        gpu = gpu.get("preset")
+    try:
+        return load_gpu(gpu).name
+    except KvsimError:
+        return None
+
+
 def _renamed_section(root: Section, new: str, notes: list[str]) -> Section:
     """Section ``new``, or its old name with a note; both at once is an error."""
     old = RENAMED_SECTIONS[new]
@@ -876,8 +966,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def scenario_from_dict(
-    data: Any, *, source: str, base_dir: Path, overrides: tuple[str, ...] = ()
+    data: Any,
+    *,
+    source: str,
+    base_dir: Path,
+    overrides: tuple[str, ...] = (),
+    file_gpu: str | None = None,
 ) -> Scenario:
+    """`file_gpu`: the GPU preset the file names before overrides (for `resolve_gpu_price`'s warning)."""
     root = Section(data, source=source, path="")
     name = root.str("name", Path(source).stem)
     model_raw = root.raw("model")
@@ -913,8 +1009,10 @@ def scenario_from_dict(
     slo = _read_slo(root)
     notes: list[str] = []
     pricing = _renamed_section(root, "pricing", notes)
-    gpu_hour = pricing.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
+    gpu_price = resolve_gpu_price(pricing, cluster.gpu, file_gpu=file_gpu, overrides=overrides)
     pricing.done()
+    if gpu_price.warning:
+        notes.append(gpu_price.warning)
     cost_model = _read_cost_model(_renamed_section(root, "cost_model", notes), base_dir)
     sm = root.section("sim")
     max_time = sm.raw("max_time", None)
@@ -974,7 +1072,7 @@ def scenario_from_dict(
         scheduler,
         workload,
         slo,
-        gpu_hour,
+        gpu_price,
         cost_model,
         sim,
         overrides,
@@ -1030,6 +1128,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raise KvsimError("the file is empty", source=str(p))
     if not isinstance(data, dict):
         raise KvsimError("expected a mapping at the top level", source=str(p))
+    file_gpu = _file_gpu(data)
     touched = []
     cwd = Path.cwd()
     for text in overrides:
@@ -1037,7 +1136,9 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         set_path(data, key, cwd_paths(key, value, p.parent, cwd))
         touched.append(key)
     try:
-        return scenario_from_dict(data, source=str(p), base_dir=p.parent, overrides=tuple(overrides))
+        return scenario_from_dict(
+            data, source=str(p), base_dir=p.parent, overrides=tuple(overrides), file_gpu=file_gpu
+        )
     except KvsimError as exc:
         if exc.path and any(
             exc.path == t or exc.path.startswith(t + ".") or t.startswith(exc.path + ".") for t in touched

@@ -11,8 +11,10 @@ A combination's candidate is the largest of its per-load minimums, run at every 
 bisection skipped are made, so that the choice is checked, not assumed).
 
 All candidates serve the same traffic, so the cheapest is the one with the lowest cluster price
-per hour (GPUs x $/GPU-hour, the scenario's ``pricing.gpu_hour`` or the GPU preset's price, plus
-its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``);
+per hour (GPUs x $/GPU-hour, plus its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``).
+Each GPU type is priced at its own rate (`kvsim.spec.scenario.resolve_gpu_price`:
+``pricing.gpu_hour_by_gpu`` > ``pricing.gpu_hour`` > the preset's sourced price); a scenario-wide
+``pricing.gpu_hour`` applied to a searched GPU other than the scenario's own is a warning;
 cost per million tokens is shown beside it. An SLO bounds a percentile of TTFT, TPOT or E2E and
 also demands that no request is rejected or left unfinished, unless ``--max-unserved`` allows a
 fraction. Every point is a full run through the sweep's runner (`kvsim.sweep.local`), cached by
@@ -29,13 +31,14 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
-from kvsim.spec.scenario import load_scenario
+from kvsim.progress import PointProgress
+from kvsim.spec.scenario import GpuPrice, load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.sweep.define import Factor, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
@@ -165,8 +168,8 @@ class Planner:
     count: SearchAxis | None
     base_rate_scale: float
     keys: dict[tuple[str, ...], Hashable]  # each point's overrides -> its workload key
-    # configuration overrides -> (GPUs, $/GPU-h, $/h of the other machines: dedicated pool nodes)
-    cost: dict[tuple[str, ...], tuple[int, float, float]]
+    # configuration overrides -> (GPUs, $/GPU-h and its source, $/h of the dedicated pool nodes)
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]]
     reads: tuple[tuple[str, Path | None], ...]
 
     def point_overrides(self, combo: Combo, count: str | None, load: float) -> tuple[str, ...]:
@@ -226,10 +229,10 @@ def prepare_plan(
             raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
-    cost: dict[tuple[str, ...], tuple[int, float, float]] = {}
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
-        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_hour_usd, sc.pool_nodes_usd_per_hour)
+        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_price, sc.pool_nodes_usd_per_hour)
     discrete = [a for a in axes if not a.count]
     combos = tuple(
         Combo(i, tuple(f"{a.path}={v}" for a, v in zip(discrete, vs, strict=True)))
@@ -297,7 +300,9 @@ def misses(planner: Planner, r: PointResult) -> list[Miss]:
 
 @dataclass
 class PlanRun:
-    """The points run so far: overrides -> result; `ran` and `reused` count them."""
+    """The points run so far: overrides -> result; `ran` and `reused` count them. `progress` counts
+    the points to run; its total is those run plus a bound on those still to come (`ensure`'s
+    `after`)."""
 
     planner: Planner
     out: Path
@@ -307,10 +312,11 @@ class PlanRun:
     results: dict[tuple[str, ...], PointResult] = field(default_factory=dict)
     ran: int = 0
     reused: int = 0
-    on_batch: Callable[[int], None] | None = None
+    progress: PointProgress | None = None
 
-    def ensure(self, wanted: Sequence[tuple[str, ...]]) -> None:
-        """Run (or reuse) every point in `wanted` not yet known, in parallel."""
+    def ensure(self, wanted: Sequence[tuple[str, ...]], after: int = 0) -> None:
+        """Run (or reuse) every point in `wanted` not yet known, in parallel; `after`: at most how
+        many points the plan runs after these (the progress total)."""
         todo = [o for o in dict.fromkeys(wanted) if o not in self.results]
         tasks: list[PointTask] = []
         for o in todo:
@@ -321,19 +327,39 @@ class PlanRun:
                 self.reused += 1
             else:
                 tasks.append(PointTask(len(tasks), str(self.planner.scenario), o, d))
+        bar = self.progress
+        if bar is not None:
+            bar.set_total(self.ran + len(tasks) + after, bound=after > 0)
         if not tasks:
             return
-        if self.on_batch is not None:
-            self.on_batch(len(tasks))
+        labels = {t.index: point_label(self.planner, t.overrides) for t in tasks}
         done = run_points(
-            tasks, [self.planner.keys[t.overrides] for t in tasks], jobs=self.jobs, finish=self.finish
+            tasks,
+            [self.planner.keys[t.overrides] for t in tasks],
+            jobs=self.jobs,
+            finish=self.finish,
+            on_started=bar.start if bar else None,
+            on_result=(lambda r: bar.finished(labels[r.index], r.status == "ok")) if bar else None,
         )
+        if bar is not None:
+            bar.pause()
         for t, r in zip(tasks, done, strict=True):
             self.results[t.overrides] = r
         self.ran += len(tasks)
 
     def meets(self, o: tuple[str, ...]) -> bool:
         return not misses(self.planner, self.results[o])
+
+
+def point_label(p: Planner, overrides: tuple[str, ...]) -> str:
+    """A point as a progress line names it: its configuration's overrides and its load."""
+    load = float(overrides[-1].split("=", 1)[1]) / p.base_rate_scale
+    return ", ".join([*overrides[:-1], f"load {load_label(round(load, 9))}"])
+
+
+def _rounds(gap: int) -> int:
+    """Bisection rounds that narrow a (bad, good) gap to 1: ceil(log2(gap))."""
+    return max(gap - 1, 0).bit_length()
 
 
 def plan_point_id(overrides: tuple[str, ...]) -> str:
@@ -360,7 +386,12 @@ def search(run: PlanRun) -> dict[tuple[int, int], str | None]:
     # bad: highest index known to miss (-1: none); good: lowest index known to meet (None: unknown)
     state: dict[tuple[int, int], tuple[int, int | None]] = {}
     top = len(values) - 1
-    run.ensure([p.point_overrides(c, values[top], p.loads[li]) for c, li in groups])
+    # Each candidate is then checked at its other loads (run_plan): at most combos x (loads - 1).
+    checks = len(p.combos) * (len(p.loads) - 1)
+    run.ensure(
+        [p.point_overrides(c, values[top], p.loads[li]) for c, li in groups],
+        after=len(groups) * _rounds(len(values)) + checks,
+    )
     for c, li in groups:
         ok = run.meets(p.point_overrides(c, values[top], p.loads[li]))
         state[(c.index, li)] = (-1, top) if ok else (top, None)
@@ -371,8 +402,12 @@ def search(run: PlanRun) -> dict[tuple[int, int], str | None]:
                 probes[(ci, li)] = (bad + good) // 2
         if not probes:
             break
+        later = sum(
+            _rounds(good - bad) - 1 for bad, good in state.values() if good is not None and good - bad > 1
+        )
         run.ensure(
-            [p.point_overrides(p.combos[ci], values[m], p.loads[li]) for (ci, li), m in probes.items()]
+            [p.point_overrides(p.combos[ci], values[m], p.loads[li]) for (ci, li), m in probes.items()],
+            after=later + checks,
         )
         for (ci, li), m in probes.items():
             bad, good = state[(ci, li)]
@@ -418,9 +453,12 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "label": ", ".join(p.config_overrides(combo, count)) or "(the scenario as written)",
         "count": count,
         "gpus": gpus,
-        "gpu_hour_usd": price,
+        "gpu_hour_usd": price.usd_per_hour,
+        "gpu_hour_basis": str(price.basis),
+        "gpu_hour_source": price.source,
+        "price_warning": price.warning or None,
         "pool_nodes_usd_per_hour": other,
-        "usd_per_hour": gpus * price + other,
+        "usd_per_hour": gpus * price.usd_per_hour + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
         "loads": loads,
@@ -473,14 +511,26 @@ def run_plan(
     jobs: int,
     reuse: bool,
     finish: Finish | None = None,
-    on_batch: Callable[[int], None] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Search, then write ``plan.json`` and ``plan.csv`` into `out`; returns the plan.json data."""
+    """Search, then write ``plan.json`` and ``plan.csv`` into `out`; returns the plan.json data.
+    `progress`: on stderr, a bar on a terminal, a line per point run when piped (`kvsim.progress`)."""
     (out / POINTS).mkdir(parents=True, exist_ok=True)
     write_atomic(out / "plan.json", json.dumps(_header(planner) | {"state": "running"}, indent=2) + "\n")
-    run = PlanRun(planner, out, jobs, finish, reuse, on_batch=on_batch)
-    mins = search(run)
-    p = planner
+    bar = PointProgress(0, bound=True) if progress else None
+    run = PlanRun(planner, out, jobs, finish, reuse, progress=bar)
+    try:
+        mins = search(run)
+        _check_candidates(run, mins)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return _write_plan(run, mins)
+
+
+def _candidates(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> list[tuple[Combo, str | None]]:
+    """Each combo meeting at every load: with its count, the largest of its per-load minimums."""
+    p = run.planner
     candidates: list[tuple[Combo, str | None]] = []
     for c in p.combos:
         per_load = [mins[(c.index, li)] for li in range(len(p.loads))]
@@ -490,8 +540,19 @@ def run_plan(
             else:
                 need = max(int(v) for v in per_load if v is not None)
                 candidates.append((c, str(need)))
-    # Check each candidate at every load (bisection may have met a load at a smaller count only).
-    run.ensure([p.point_overrides(c, n, k) for c, n in candidates for k in p.loads])
+    return candidates
+
+
+def _check_candidates(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> None:
+    """Run each candidate at every load (bisection may have met a load at a smaller count only)."""
+    p = run.planner
+    run.ensure([p.point_overrides(c, n, k) for c, n in _candidates(run, mins) for k in p.loads])
+
+
+def _write_plan(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> dict[str, Any]:
+    planner, out = run.planner, run.out
+    p = planner
+    candidates = _candidates(run, mins)
     configs: dict[tuple[int, str | None], dict[str, Any]] = {}
     count_pos = {v: i for i, v in enumerate(p.count.values)} if p.count else {}
     for c in p.combos:
@@ -547,11 +608,18 @@ def run_plan(
         "runners_up": runners,
         "closest": closest,
         "notes": notes,
+        "warnings": price_warnings(planner),
         "configurations": list(configs.values()),
     }
     write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
     write_atomic(out / "plan.csv", plan_csv(data))
     return data | {"points_run": run.ran, "points_reused": run.reused}  # not in plan.json: one seed, one file
+
+
+def price_warnings(p: Planner) -> list[str]:
+    """Each distinct warning of the configurations' prices (a scenario-wide ``pricing.gpu_hour``
+    applied to a GPU type other than the scenario's own), in search order."""
+    return list(dict.fromkeys(price.warning for _, price, _ in p.cost.values() if price.warning))
 
 
 def o_count(p: Planner, o: tuple[str, ...]) -> str:
@@ -587,6 +655,10 @@ def _header(p: Planner) -> dict[str, Any]:
             "cluster $/hour (GPUs x $/GPU-hour + dedicated pool nodes' $/hour): every configuration "
             "serves the same traffic"
         ),
+        "price_rule": (
+            "each GPU type at its own $/GPU-hour: pricing.gpu_hour_by_gpu, else pricing.gpu_hour, "
+            "else the GPU preset's price (each row's gpu_hour_source says which)"
+        ),
     }
 
 
@@ -594,7 +666,13 @@ def plan_csv(data: dict[str, Any]) -> str:
     """One row per point run: its configuration, load, verdict, price and headline metrics."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*CSV_HEAD, "status", "meets", "misses", "gpus", "usd_per_hour", *METRIC_COLUMNS])
+    w.writerow(
+        [
+            *CSV_HEAD,
+            *("status", "meets", "misses", "gpus", "usd_per_hour", "gpu_hour_usd", "gpu_hour_source"),
+            *METRIC_COLUMNS,
+        ]
+    )
     for e in data["configurations"]:
         for ld in e["loads"]:
             if not ld["evaluated"]:
@@ -609,6 +687,8 @@ def plan_csv(data: dict[str, Any]) -> str:
                     "; ".join(m["text"] for m in ld["misses"]),
                     e["gpus"],
                     repr(e["usd_per_hour"]),
+                    repr(e["gpu_hour_usd"]),
+                    e["gpu_hour_source"],
                     *(_cell(ld["metrics"].get(c)) for c in METRIC_COLUMNS),
                 ]
             )
