@@ -498,30 +498,29 @@ def markdown_table(data: dict[str, Any]) -> str:
 
 
 def _html_table(data: dict[str, Any]) -> str:
-    import html
+    """The error table as HTML, built from the report's escaped parts (`kvsim.report.html`)."""
+    from kvsim.report import html
 
     rows = []
     for r in data["metrics"]:
         u = r["unit"]
         me = r["measured"]
-        tds = [
-            html.escape(r["metric"]),
-            f"{_num(me['median'], u)} [{_num(me['min'], u)}, {_num(me['max'], u)}]",
-        ]
+        tds = [r["metric"], f"{_num(me['median'], u)} [{_num(me['min'], u)}, {_num(me['max'], u)}]"]
         for m in MODELS:
             e = r[m]["error"]
             tds += [_num(r[m]["value"], u), f"{_pct(e['median'])} [{_pct(e['min'])}, {_pct(e['max'])}]"]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in tds) + "</tr>")
-    notes = "".join(f"<li>{html.escape(t)}</li>" for t in table_lines(data)[-3:])
-    dev = html.escape(str(data["device"]["name"]))
-    return (
-        f"<h2>Validation: simulated vs measured on {dev}</h2>"
-        f"<p>{html.escape(data['model']['how'])}; {data['repeats']} runs, errors as simulated / measured - 1 "
-        "(median [min, max] over runs).</p>"
-        "<table><thead><tr><th>metric</th><th>measured</th><th>profile sim</th><th>error</th>"
-        "<th>analytic sim</th><th>error</th></tr></thead><tbody>"
-        + "".join(rows)
-        + f"</tbody></table><ul>{notes}</ul>"
+        rows.append(tds)
+    header = ["metric", "measured", "profile sim", "error", "analytic sim", "error"]
+    return str(
+        html.section(
+            f"Validation: simulated vs measured on {data['device']['name']}",
+            html.para(
+                f"{data['model']['how']}; {data['repeats']} runs, errors as simulated / measured - 1 "
+                "(median [min, max] over runs)."
+            ),
+            html.table(rows, header),
+            html.items(table_lines(data)[-3:]),
+        )
     )
 
 
