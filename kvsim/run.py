@@ -197,7 +197,7 @@ def scenario_workload(sc: Scenario) -> Workload:
     try:
         return load_workload(sc.workload, seed=sc.sim.seed)
     except KvsimError as exc:
-        if exc.source in ("synthetic", "agent"):
+        if exc.source in ("synthetic", "agent", "random"):
             raise KvsimError(exc.message, source=sc.source, path=exc.path) from None
         raise
 
@@ -410,6 +410,7 @@ def run_scenario(
             )
         warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
+    warnings.extend(wl.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
