@@ -59,7 +59,7 @@ from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
-from kvsim.sim.replica import Replica, ReplicaStats
+from kvsim.sim.replica import Replica, ReplicaStats, TokenGaps
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
 from kvsim.spec.topology import Link
@@ -77,6 +77,8 @@ class RunResult:
     link_samples: list[tuple[float, str, float, float]] = field(
         default_factory=list
     )  # (t, link, bytes, busy s)
+    # Each replica's inter-token gaps (`TokenGaps`), for per-request ITL lists (vLLM bench format).
+    gaps: list[TokenGaps] = field(default_factory=list)
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -464,6 +466,7 @@ def run_scenario(
         summary,
         [] if offload is None else offload.tier_samples(),
         [] if offload is None else offload.link_samples(),
+        [r.gaps for r in replicas],
     )
 
 
