@@ -350,6 +350,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.against is not None:
+        from kvsim.interop.against import against_command
+
+        used = [
+            f for f in ("device", "quick", "recalibrate", "scale") if getattr(args, f) not in (None, False)
+        ]
+        if used:
+            raise KvsimError(f"--{used[0]} is for a device run, not with --against", source="validate")
+        return against_command(args)
+    if args.seed is not None:
+        raise KvsimError("only with --against", source="--seed")
+    for flag in ("device", "out"):
+        if getattr(args, flag) is None:
+            raise KvsimError(f"the following arguments are required: --{flag}", source="kvsim validate")
     from kvsim.validation import validate_command
 
     return validate_command(args)
@@ -501,15 +515,29 @@ def build_parser() -> argparse.ArgumentParser:
         "own scheduler, simulate it with the fresh profile and with the analytic model, and compare "
         "(validate.json, validate.html, a terminal table; see kvsim/validation.py).",
     )
-    v.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    v.add_argument("--device", choices=("cpu", "cuda"), help="the device to execute on (not with --against)")
+    v.add_argument(
+        "--against",
+        metavar="RESULT.json",
+        help="instead: a vllm bench serve or SGLang bench_serving result, its workload simulated on "
+        "--scenario (default scenarios/default.yaml) and compared (kvsim/interop/against.py)",
+    )
+    v.add_argument(
+        "--seed",
+        type=int,
+        help="with --against: the benchmark's --seed (default the tool's: vLLM 0, SGLang 1)",
+    )
     v.add_argument(
         "--quick",
         action="store_true",
         help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (a check, not a shortcut: the "
         "default trace is within them and takes about 1 min on a 2-core CPU, calibration included)",
     )
-    v.add_argument("--out", required=True, help="output directory")
-    v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")
+    v.add_argument("--out", help="output directory (required without --against)")
+    v.add_argument(
+        "--scenario",
+        help="scenario YAML (default scenarios/validate.yaml; scenarios/default.yaml with --against)",
+    )
     v.add_argument("--repeats", type=_positive_int, default=3, help="executions recorded (default 3)")
     v.add_argument(
         "--recalibrate",
