@@ -134,7 +134,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.render import print_summary
     from kvsim.report import write_report
-    from kvsim.report.outputs import check_output_dir, discard_if_empty
+    from kvsim.report.outputs import RUN_FILES, check_output_dir, discard_if_empty
     from kvsim.run import run_scenario, write_run
     from kvsim.spec.scenario import load_scenario
 
@@ -147,8 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("model config", sc.model.config_path),
         ("profile", sc.cost_model.profile),
     )
+    if args.save_detailed and args.format is None:
+        raise KvsimError("only with --format vllm-bench", source="--save-detailed")
+    extra = ("vllm_bench.json",) if args.format == "vllm-bench" else ()
     existed = Path(args.out).is_dir()
-    out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
+    out = check_output_dir(args.out, reads=reads, force=args.force, files=(*RUN_FILES, *extra))
     try:
         result = run_scenario(sc, progress=not args.no_progress, percentiles=args.percentiles)
     except BaseException:
@@ -157,10 +160,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         write_run(result, out)
         write_report(out)
+        if args.format == "vllm-bench":
+            from kvsim.interop.bench_json import write_bench_json
+
+            write_bench_json(result, out, detailed=args.save_detailed, percentiles=args.percentiles)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
     print_summary(result.record)
-    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
+    also = f", {out / extra[0]}" if extra else ""
+    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}{also}")
     return 0
 
 
@@ -340,6 +348,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.against is not None:
+        from kvsim.interop.against import against_command
+
+        used = [
+            f for f in ("device", "quick", "recalibrate", "scale") if getattr(args, f) not in (None, False)
+        ]
+        if used:
+            raise KvsimError(f"--{used[0]} is for a device run, not with --against", source="validate")
+        return against_command(args)
+    if args.seed is not None:
+        raise KvsimError("only with --against", source="--seed")
+    for flag in ("device", "out"):
+        if getattr(args, flag) is None:
+            raise KvsimError(f"the following arguments are required: --{flag}", source="kvsim validate")
     from kvsim.validation import validate_command
 
     return validate_command(args)
@@ -398,6 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="50,90,99,99.9",
         help="latency percentiles for the table and each distribution's by_percentile (vLLM bench's "
         "--metric-percentiles); default p50, p90, p99 shown, p50..p99.9 written",
+    )
+    r.add_argument(
+        "--format",
+        choices=("vllm-bench",),
+        help="also write the result in another tool's schema: vllm-bench writes vllm_bench.json, "
+        "vllm bench serve's result keys in its units (kvsim/interop/bench_json.py)",
+    )
+    r.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="with --format vllm-bench: the per-request lists too (input_lens, output_lens, ttfts, itls)",
     )
     r.set_defaults(func=cmd_run)
 
@@ -481,15 +514,29 @@ def build_parser() -> argparse.ArgumentParser:
         "own scheduler, simulate it with the fresh profile and with the analytic model, and compare "
         "(validate.json, validate.html, a terminal table; see kvsim/validation.py).",
     )
-    v.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    v.add_argument("--device", choices=("cpu", "cuda"), help="the device to execute on (not with --against)")
+    v.add_argument(
+        "--against",
+        metavar="RESULT.json",
+        help="instead: a vllm bench serve or SGLang bench_serving result, its workload simulated on "
+        "--scenario (default scenarios/default.yaml) and compared (kvsim/interop/against.py)",
+    )
+    v.add_argument(
+        "--seed",
+        type=int,
+        help="with --against: the benchmark's --seed (default the tool's: vLLM 0, SGLang 1)",
+    )
     v.add_argument(
         "--quick",
         action="store_true",
         help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (a check, not a shortcut: the "
         "default trace is within them and takes about 1 min on a 2-core CPU, calibration included)",
     )
-    v.add_argument("--out", required=True, help="output directory")
-    v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")
+    v.add_argument("--out", help="output directory (required without --against)")
+    v.add_argument(
+        "--scenario",
+        help="scenario YAML (default scenarios/validate.yaml; scenarios/default.yaml with --against)",
+    )
     v.add_argument("--repeats", type=_positive_int, default=3, help="executions recorded (default 3)")
     v.add_argument(
         "--recalibrate",

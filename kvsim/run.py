@@ -59,7 +59,7 @@ from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
-from kvsim.sim.replica import Replica, ReplicaStats
+from kvsim.sim.replica import Replica, ReplicaStats, TokenGaps
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
 from kvsim.spec.topology import Link
@@ -77,6 +77,8 @@ class RunResult:
     link_samples: list[tuple[float, str, float, float]] = field(
         default_factory=list
     )  # (t, link, bytes, busy s)
+    # Each replica's inter-token gaps (`TokenGaps`), for per-request ITL lists (vLLM bench format).
+    gaps: list[TokenGaps] = field(default_factory=list)
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -197,7 +199,7 @@ def scenario_workload(sc: Scenario) -> Workload:
     try:
         return load_workload(sc.workload, seed=sc.sim.seed)
     except KvsimError as exc:
-        if exc.source in ("synthetic", "agent"):
+        if exc.source in ("synthetic", "agent", "random"):
             raise KvsimError(exc.message, source=sc.source, path=exc.path) from None
         raise
 
@@ -410,6 +412,7 @@ def run_scenario(
             )
         warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
+    warnings.extend(wl.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
@@ -463,6 +466,7 @@ def run_scenario(
         summary,
         [] if offload is None else offload.tier_samples(),
         [] if offload is None else offload.link_samples(),
+        [r.gaps for r in replicas],
     )
 
 

@@ -40,7 +40,7 @@ LAYERS = [
     ("accuracy", "kvsize", "render", "run", "stack"),
     ("sweep",),
     ("report",),
-    ("validation",),
+    ("validation", "interop"),
     ("cli", "__main__", "__init__"),
 ]
 

@@ -66,6 +66,8 @@ def is_kvsim_output(path: Path) -> bool:
             return is_plan_csv(path)
         if path.suffix == ".html" and head.startswith(b"<!doctype html>"):  # a comparison, any name
             return b"<title>kvsim compare: " in head
+        if path.name in ("vllm_bench.json", "against.json"):  # kvsim.interop's: marked as kvsim's own
+            return b'"backend": "kvsim"' in head or b'"schema": "kvsim-against"' in head
         if path.name == "summary.json":
             if path.stat().st_size > _MAX_SUMMARY_BYTES:
                 return False

@@ -70,8 +70,10 @@ class TokenGaps:
         self.last: dict[int, float] = {}  # request id -> when it last emitted
         self.gap_s: list[float] = []  # one token's gap each, of request gap_id[i]
         self.gap_id: list[int] = []
-        self.zeros: list[tuple[int, int]] = []  # (request id, tokens) emitted with another, gap 0
-        self.shared: list[tuple[np.ndarray, tuple[int, ...]]] = []  # (gaps, requests each had them)
+        # (request id, tokens, len(gap_s) then) emitted with another, gap 0
+        self.zeros: list[tuple[int, int, int]] = []
+        # (gaps, requests each had them, len(gap_s) then): the position orders `per_request`
+        self.shared: list[tuple[np.ndarray, tuple[int, ...], int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -80,7 +82,7 @@ class TokenGaps:
             self.gap_s.append(t - last)
             self.gap_id.append(req_id)
         if n > 1:
-            self.zeros.append((req_id, n - 1))
+            self.zeros.append((req_id, n - 1, len(self.gap_s)))
         self.last[req_id] = t
 
     def window(self, reqs: list[Request], ends: list[float]) -> None:
@@ -92,7 +94,9 @@ class TokenGaps:
             gap_id.append(req.id)
             last[req.id] = t1
         if len(ends) > 1 and reqs:
-            self.shared.append((np.diff(np.asarray(ends, dtype=np.float64)), tuple(r.id for r in reqs)))
+            self.shared.append(
+                (np.diff(np.asarray(ends, dtype=np.float64)), tuple(r.id for r in reqs), len(gap_s))
+            )
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
@@ -102,12 +106,33 @@ class TokenGaps:
         if others:
             counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
-        ns.append(np.array([n if r in keep else 0 for r, n in self.zeros], dtype=np.int64))
-        for shared, ids in self.shared:
+        ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
+        for shared, ids, _ in self.shared:
             w = len(ids) if not others else sum(1 for r in ids if r in keep)
             vals.append(shared)
             ns.append(np.full(len(shared), w, dtype=np.int64))
         return np.concatenate(vals), np.concatenate(ns)
+
+    def per_request(self, keep: set[int]) -> dict[int, list[float]]:
+        """Each request in `keep`'s gaps (s) in the order its tokens came (vLLM bench's ``itls``);
+        built after the run, from the same records as `pooled`."""
+        parts: dict[int, list[tuple[int, int, list[float]]]] = {r: [] for r in keep}
+        for i, (g, r) in enumerate(zip(self.gap_s, self.gap_id, strict=True)):
+            if r in keep:
+                parts[r].append((i, 1, [g]))
+        for r, n, pos in self.zeros:
+            if r in keep:
+                parts[r].append((pos, 0, [0.0] * n))
+        for shared, ids, pos in self.shared:
+            gaps = shared.tolist()
+            for r in ids:
+                if r in keep:
+                    parts[r].append((pos, 0, gaps))
+        out = {}
+        for r, items in parts.items():
+            items.sort(key=lambda x: (x[0], x[1]))
+            out[r] = [g for *_, gs in items for g in gs]
+        return out
 
 
 class Replica:

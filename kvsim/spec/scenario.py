@@ -10,6 +10,7 @@ Every field is documented in ``scenarios/README.md``; defaults name their source
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
+from kvsim.spec.bench import BenchConfig, RandomConfig
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
@@ -34,7 +36,7 @@ from kvsim.units import (
     parse_size,
 )
 
-TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic", "sharegpt")
 
 
 class Choice(str, Enum):
@@ -294,6 +296,8 @@ class WorkloadConfig:
     skip_bad_lines: bool
     clip_to_context: bool = False  # shorten over-long requests to the model's context, not reject them
     agent: AgentConfig | None = None  # format "agent": closed-loop agent sessions
+    bench: BenchConfig | None = None  # vLLM bench serve's traffic (formats sharegpt and random)
+    random: RandomConfig | None = None  # format "random": vLLM bench's random dataset
 
 
 @dataclass(frozen=True)
@@ -748,15 +752,30 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
     trace = s.raw("trace", None)
     syn_raw = s.raw("synthetic", None)
     agent_raw = s.raw("agent", None)
-    if sum(x is not None for x in (trace, syn_raw, agent_raw)) != 1:
+    random_raw = s.raw("random", None)
+    if sum(x is not None for x in (trace, syn_raw, agent_raw, random_raw)) != 1:
         raise s.err(
-            "trace", "give exactly one of workload.trace (a file), workload.synthetic or workload.agent"
+            "trace",
+            "give exactly one of workload.trace (a file), workload.synthetic, workload.agent or "
+            "workload.random",
         )
     synthetic = None
     agent = None
+    rand = None
     path = None
     fmt = s.choice("format", TRACE_FORMATS, "generic") if trace is not None else "synthetic"
-    if agent_raw is not None:
+    if random_raw is not None:
+        fmt = "random"
+        if s.raw("format", "random") != "random":
+            raise s.err("format", "the random dataset is generated, not read: remove format")
+    if s.has("bench") and fmt not in ("sharegpt", "random"):
+        raise s.err(
+            "bench", "only with format sharegpt or workload.random (a trace has its own arrival times)"
+        )
+    bench = _read_bench(s.section("bench"), fmt) if fmt in ("sharegpt", "random") else None
+    if random_raw is not None:
+        rand = _read_random(Section(random_raw, source=s.source, path=s._p("random")))
+    elif agent_raw is not None:
         fmt = "agent"
         if s.raw("format", "agent") != "agent":
             raise s.err("format", "agent sessions are generated, not read: remove format or set agent")
@@ -799,8 +818,60 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
         skip_bad_lines=s.bool("skip_bad_lines", False),
         clip_to_context=s.bool("clip_to_context", False),
         agent=agent,
+        bench=bench,
+        random=rand,
     )
     s.done()
+    return cfg
+
+
+def _rate(v: Any) -> float:
+    """``request_rate``: requests per second > 0, or ``inf`` (vLLM's default: all at once)."""
+    if v == "inf" or (isinstance(v, float) and v == math.inf):
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1e6:
+        raise KvsimError(f"expected requests per second in (0, 1e6] or inf, got {show(v)}")
+    return float(v)
+
+
+def _read_bench(b: Section, fmt: str) -> BenchConfig:
+    """``workload.bench``: vLLM bench serve's --num-prompts, --request-rate, --burstiness, --seed
+    (and, for ShareGPT, --sharegpt-output-len and kvsim's chars_per_token)."""
+    burst = b.raw("burstiness", 1.0)
+    if burst == "inf" or burst == math.inf:
+        burstiness = math.inf
+    else:
+        burstiness = b.float("burstiness", 1.0, lo=0.0, hi=1e6, lo_open=True)
+    seed = b.raw("seed", None)
+    for key in ("sharegpt_output_len", "chars_per_token"):
+        if fmt != "sharegpt" and b.has(key):
+            raise b.err(key, "only with format sharegpt")
+    out_len = b.raw("sharegpt_output_len", None)
+    cfg = BenchConfig(
+        num_prompts=b.int("num_prompts", 1000, lo=1, hi=10_000_000),
+        request_rate=b.parsed("request_rate", _rate, math.inf),
+        burstiness=burstiness,
+        seed=None if seed is None else b.int("seed", lo=0, hi=2**32 - 1),
+        sharegpt_output_len=None if out_len is None else b.int("sharegpt_output_len", lo=1, hi=1 << 24),
+        chars_per_token=b.float("chars_per_token", 4.0, lo=0.0, hi=100.0, lo_open=True),
+    )
+    b.done()
+    return cfg
+
+
+def _read_random(y: Section) -> RandomConfig:
+    """``workload.random``: vLLM bench serve's --random-input-len, -output-len, -range-ratio, -prefix-len."""
+    cfg = RandomConfig(
+        input_len=y.int("input_len", 1024, lo=0, hi=1 << 24),
+        output_len=y.int("output_len", 128, lo=1, hi=1 << 24),
+        range_ratio=y.float("range_ratio", 0.0, lo=0.0, hi=1.0),
+        prefix_len=y.int("prefix_len", 0, lo=0, hi=1 << 24),
+    )
+    if cfg.range_ratio >= 1.0:
+        raise y.err("range_ratio", f"must be in [0, 1) as vLLM's, got {cfg.range_ratio}")
+    if cfg.input_len + cfg.prefix_len < 1:
+        raise y.err("input_len", "input_len + prefix_len must be at least 1")
+    y.done()
     return cfg
 
 
