@@ -51,29 +51,41 @@ def _stride(n: int, k: int) -> np.ndarray:
 def _envelope(t: np.ndarray, series: Sequence[np.ndarray], cap: int = MAX_SERIES_POINTS) -> np.ndarray:
     """Which samples of step-held series to plot: indices into ``t`` (sorted), at most `cap`.
 
-    Every sample when there are `cap` or fewer. Otherwise the time span is cut into equal buckets,
-    ``cap // (2 + 4 * len(series))`` of them, and each keeps its first and last sample and, for
-    every one of `series`, the sample where it is lowest and where it is highest, each with the
-    sample after it (where the step ends). So every spike and dip is drawn at its height and
-    width; only the shape between a bucket's extremes is lost.
+    Every sample when there are `cap` or fewer. Otherwise the time span is cut into equal buckets
+    and each keeps, for every one of `series`, the sample where it is lowest and the one where it
+    is highest (the first and last samples are kept too). The bucket count starts at
+    ``(cap - 2) // (2 * len(series))``, which always fits, and doubles while the result still
+    fits in `cap` (a flat series adds no samples). So every spike and dip is drawn at its height;
+    a level between a bucket's extremes may be drawn up to one bucket (a few pixels) too wide.
     """
     n = t.size
     if n <= cap:
         return np.arange(n)
-    buckets = max(1, cap // (2 + 4 * len(series)))
+    flat = [np.nan_to_num(np.asarray(s, dtype=np.float64)) for s in series]  # a gap plots as 0
+    buckets = max(1, (cap - 2) // (2 * max(len(flat), 1)))
+    keep = _extremes(t, flat, buckets)
+    while buckets < n:
+        finer = _extremes(t, flat, buckets * 2)
+        if finer.size > cap:
+            break
+        keep, buckets = finer, buckets * 2
+    return keep
+
+
+def _extremes(t: np.ndarray, series: Sequence[np.ndarray], buckets: int) -> np.ndarray:
+    """`_envelope`'s samples for `buckets` equal time buckets."""
+    n = t.size
     edges = np.searchsorted(t, np.linspace(t[0], t[-1], buckets + 1)[1:-1], side="left")
     starts = np.concatenate(([0], edges))
     ends = np.concatenate((edges, [n]))
-    keep: list[np.ndarray] = []
-    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        if hi <= lo:
-            continue
-        picks = [lo, hi - 1]
-        for s in series:
-            seg = s[lo:hi]
-            for i in (lo + int(np.argmin(seg)), lo + int(np.argmax(seg))):
-                picks += [i, min(i + 1, hi - 1)]
-        keep.append(np.asarray(picks, dtype=np.int64))
+    nonempty = ends > starts
+    starts, ends = starts[nonempty], ends[nonempty]
+    keep = [np.array([0, n - 1])]
+    for s in series:
+        for reduce in (np.minimum, np.maximum):
+            extreme = reduce.reduceat(s, starts)  # per bucket; then the first sample reaching it
+            hit = np.flatnonzero(s == np.repeat(extreme, ends - starts))
+            keep.append(hit[np.searchsorted(hit, starts)])
     return np.unique(np.concatenate(keep))
 
 
