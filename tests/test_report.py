@@ -17,6 +17,7 @@ from kvsim.report import report_command, write_report
 from kvsim.report.charts import (
     MAX_CDF_POINTS,
     MAX_POINTS,
+    MAX_REPLICA_POINTS,
     MAX_SERIES_POINTS,
     _envelope,
     _latency_figures,
@@ -267,5 +268,7 @@ def test_charts_of_a_large_run_plot_a_bounded_number_of_points(tmp_path: Path):
     assert len(figs["kv"].data) == 4 * 3  # the sum and each of 3 replicas, 3 layers each
     for trace in (*figs["kv"].data, *figs["queue"].data):
         assert len(trace.x) <= MAX_SERIES_POINTS
+    for trace in figs["kv"].data[3:]:
+        assert len(trace.x) <= MAX_REPLICA_POINTS
     assert max(figs["kv"].data[0].y) >= 9_000  # the sum keeps replica 1's one-sample spike
     assert max(figs["kv"].data[2 * 3].y) == 9_000  # and so does replica 1's own view

@@ -4,8 +4,9 @@ What is plotted is thinned by stated rules (docs/architecture.md, "report"); the
 headline keep the exact numbers. A CDF is drawn at most `MAX_CDF_POINTS` samples evenly spaced in
 rank (first and last kept); the E2E scatter shows at most `MAX_POINTS` requests evenly spaced in
 arrival order plus the `SLOWEST_KEPT` slowest; a series over time keeps all its samples up to
-`MAX_SERIES_POINTS`, beyond that an envelope (`_envelope`). Times and latencies are plotted as
-float32 (7 significant digits), counts as integers, so plotly stores them in fewer bytes.
+`MAX_SERIES_POINTS` (`MAX_REPLICA_POINTS` for one replica's view in the occupancy selector),
+beyond that an envelope (`_envelope`). Times and latencies are plotted as float32 (7 significant
+digits), counts as integers, so plotly stores them in fewer bytes.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ SLOWEST_KEPT = 100
 # A series over time: at most this many samples per trace (an envelope beyond), about one per
 # pixel of a page-wide chart.
 MAX_SERIES_POINTS = 1_000
-# The occupancy selector shows the sum and at most this many individual replicas.
+# The occupancy selector shows the sum and at most this many individual replicas, each at most
+# this many samples per layer (a second look, beside the replicas table's exact peaks and means).
 MAX_REPLICA_VIEWS = 8
+MAX_REPLICA_POINTS = 500
 # (div id suffix, figure) pairs and notes on what was left out.
 _Figures = tuple[list[tuple[str, go.Figure]], list[str]]
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
@@ -206,10 +209,12 @@ def _timeseries_figures(ts: _Csv) -> _Figures:
         if len(replicas) > 1 and len(own) < MAX_REPLICA_VIEWS:
             own[rep] = (tr, vals)
 
-    def view(tv: np.ndarray, series: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def view(
+        tv: np.ndarray, series: dict[str, np.ndarray], cap: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The KV stack's samples drawn: `_envelope` of its two edges (its top is the pool)."""
         used, cached = series["kv_used_blocks"], series["kv_cached_blocks"]
-        keep = _envelope(tv, (used, used + cached))
+        keep = _envelope(tv, (used, used + cached), cap)
         return _f32(tv[keep]), {c: _counts(series[c][keep]) for c, _ in layers}
 
     layers = (
@@ -217,8 +222,8 @@ def _timeseries_figures(ts: _Csv) -> _Figures:
         ("kv_cached_blocks", "cached, free to evict"),
         ("kv_free_blocks", "free"),
     )
-    views = [(f"sum of {_plural(len(replicas), 'replica')}", view(grid, total))]
-    views += [(f"replica {r}", view(*own[r])) for r in own]
+    views = [(f"sum of {_plural(len(replicas), 'replica')}", view(grid, total, MAX_SERIES_POINTS))]
+    views += [(f"replica {r}", view(*own[r], MAX_REPLICA_POINTS)) for r in own]
     occ = go.Figure()
     colors = ("#d62728", "#ff7f0e", "#2ca02c")
     for vi, (_, (x, series)) in enumerate(views):
