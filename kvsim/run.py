@@ -32,7 +32,13 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
-from kvsim.results.io import write_links_csv, write_requests_csv, write_tiers_csv, write_timeseries_csv
+from kvsim.results.io import (
+    csv_name,
+    write_links_csv,
+    write_requests_csv,
+    write_tiers_csv,
+    write_timeseries_csv,
+)
 from kvsim.results.record import (
     AccuracyNote,
     BusyFraction,
@@ -1217,18 +1223,26 @@ def _replica_records(
     )
 
 
-def write_run(result: RunResult, out: Path | str) -> None:
-    """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them)."""
+def write_run(result: RunResult, out: Path | str, *, compress: bool = False) -> None:
+    """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them),
+    and ``tiers.csv`` and ``links.csv`` when the run has samples for them. `compress`: each CSV as
+    ``NAME.csv.gz`` (a sweep's or plan's points). What an earlier run left under a CSV's other
+    form, or under one this run has no rows for, is removed (the CLI has checked it is kvsim's)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_summary(out / "summary.json", result.record)
-    write_requests_csv(out / "requests.csv", result.seqs)
-    write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
+    written = {"requests.csv", "timeseries.csv"}
+    write_requests_csv(out / csv_name("requests.csv", compress), result.seqs)
+    samples = [row for s in result.stats for row in s.samples]
+    write_timeseries_csv(out / csv_name("timeseries.csv", compress), samples)
     if result.tier_samples:
-        write_tiers_csv(out / "tiers.csv", result.tier_samples)
-    elif (out / "tiers.csv").exists():  # an earlier run's (checked by the CLI as kvsim's own)
-        (out / "tiers.csv").unlink()
+        write_tiers_csv(out / csv_name("tiers.csv", compress), result.tier_samples)
+        written.add("tiers.csv")
     if result.link_samples:
-        write_links_csv(out / "links.csv", result.link_samples)
-    elif (out / "links.csv").exists():
-        (out / "links.csv").unlink()
+        write_links_csv(out / csv_name("links.csv", compress), result.link_samples)
+        written.add("links.csv")
+    for name in ("requests.csv", "timeseries.csv", "tiers.csv", "links.csv"):
+        for form in (not compress,) if name in written else (compress, not compress):
+            stale = out / csv_name(name, form)
+            if stale.exists():
+                stale.unlink()

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from plotly.offline import get_plotlyjs
 
 from kvsim.errors import KvsimError
 from kvsim.report import report_command, write_report
-from kvsim.report.outputs import is_kvsim_output
+from kvsim.report.charts import (
+    MAX_CDF_POINTS,
+    MAX_POINTS,
+    MAX_REPLICA_POINTS,
+    MAX_SERIES_POINTS,
+    _envelope,
+    _latency_figures,
+    _timeseries_figures,
+)
+from kvsim.report.data import _load_csv
+from kvsim.report.outputs import check_output_dir, is_kvsim_output
 from tests.helpers import CHROMIUM, chromium_args, run_guarded
 
 FIXTURE = Path(__file__).parent / "data" / "run_fixture"
@@ -187,3 +199,75 @@ def test_report_command_replaces_only_its_own_plotly_file(run_dir: Path):
     assert report_command(str(run_dir), force=True) == 0
     assert is_kvsim_output(js) and js.read_text(encoding="utf-8").endswith(get_plotlyjs())
     assert report_command(str(run_dir)) == 0  # its own file, now: replaced without --force
+
+
+def _gzip(path: Path) -> Path:
+    """`path` replaced by its .gz form, as a sweep's point holds it."""
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+    path.unlink()
+    return gz
+
+
+def test_report_reads_a_points_compressed_csvs(run_dir: Path, tmp_path: Path):
+    plain = write_report(run_dir, tmp_path / "plain.html").read_bytes()
+    for name in ("requests.csv", "timeseries.csv"):
+        assert is_kvsim_output(_gzip(run_dir / name))
+    assert write_report(run_dir, tmp_path / "gz.html").read_bytes() == plain
+
+
+def test_a_foreign_or_broken_csv_gz_is_not_kvsims(tmp_path: Path):
+    foreign = tmp_path / "requests.csv.gz"
+    foreign.write_bytes(gzip.compress(b"a,b\n1,2\n"))
+    assert not is_kvsim_output(foreign)
+    (tmp_path / "timeseries.csv.gz").write_bytes(b"not gzip")
+    assert not is_kvsim_output(tmp_path / "timeseries.csv.gz")
+    with pytest.raises(KvsimError, match="requests.csv.gz exists and was not written by kvsim; use --force"):
+        check_output_dir(str(tmp_path), reads=(), force=False)
+    assert check_output_dir(str(tmp_path), reads=(), force=True) == tmp_path
+
+
+def test_envelope_keeps_every_buckets_extremes_within_its_cap():
+    rng = np.random.default_rng(3)
+    t = np.sort(rng.random(50_000) * 1_000)
+    a = rng.integers(0, 30, t.size).astype(float)
+    a[12_345] = 500.0  # one spike, one sample wide
+    b = np.cumsum(rng.normal(size=t.size))
+    for cap in (10, 101, MAX_SERIES_POINTS):
+        keep = _envelope(t, (a, b), cap)
+        assert keep.size <= cap and keep[0] == 0 and keep[-1] == t.size - 1
+        assert 12_345 in keep and a[keep].min() == a.min() and b[keep].max() == b.max()
+    assert np.array_equal(_envelope(t[:50], (a[:50],), 50), np.arange(50))  # few enough: all
+
+
+def test_charts_of_a_large_run_plot_a_bounded_number_of_points(tmp_path: Path):
+    rng = np.random.default_rng(1)
+    n = 30_000
+    arrival = np.sort(rng.random(n) * 3_600)
+    first = arrival + rng.exponential(0.2, n)
+    finish = first + rng.exponential(5.0, n)
+    finish[777] = first[777] + 900.0  # the slowest request
+    with (tmp_path / "requests.csv").open("w") as f:
+        f.write("arrival_s,first_token_s,finish_s,output_tokens,status\n")
+        for row in zip(arrival, first, finish, rng.integers(2, 500, n), strict=True):
+            f.write(f"{row[0]:.9f},{row[1]:.9f},{row[2]:.9f},{row[3]},completed\n")
+    with (tmp_path / "timeseries.csv").open("w") as f:
+        f.write("t_s,replica,kv_used_blocks,kv_cached_blocks,kv_free_blocks,running,waiting\n")
+        for r in range(3):
+            for i, t in enumerate(np.sort(rng.random(8_000) * 3_600)):
+                used = 9_000 if (r, i) == (1, 4_000) else int(rng.integers(0, 1_000))
+                f.write(f"{t:.6f},{r},{used},{1_000 - used % 1_000},{9_000 - used},{i % 7},{i % 3}\n")
+    requests, ts = _load_csv(tmp_path / "requests.csv"), _load_csv(tmp_path / "timeseries.csv")
+    assert requests is not None and ts is not None
+    figs = dict(_latency_figures(requests, {})[0]) | dict(_timeseries_figures(ts)[0])
+    for trace in figs["cdf"].data:
+        assert len(trace.x) <= MAX_CDF_POINTS and trace.y[-1] == 1.0
+    (e2e,) = figs["e2e"].data
+    assert len(e2e.x) <= MAX_POINTS and max(e2e.y) == np.float32(finish[777] - arrival[777])
+    assert len(figs["kv"].data) == 4 * 3  # the sum and each of 3 replicas, 3 layers each
+    for trace in (*figs["kv"].data, *figs["queue"].data):
+        assert len(trace.x) <= MAX_SERIES_POINTS
+    for trace in figs["kv"].data[3:]:
+        assert len(trace.x) <= MAX_REPLICA_POINTS
+    assert max(figs["kv"].data[0].y) >= 9_000  # the sum keeps replica 1's one-sample spike
+    assert max(figs["kv"].data[2 * 3].y) == 9_000  # and so does replica 1's own view

@@ -4,6 +4,7 @@ runs, failures recorded per point, resumable, and one seed giving one results.cs
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 
 import pytest
@@ -389,3 +390,19 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_when_piped():
     off.finished("x", True)
     off.stop()
     assert quiet.getvalue() == ""
+
+
+def test_a_points_csvs_are_compressed_and_hold_what_kvsim_run_writes(scenario: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=fp8") == 0
+    point = out / "points" / _rows(out / "results.csv")[0]["id"]
+    assert not (point / "requests.csv").exists() and not (point / "timeseries.csv").exists()
+    run = tmp_path / "run"
+    assert main(["run", str(scenario), "--set", "kv.format=fp8", "--out", str(run), "--no-progress"]) == 0
+    for name in ("requests.csv", "timeseries.csv"):
+        assert gzip.decompress((point / f"{name}.gz").read_bytes()) == (run / name).read_bytes()
+    # A comparison of two points reads them; `kvsim run` into a point leaves one form of each CSV.
+    assert main(["report", str(point), str(run), "--out", str(tmp_path / "cmp.html")]) == 0
+    assert "no usable requests.csv" not in (tmp_path / "cmp.html").read_text(encoding="utf-8")
+    assert main(["run", str(scenario), "--set", "kv.format=fp8", "--out", str(point), "--no-progress"]) == 0
+    assert (point / "requests.csv").is_file() and not (point / "requests.csv.gz").exists()

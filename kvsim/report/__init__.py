@@ -1,7 +1,7 @@
 """One HTML report rebuilt from a run directory, without re-running the simulation.
 
 Reads what ``kvsim run`` wrote: ``summary.json`` (required, through `kvsim.results.record.read_summary`), ``requests.csv`` and ``timeseries.csv``
-(each optional; a missing one leaves a note where its charts would be). Shows the scenario and its
+(each optional, plain or as a point's ``.csv.gz``; a missing one leaves a note where its charts would be). Shows the scenario and its
 config; a headline table (request accounting, TTFT/TPOT/E2E/queueing percentiles, throughput,
 goodput against the SLO, cost, HBM peak vs capacity, prefix hits, preemptions, simulated vs wall
 time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/waiting queues,
@@ -14,7 +14,8 @@ accuracy estimate, labelled as cited rather than measured.
 
 Leaves out: per-request tables (the CSV is the place for those), any recomputation of the headline
 percentiles (they are the simulator's numbers from ``summary.json``), and generation timestamps, so
-that the same run directory always yields the same bytes. plotly.js is loaded from
+that the same run directory always yields the same bytes. Charts plot thinned data by stated rules
+(`kvsim.report.charts`); the tables hold the exact numbers. plotly.js is loaded from
 ``plotly.min.js`` beside the page (or, for a sweep's or plan's point, in the sweep's folder), so
 the page opens offline. This package (data, tables, charts) is the only part of kvsim that plots.
 """
@@ -151,7 +152,8 @@ def report_command(run_dir: str, *, force: bool = False) -> int:
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "not found"
         raise KvsimError(f"run directory {what}", source=run_dir)
-    reads = tuple((name, root / name) for name in ("summary.json", "requests.csv", "timeseries.csv"))
+    names = ("summary.json", "requests.csv", "requests.csv.gz", "timeseries.csv", "timeseries.csv.gz")
+    reads = tuple((name, root / name) for name in names)
     shared = _plotly_src_for(root)
     files = ("report.html",) if shared else ("report.html", h.PLOTLY_JS)
     check_output_dir(run_dir, reads=reads, force=force, files=files, flag="kvsim report")

@@ -1,7 +1,8 @@
 """Several runs side by side in one HTML page: ``kvsim report A B ... --out FILE.html``.
 
 Reads each run directory as the run report does (``summary.json`` through
-`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional). Shows what
+`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional, either plain or
+as a point's ``.csv.gz``). Shows what
 differs between the runs (their ``--set`` overrides, every recorded config field not shared by
 all, the cost model), labels each run by it (the title too), a
 headline table with every run's delta against the first (absolute and relative), the TTFT and TPOT
@@ -34,13 +35,20 @@ from plotly.subplots import make_subplots
 
 from kvsim.errors import KvsimError
 from kvsim.report import html as h
-from kvsim.report.charts import MAX_SERIES_POINTS, _cdf, _figure_html, _series_on_grid, _stride
+from kvsim.report.charts import _cdf, _counts, _envelope, _f32, _figure_html, _series_on_grid
 from kvsim.report.data import _Csv, _load_csv
 from kvsim.report.outputs import check_output_dir
 from kvsim.report.tables import _dur, _float, _get, _gib, _int, _is_num, _note, _pct, _table, _usd
 from kvsim.results.record import read_summary
 
-_READS = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
+_READS = (
+    "summary.json",
+    "requests.csv",
+    "requests.csv.gz",
+    "timeseries.csv",
+    "timeseries.csv.gz",
+    "report.html",
+)
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 # (label, path into summary.json, formatter); a delta is shown with the same formatter.
@@ -335,7 +343,8 @@ def _ttft_tpot(r: _Csv) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _totals(ts: _Csv) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-    """KV used blocks, running and waiting summed over replicas, on the run's own time grid."""
+    """KV used blocks, running and waiting summed over replicas, on the run's own time grid (thinned
+    as the report's are, `_envelope`)."""
     cols = ("kv_used_blocks", "running", "waiting")
     if not ts.has("t_s", "replica", *cols) or ts.rows == 0:
         return None
@@ -344,14 +353,14 @@ def _totals(ts: _Csv) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     if not ok.any():
         return None
     grid = np.unique(t[ok])
-    grid = grid[_stride(grid.size, MAX_SERIES_POINTS)]
     total = {c: np.zeros(grid.size) for c in cols}
     for r in np.unique(rep[ok]):
         m = ok & (rep == r)
         order = np.argsort(t[m], kind="stable")
         for c in cols:
             total[c] += _series_on_grid(t[m][order], np.nan_to_num(ts.num(c)[m][order]), grid)
-    return grid, total
+    keep = _envelope(grid, tuple(total.values()))  # the report's rule for series over time
+    return _f32(grid[keep]), {c: _counts(v[keep]) for c, v in total.items()}
 
 
 def _charts(runs: list[_Run]) -> tuple[Markup, int]:
