@@ -6,9 +6,10 @@ that the whole tour takes well under two minutes on a 2-core CPU:
 
 1. The folder holds ``scenarios/``: every scenario file of the repository's ``scenarios/`` copied
    with ``workload.max_requests: 100`` (``validate.yaml``: 12), its traces, profiles and models
-   linked to the repository's. Every run replays the start of its real trace.
-2. ``kvsim validate`` gets ``--repeats 1`` and, unless it names one, ``--scenario
-   scenarios/validate.yaml`` (the shortened copy of its default scenario).
+   linked to the repository's. Every run replays the start of its real trace. ``tests/data`` is
+   linked too (the made-up ShareGPT and vLLM bench files the tour names).
+2. ``kvsim validate`` (not ``--against``, which executes nothing) gets ``--repeats 1`` and, unless
+   it names one, ``--scenario scenarios/validate.yaml`` (the shortened copy of its default scenario).
 3. ``kvsim calibrate --device cuda`` runs with ``--device cpu --ops copy`` where torch sees no GPU
    (the GEMM timings alone take a minute on a CPU).
 4. ``--executor ray`` is skipped where Ray is not installed, and ``calibrate import
@@ -90,13 +91,15 @@ def _fresh_folder(tmp: Path) -> None:
             (dst / entry.name).write_text(yaml.safe_dump(data, sort_keys=False))
         else:
             (dst / entry.name).symlink_to(entry)
+    (tmp / "tests").mkdir()
+    (tmp / "tests" / "data").symlink_to(ROOT / "tests" / "data")
 
 
 def _adapt(argv: list[str]) -> list[str] | str:
     """Rules 2-4: the command to run, or why it is skipped."""
     assert argv[0] == "kvsim", f"a tour line that is not a kvsim command: {argv}"
     args = argv[1:]
-    if args[0] == "validate":
+    if args[0] == "validate" and "--against" not in args:
         extra = ["--repeats", "1"]
         if "--scenario" not in args:
             extra += ["--scenario", "scenarios/validate.yaml"]
