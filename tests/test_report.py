@@ -188,6 +188,8 @@ def test_headline_says_how_the_hbm_peak_adds_up(tmp_path: Path):
     assert f"+ {int(held):,} KV blocks held" in html
     assert "cached for prefix reuse (free to evict) as well as those in use" in html
     assert f"at most {s['kv_peak_used_blocks']:,} in use by requests at once" in html
+    # ITL beside TPOT in the latency table, as the terminal summary shows it.
+    assert "<td>TPOT (per request)</td>" in html and "<td>ITL (per token)</td>" in html
 
 
 def test_report_command_replaces_only_its_own_plotly_file(run_dir: Path):

@@ -175,10 +175,13 @@ def _headline_section(s: dict[str, Any], requests: _Csv | None) -> Markup | str:
     lat_rows = []
     for key, label in (
         ("ttft_s", "TTFT"),
-        ("tpot_s", "TPOT"),
+        ("tpot_s", "TPOT (per request)"),
+        ("itl_s", "ITL (per token)"),
         ("e2e_s", "E2E latency"),
         ("queue_s", "queueing"),
     ):
+        if key == "itl_s" and not isinstance(s.get(key), dict):
+            continue  # a summary written before ITL was recorded
         d = s.get(key) if isinstance(s.get(key), dict) else {}
         lat_rows.append((label, *(_dur(d.get(q)) for q in ("mean", "p50", "p90", "p99", "p999"))))
     latency = _table(lat_rows, header=("", "mean", "p50", "p90", "p99", "p99.9"), cls="num")
