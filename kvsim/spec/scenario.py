@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
+from kvsim.spec import bounds as B
 from kvsim.spec.bench import BenchConfig, RandomConfig
+from kvsim.spec.bounds import bounded
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
@@ -396,14 +398,18 @@ def _read_gpu(root: Section) -> tuple[GPUSpec, str, dict[str, float]]:
     base = s.parsed("preset", load_gpu)
     changes: dict[str, Any] = {}
     if s.has("hbm"):
-        changes["hbm_bytes"] = s.parsed("hbm", parse_size)
+        changes["hbm_bytes"] = s.parsed("hbm", bounded(parse_size, B.HBM_SIZE))
     if s.has("hbm_bw"):
-        changes["hbm_bw_bytes_per_s"] = s.parsed("hbm_bw", parse_bandwidth)
+        changes["hbm_bw_bytes_per_s"] = s.parsed("hbm_bw", bounded(parse_bandwidth, B.HBM_BW))
     if s.has("bf16_flops"):
-        changes["bf16_flops"] = s.parsed("bf16_flops", parse_flops)
+        changes["bf16_flops"] = s.parsed("bf16_flops", bounded(parse_flops, B.FLOPS))
     if s.has("fp8_flops"):
-        changes["fp8_flops"] = s.parsed("fp8_flops", parse_flops)
-    links = {k: s.parsed(k, parse_bandwidth) for k in ("host_h2d", "host_d2h", "nvlink") if s.has(k)}
+        changes["fp8_flops"] = s.parsed("fp8_flops", bounded(parse_flops, B.FLOPS))
+    links = {
+        k: s.parsed(k, bounded(parse_bandwidth, B.LINK_BW))
+        for k in ("host_h2d", "host_d2h", "nvlink")
+        if s.has(k)
+    }
     for k in ("hbm", "hbm_bw", "bf16_flops", "fp8_flops", "host_h2d", "host_d2h", "nvlink"):
         s.raw(k, None)
     s.done()
@@ -421,7 +427,9 @@ def _read_cluster(root: Section) -> ClusterConfig:
     tp = s.int("tensor_parallel", 1, lo=1, hi=64)
     if gpn % tp:
         raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
-    dram = s.parsed("host_dram", lambda v: parse_size(v, allow_zero=True), DEFAULT_HOST_DRAM)
+    dram = s.parsed(
+        "host_dram", bounded(lambda v: parse_size(v, allow_zero=True), B.HOST_SIZE), DEFAULT_HOST_DRAM
+    )
     topology = read_topology(
         s, TOPOLOGIES[preset], gpus_per_node=gpn, host_dram_bytes=dram, legacy=legacy_links
     )
@@ -533,17 +541,19 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             )
         dflt = GlobalPoolConfig()
         gpool = GlobalPoolConfig(
-            pool_bytes=pc.parsed("pool_bytes", parse_size, 0)
+            pool_bytes=pc.parsed("pool_bytes", bounded(parse_size, B.HOST_SIZE), 0)
             if pc.raw("pool_bytes", None) is not None
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
             eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
             pool_nodes=n_pool,
-            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size)
+            pool_node_bytes=pc.parsed("pool_node_bytes", bounded(parse_size, B.HOST_SIZE))
             if pc.raw("pool_node_bytes", None) is not None
             else 0,
             pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
-            pool_node_cost_per_hour=pc.parsed("pool_node_cost_per_hour", parse_price_per_hour)
+            pool_node_cost_per_hour=pc.parsed(
+                "pool_node_cost_per_hour", bounded(parse_price_per_hour, B.PRICE)
+            )
             if pc.raw("pool_node_cost_per_hour", None) is not None
             else dflt.pool_node_cost_per_hour,
         )
@@ -617,7 +627,7 @@ def _read_offload(off: Section) -> OffloadConfig:
         base.pop("hbm_ratio", None)
         base.pop("per_replica_bytes", None)
     if "host_bytes" in given:
-        cap["host_bytes"] = off.parsed("host_bytes", parse_size)
+        cap["host_bytes"] = off.parsed("host_bytes", bounded(parse_size, B.HOST_SIZE))
     if "host_share" in given:
         cap["host_share"] = off.float("host_share", lo=0.0, hi=1.0, lo_open=True)
     if "hbm_ratio" in given:
@@ -634,11 +644,13 @@ def _read_offload(off: Section) -> OffloadConfig:
         if d.raw("capacity", None) is None:
             raise d.err("capacity", "an SSD tier needs a capacity (bytes per node)")
         ssd = SSDConfig(
-            capacity_bytes=d.parsed("capacity", parse_size),
-            read_bw=d.parsed("read_bw", parse_bandwidth, SSD_DEFAULTS["read_bw"]),
-            write_bw=d.parsed("write_bw", parse_bandwidth, SSD_DEFAULTS["write_bw"]),
+            capacity_bytes=d.parsed("capacity", bounded(parse_size, B.HOST_SIZE)),
+            read_bw=d.parsed("read_bw", bounded(parse_bandwidth, B.LINK_BW), SSD_DEFAULTS["read_bw"]),
+            write_bw=d.parsed("write_bw", bounded(parse_bandwidth, B.LINK_BW), SSD_DEFAULTS["write_bw"]),
             latency_s=d.parsed(
-                "latency", lambda v: parse_duration(v, allow_zero=True), SSD_DEFAULTS["latency_s"]
+                "latency",
+                bounded(lambda v: parse_duration(v, allow_zero=True), B.LATENCY),
+                SSD_DEFAULTS["latency_s"],
             ),
         )
         d.done()
@@ -688,7 +700,7 @@ def _read_scheduler(root: Section, base_dir: Path) -> SchedulerConfig:
         max_batched_tokens=max_batched,
         chunked_prefill=s.bool("chunked_prefill", True),
         preemption=_choice(s, "preemption", PreemptionMode, PreemptionMode.RECOMPUTE),
-        swap_space_bytes=s.parsed("swap_space", parse_size, 4 * 2**30),
+        swap_space_bytes=s.parsed("swap_space", bounded(parse_size, B.HOST_SIZE), 4 * 2**30),
         spec_decode=_read_spec_decode(s, base_dir, max_batched),
     )
     s.done()
@@ -955,8 +967,8 @@ def resolve_gpu_price(
                 raise m.err(shorten(str(key)), exc.message) from None
             if name in by_gpu:
                 raise m.err(shorten(str(key)), f"the same GPU as {by_gpu[name][0]!r}: give its price once")
-            by_gpu[name] = (str(key), m.parsed(key, parse_price_per_hour))
-    wide = s.parsed("gpu_hour", parse_price_per_hour, None)
+            by_gpu[name] = (str(key), m.parsed(key, bounded(parse_price_per_hour, B.PRICE)))
+    wide = s.parsed("gpu_hour", bounded(parse_price_per_hour, B.PRICE), None)
     if preset in by_gpu:
         key, usd = by_gpu[preset]
         return GpuPrice(usd, PriceBasis.GPU_MAP, where(f"{s._p('gpu_hour_by_gpu')}.{key}"))
