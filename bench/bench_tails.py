@@ -62,7 +62,10 @@ CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, str, int]]] = {
         ("a100_sxm", "llama-3.1-8b", 1),
     ),
 }
-FP8_PAIRS = (("default-8b-h100-8x", "default-8b-h100-8x-fp8"), ("default-8b-h200-8x", "default-8b-h200-8x-fp8"))
+FP8_PAIRS = (
+    ("default-8b-h100-8x", "default-8b-h100-8x-fp8"),
+    ("default-8b-h200-8x", "default-8b-h200-8x-fp8"),
+)
 
 CHILD = """
 import json, sys
@@ -94,8 +97,21 @@ def profile(tmp: Path, system: str, model: str, tp: int) -> Path:
     out = tmp / f"{system}-{model}-tp{tp}.json"
     if not out.is_file():
         subprocess.run(
-            [sys.executable, "-m", "kvsim", "calibrate", "import", "--from-aiconfigurator"]
-            + ["--system", system, "--backend", "vllm", "--model", model, "--tp", str(tp), "--out", str(out)],
+            [
+                *(sys.executable, "-m", "kvsim", "calibrate", "import", "--from-aiconfigurator"),
+                *(
+                    "--system",
+                    system,
+                    "--backend",
+                    "vllm",
+                    "--model",
+                    model,
+                    "--tp",
+                    str(tp),
+                    "--out",
+                    str(out),
+                ),
+            ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             check=True,

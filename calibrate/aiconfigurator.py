@@ -20,8 +20,9 @@ the 989 TFLOP/s peak). What maps to what:
   missing cell holds the bytes/s of the same batch at its longest measured context and is marked
   ``filled``.
 - ``attention/.../context_attention_perf.parquet`` -> ``chunked_prefill``: rows with ``batch_size``
-  1, ``chunk`` = ``isl``, ``prefix`` = 0. The tables hold no prefill over a cached prefix, so kvsim
-  holds the prefix-0 rate for such chunks (its cost model then warns that it extrapolated).
+  1, ``chunk`` = ``isl``, ``prefix`` = 0. The tables hold no prefill over a cached prefix: kvsim's
+  cost model prices the chunk's own pairs at the prefix-0 rate and the prefix's at the table's best
+  rate or its KV bytes at the decode table's (`ProfileCostModel.prefix_rule`), and warns of the share.
 
 Left out: the communication tables (kvsim prices all-reduce analytically), host <-> device copies
 (not in the tables; kvsim's analytic link model applies), MoE/MLA tables (kvsim's profile model

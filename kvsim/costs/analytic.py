@@ -313,6 +313,17 @@ class AnalyticCostModel(StepCostModel):
             t += self.prefill_score_time(n, ctx)
         return t
 
+    prefix_rule = (
+        "the prefix's pairs at the fitted long-chunk efficiency, the short-chunk ramp on the chunk's "
+        "own pairs only"
+    )
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        """With fitted tables (prefix 0 only): what a cached prefix adds to the chunk's attention."""
+        if self.fit is None or ctx <= 0:
+            return 0.0
+        return self._prefill_attn_time(n, ctx) - self._prefill_attn_time(n, 0)
+
     # ---- interface --------------------------------------------------------------------------------
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
         return transfer_time(nbytes, link, num_calls)
