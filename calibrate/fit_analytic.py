@@ -24,9 +24,8 @@ renders. A rerun keeps every value that moved less, so another install rewrites 
 Points left out of the fit: decode cells the aiconfigurator sweep omits (the importer fills them
 from a neighbour's rate; they are not measurements). What the tables do not hold is not fitted:
 prefill over a cached prefix (the tables have prefix 0 only; the form extends by FLOPs, the ramp on
-the chunk's own pairs), the fp8 KV
-decode speed-up (the published 1.6x stays), all-reduce, and the per-step overhead (no per-step
-timing in the tables; the 1 ms estimate stays).
+the chunk's own pairs), all-reduce, and the per-step overhead (no per-step timing in the tables).
+fp8 KV gets two factors over the bf16 forms (`fit_fp8`): decode's speed-up, prefill's time factor.
 """
 
 from __future__ import annotations
@@ -107,8 +106,9 @@ REL_TOL = 1e-3
 TRACE_WEIGHT = 0.8
 ZERO_IN_EFFECT = {"t0_s": 1e-12, "t_item_s": 1e-12, "n_half": 1e-3}
 TOLERANCE = "relative 1e-3; t0_s and t_item_s below 1e-12 s and n_half below 1e-3 tokens count as 0"
-FP8_CHECK = "decode_attn fp8 (not fitted)"
-FP8_SPEEDUP = Efficiencies().format_decode_speedup["fp8_e4m3"]
+FP8_DECODE = "decode_attn fp8"
+FP8_PREFILL = "prefill_attn fp8"
+FP8_SPEEDUP = Efficiencies().format_decode_speedup["fp8_e4m3"]  # published, before the fit
 # Our reading of a miss, shown beside it on the accuracy page (an explanation, not a measurement).
 MISSED = {
     ("l40s", "decode_attn"): "the measured time falls by about 2x where one call's KV grows past 64 MB "
@@ -123,6 +123,7 @@ MISSED = {
     "that take the traces' prefill time, the fit sits between the two (+8% / -11% at 8,192 tokens) and "
     "prices the short chunks the traces rarely run slow (a median +19% at 512 tokens or fewer); "
     "unweighted it had a median 11.9%.",
+    ("b200", FP8_PREFILL): "as b200 prefill_attn (one factor over that fit).",
 }
 
 
@@ -145,7 +146,7 @@ class GpuData:
     bw: float
     ops: dict[str, Points]
     provenance: dict[str, Any]
-    checks: dict[str, Points]  # points priced with the fit but not fitted (FP8_CHECK)
+    checks: dict[str, Points]  # fp8 KV points (FP8_DECODE, FP8_PREFILL): fit the fp8 factors only
 
 
 def predict(op: str, params: Any, pts: Points, peak: float, bw: float) -> np.ndarray:
@@ -170,11 +171,22 @@ def _shape_points(
     # Prefill: every batch size the table holds (one varlen call over `batch_size` prompts of `isl`
     # tokens each, prefix 0), not only the single prompts the profile importer takes.
     rows, _, _ = _attn_rows(src, PREFILL_TABLE, shapes, None)
-    keep = (rows["kv_cache_dtype"] == "bfloat16") & (rows["step"] == 0)
-    pre_b = rows["batch_size"][keep].astype(np.float64)
-    n = rows["isl"][keep].astype(np.float64)
-    pre_t = rows["latency"][keep].astype(np.float64) * MS
     per_tok = kv_bytes_per_token_layer_gpu(model, BF16, tp)
+
+    def prefill(dtype: str) -> Points:
+        keep = (rows["kv_cache_dtype"] == dtype) & (rows["step"] == 0)
+        b = rows["batch_size"][keep].astype(np.float64)
+        n = rows["isl"][keep].astype(np.float64)
+        return Points(
+            {
+                "n": n,
+                "batch": b,
+                "flops": b * attn_flops_per_pair_layer(model, tp) * causal_pairs(n, 0),
+                "kv_bytes": b * n * per_tok,  # bf16 bytes; fp8 rows: their factor says the rest
+                "shape": np.full(len(n), shape),
+            },
+            rows["latency"][keep].astype(np.float64) * MS,
+        )
 
     def col(pts: list[dict[str, Any]], key: str) -> np.ndarray:
         return np.array([p[key] for p in pts], dtype=np.float64)
@@ -204,22 +216,14 @@ def _shape_points(
             },
             col(dec, "t_p50"),
         ),
-        "prefill_attn": Points(
-            {
-                "n": n,
-                "batch": pre_b,
-                "flops": pre_b * attn_flops_per_pair_layer(model, tp) * causal_pairs(n, 0),
-                "kv_bytes": pre_b * n * per_tok,
-                "shape": np.full(len(n), shape),
-            },
-            pre_t,
-        ),
-        # Not fitted, checked: fp8 KV decode priced as the model does, the bf16-equivalent bytes
-        # over the published fp8 speed-up.
-        FP8_CHECK: Points(
+        "prefill_attn": prefill("bfloat16"),
+        # fp8 KV: the bf16 forms with one factor each (`fit_fp8`): decode's bf16-equivalent bytes
+        # over a speed-up, prefill attention's time times a factor.
+        FP8_PREFILL: prefill("fp8"),
+        FP8_DECODE: Points(
             {
                 "items": b8 * shapes.kv_heads,
-                "kv_bytes": tokens8 * per_tok / FP8_SPEEDUP,
+                "kv_bytes": tokens8 * per_tok,
                 "flops": tokens8 * decode_attn_flops_per_pair_layer(model, tp),
                 "shape": np.full(len(fp8), shape),
                 "batch": b8,
@@ -247,7 +251,7 @@ def load_gpu_data(system: str, shapes: tuple[tuple[str, int], ...] = REFERENCES)
     gpu = load_gpu(PRESETS[system])
     peak, bw = float(gpu.bf16_flops), float(gpu.hbm_bw_bytes_per_s)
     ops = _concat([_shape_points(src, peaks, load_model(m), tp, i) for i, (m, tp) in enumerate(shapes)])
-    checks = {FP8_CHECK: ops.pop(FP8_CHECK)}
+    checks = {FP8_DECODE: ops.pop(FP8_DECODE), FP8_PREFILL: ops.pop(FP8_PREFILL)}
     ref = load_model(shapes[0][0])
     _, dec_info = decode_points(src, ref, shapes[0][1], None, peaks)
     _, pre_info = prefill_points(src, ref, shapes[0][1], None, peaks)
@@ -357,6 +361,39 @@ def fit_op(op: str, pts: Points, peak: float, bw: float, weights: np.ndarray | N
     return cls(**{k: float(f"{v:.4g}") for k, v in asdict(p).items()})  # stored to 4 digits
 
 
+def fp8_decode_points(pts: Points, speedup: float) -> Points:
+    """fp8 decode points priced as the model prices them: bf16-equivalent bytes over the speed-up."""
+    return Points({**pts.x, "kv_bytes": pts.x["kv_bytes"] / speedup}, pts.t)
+
+
+def fit_fp8(d: GpuData, decode: Any, prefill: Any) -> dict[str, Any] | None:
+    """The fp8 KV factors of one GPU over the fitted bf16 forms, weighted as the bf16 fit: decode
+    attention's speed-up on the bf16-equivalent bytes (least squares on log error), prefill
+    attention's time factor (the weighted geometric mean of measured / bf16 predicted). None
+    without fp8 points."""
+    from scipy.optimize import least_squares
+
+    dec, pre = d.checks[FP8_DECODE], d.checks[FP8_PREFILL]
+    if not dec.t.size or not pre.t.size:
+        return None
+    wd, wp = fit_weights("decode_attn", dec), fit_weights("prefill_attn", pre)
+    root = np.sqrt(dec.t.size * wd)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        pred = predict("decode_attn", decode, fp8_decode_points(dec, float(x[0])), d.peak, d.bw)
+        return np.asarray(root * np.log(pred / dec.t))
+
+    speedup = float(least_squares(residual, [FP8_SPEEDUP], bounds=([0.5], [4.0]), method="trf").x[0])
+    log_ratio = np.log(pre.t / predict("prefill_attn", prefill, pre, d.peak, d.bw))
+    factor = float(np.exp(np.sum(wp * log_ratio)))
+    return {
+        "decode_speedup": float(f"{speedup:.4g}"),
+        "prefill_factor": float(f"{factor:.4g}"),
+        "decode_points": int(dec.t.size),
+        "prefill_points": int(pre.t.size),
+    }
+
+
 def errors(op: str, params: Any, pts: Points, peak: float, bw: float) -> dict[str, float]:
     rel = np.abs(predict(op, params, pts, peak, bw) / pts.t - 1.0)
     return {"points": int(rel.size), "median": float(np.median(rel)), "p90": float(np.percentile(rel, 90))}
@@ -424,11 +461,16 @@ def fit_all(data: list[tuple[str, GpuData, GpuData]], every: int = 1) -> dict[st
     gpus: dict[str, Any] = {}
     for system, gpu_data, _ in data:
         ops: dict[str, Any] = {}
+        fitted: dict[str, Any] = {}
         for op, pts in gpu_data.ops.items():
             pts = pts.subset(every)
             w = fit_weights(op, pts)
-            ops[op] = {**asdict(fit_op(op, pts, gpu_data.peak, gpu_data.bw, w)), "points": int(pts.t.size)}
+            fitted[op] = fit_op(op, pts, gpu_data.peak, gpu_data.bw, w)
+            ops[op] = {**asdict(fitted[op]), "points": int(pts.t.size)}
         gpus[gpu_data.gpu] = {"system": system, "source": gpu_data.provenance, "ops": ops}
+        fp8 = fit_fp8(gpu_data, fitted["decode_attn"], fitted["prefill_attn"])
+        if fp8 is not None:
+            gpus[gpu_data.gpu]["fp8_kv"] = fp8
     return {
         "schema": SCHEMA,
         "version": VERSION,
@@ -437,8 +479,8 @@ def fit_all(data: list[tuple[str, GpuData, GpuData]], every: int = 1) -> dict[st
         "held_at_published": {op: list(v) for op, v in HELD.items()},
         "weights": f"{TRACE_WEIGHT:g} x each point's share of its shape's simulated time in real traces "
         f"(calibrate/trace_shapes.json), {1 - TRACE_WEIGHT:g} spread evenly over the shape's points",
-        "not_fitted": "per-step overhead (1 ms estimate), fp8 KV decode speed-up, prefill over a cached "
-        "prefix (tables hold prefix 0 only), all-reduce",
+        "not_fitted": "per-step overhead, prefill over a cached prefix (tables hold prefix 0 only), "
+        "all-reduce, the other formats' decode speed-ups",
         "gpus": gpus,
     }
 
@@ -472,18 +514,41 @@ def accuracy_rows(
                     "bands": _by_band(op, fitted, pts, d.peak, d.bw),
                 }
             )
-        fp8 = d.checks[FP8_CHECK]
-        if fp8.t.size:
+        dec8, pre8 = d.checks[FP8_DECODE], d.checks[FP8_PREFILL]
+        if fit.fp8_decode_speedup is not None and dec8.t.size:
             dec = fit.ops.decode_attn
+            after = fp8_decode_points(dec8, fit.fp8_decode_speedup)
             rows.append(
                 {
                     "gpu": gpu,
                     "system": fit.system,
-                    "op": FP8_CHECK,
-                    "before": errors("decode_attn", PUBLISHED.decode_attn, fp8, d.peak, d.bw),
-                    "after": errors("decode_attn", dec, fp8, d.peak, d.bw),
-                    "by_shape": _by_shape("decode_attn", dec, fp8, d.peak, d.bw, ref_names),
+                    "op": FP8_DECODE,
+                    "before": errors(
+                        "decode_attn",
+                        PUBLISHED.decode_attn,
+                        fp8_decode_points(dec8, FP8_SPEEDUP),
+                        d.peak,
+                        d.bw,
+                    ),
+                    "after": errors("decode_attn", dec, after, d.peak, d.bw),
+                    "by_shape": _by_shape("decode_attn", dec, after, d.peak, d.bw, ref_names),
                     "held_out": {},
+                    "bands": _by_band("decode_attn", dec, after, d.peak, d.bw),
+                }
+            )
+        if fit.fp8_prefill_factor is not None and pre8.t.size:
+            pre = fit.ops.prefill_attn
+            scaled = Points(pre8.x, pre8.t / fit.fp8_prefill_factor)  # the factor on the prediction
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "system": fit.system,
+                    "op": FP8_PREFILL,
+                    "before": errors("prefill_attn", PUBLISHED.prefill_attn, pre8, d.peak, d.bw),
+                    "after": errors("prefill_attn", pre, scaled, d.peak, d.bw),
+                    "by_shape": _by_shape("prefill_attn", pre, scaled, d.peak, d.bw, ref_names),
+                    "held_out": {},
+                    "bands": _by_band("prefill_attn", pre, scaled, d.peak, d.bw),
                 }
             )
     return rows
@@ -560,8 +625,11 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "- *After*: the fitted forms of `kvsim/costs/analytic_fit.py`, stored in",
         "  `kvsim/data/analytic_fit.json`, which the analytic model (the default cost model) uses for",
         "  these GPUs.",
-        f"- The `{FP8_CHECK}` rows: fp8 KV decode priced as the model does (the bf16 fit, bytes over",
-        f"  the published {FP8_SPEEDUP}x fp8 speed-up): a check, not a fit.",
+        f"- The `{FP8_DECODE}` and `{FP8_PREFILL}` rows: fp8 KV priced as the model does, the bf16 fit",
+        "  with one fitted factor each (the fit's `fp8_kv`: decode's bf16-equivalent bytes over a",
+        "  speed-up, prefill attention's time times a factor); before: the published "
+        + f"{FP8_SPEEDUP}x decode speed-up",
+        "  and no prefill factor.",
         f"- Weights: each point {TRACE_WEIGHT:g} x its share of the simulated time real traces spend at",
         f"  its shape (`calibrate/trace_shapes.json`), {1 - TRACE_WEIGHT:g} spread evenly over its shape's",
         "  points (the medians below are unweighted: the per-band section says where the time goes).",
@@ -642,8 +710,9 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "- Decode cells the aiconfigurator sweep omits (large batch x long context) are not measurements "
         "and are left out.",
         "- Not fitted: prefill over a cached prefix (the tables hold prefix 0 only; the form prices the",
-        "  pairs with the prefix at e_max and the short-chunk ramp on the chunk's own pairs), the fp8 KV decode speed-up (the",
-        "  published 1.6x stays; checked above), all-reduce (the package's comm tables are not read yet),",
+        "  pairs with the prefix at e_max and the short-chunk ramp on the chunk's own pairs; each run warns",
+        "  the share of its busy time priced so), the decode speed-ups of formats other than fp8 (published),",
+        "  all-reduce (the package's comm tables are not read yet),",
         "  and the per-step overhead (1 ms estimate: the tables time kernels, not steps). For scale:",
         "  aiconfigurator-core 0.12.0's own vLLM model adds 0.8 ms per layer to each request's prefill",
         "  (`sdk/backends/vllm_backend.py`, `_prefill_dispatch_overhead_ms`, calibrated there against",

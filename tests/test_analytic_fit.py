@@ -91,6 +91,30 @@ def test_a_bad_fit_file_is_one_line_naming_the_field():
     assert "gpus.l40s.source: expected the tables' provenance" in _bad(
         lambda d: d["gpus"]["l40s"].pop("source")
     )
+    assert "gpus.h100-sxm.fp8_kv.decode_speedup: expected a number in 0.25..4, got 9" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].update(decode_speedup=9)
+    )
+    assert "gpus.h100-sxm.fp8_kv.prefill_factor: expected a number in 0.25..4, got None" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].pop("prefill_factor")
+    )
+    assert "gpus.h100-sxm.fp8_kv: expected an object" in _bad(
+        lambda d: d["gpus"]["h100-sxm"].update(fp8_kv=1)
+    )
+
+
+def test_fp8_kv_uses_the_fitted_speed_up_and_prefill_factor_where_the_tables_have_them():
+    fit = shipped_fits()["h200-sxm"]
+    assert fit.fp8_decode_speedup is not None and fit.fp8_prefill_factor is not None
+    bf16 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}))
+    fp8 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}, kv={"format": "fp8"}))
+    assert fp8.speedup["fp8_e4m3"] == fit.fp8_decode_speedup
+    assert fp8.decode_attn_s_per_token == pytest.approx(bf16.decode_attn_s_per_token / fit.fp8_decode_speedup)
+    assert fp8._prefill_attn_time(2048, 0) == pytest.approx(
+        fit.fp8_prefill_factor * bf16._prefill_attn_time(2048, 0)
+    )
+    # Without tables (h100-pcie): the published 1.6x, no prefill factor.
+    pub = make_cost_model(small_scenario(cluster={"gpu": "h100-pcie"}, kv={"format": "fp8"}))
+    assert pub.speedup["fp8_e4m3"] == 1.6 and pub.prefill_format_factor == 1.0
 
 
 def _measured(op: str, **where: int) -> float:

@@ -134,6 +134,18 @@ class AnalyticCostModel(StepCostModel):
         self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
         self.name = self.fit.label if self.fit else PUBLISHED_LABEL
         self.overhead_s = self.eff.step_overhead_s
+        # fp8 KV: the fitted speed-up and prefill factor where the GPU's tables measured them.
+        self.speedup = dict(self.eff.format_decode_speedup)
+        fp8_prefill = 1.0
+        if self.fit is not None and self.fit.fp8_decode_speedup is not None:
+            self.speedup["fp8_e4m3"] = self.fit.fp8_decode_speedup
+        if self.fit is not None and self.fit.fp8_prefill_factor is not None:
+            fp8_prefill = self.fit.fp8_prefill_factor
+        # Prefill attention's time factor: each part of the cache's formats at its share.
+        self.prefill_format_factor = sum(
+            share * (fp8_prefill if f.kind.value == "fp8_e4m3" else 1.0)
+            for f, share in format_parts(fmt, mix)
+        )
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
@@ -152,12 +164,7 @@ class AnalyticCostModel(StepCostModel):
         # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest); a mix of
         # formats runs each part at its own speed-up.
         self.decode_attn_s_per_token = sum(
-            share
-            * (
-                w.kv_bytes_per_token_bf16
-                / (self.bw * d.e_max)
-                / self.eff.format_decode_speedup.get(f.kind.value, 1.0)
-            )
+            share * (w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / self.speedup.get(f.kind.value, 1.0))
             for f, share in format_parts(fmt, mix)
         )
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
@@ -190,7 +197,7 @@ class AnalyticCostModel(StepCostModel):
         if switch is not None:
             f2 = switch.format
             slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
-            speed = self.eff.format_decode_speedup.get(f2.kind.value, 1.0)
+            speed = self.speedup.get(f2.kind.value, 1.0)
             self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speed
             self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
             qb, qf = quant_write_work_per_token(m, f2, tp, None)
@@ -303,7 +310,7 @@ class AnalyticCostModel(StepCostModel):
         # The efficiency ramp of short chunks on the chunk's own causal pairs (`PrefillAttnEff`):
         # the tables measure prefix 0 only, where the two are the same.
         ramp = (self.work.prefill_attn_flops(n, 0) if ctx else flops) * (p.n_half / n)
-        t = float(
+        t = self.prefill_format_factor * float(
             max(
                 (flops + ramp) / (self.gpu.bf16_flops * p.e_max),
                 self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
