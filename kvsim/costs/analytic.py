@@ -32,7 +32,8 @@ Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 
 On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
-  on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
+  on H100; GPUs with tables use their fitted fp8 speed-up and an fp8 prefill-attention factor,
+  ``fp8_kv`` in the fit file: 1.26x and 1.18x slower prefill on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
 - quantize-on-write of new tokens (lossy formats): 50% of HBM peak for its bytes (estimate: a
   short elementwise kernel over a few MB per step, no measurement on file), its vector operations
@@ -55,7 +56,15 @@ On every GPU (not fitted: the tables hold no such data):
   FLOPs per logit (`kvsim.costs.work.ENTROPY_FLOPS_PER_LOGIT`) at the quantize-on-write vector rate;
   a prompt's statistics as those 4 FLOPs per pair of its prefill attention at the same rate; a
   trim's selection as H2O's top-k.
-- per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
+- per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine;
+  no per-GPU measurement on file. Published figures span the choice of engine loop: vLLM V1 with
+  synchronous scheduling left a 5-6 ms gap between decode steps at batch 256 (Llama-2-7B,
+  vllm-project/vllm#10634), async scheduling 150-170 us with CUDA graphs (vllm#11133); vLLM
+  V0 4 ms of GPU bubble per decode step (vllm#6854); SGLang's overlap scheduler hides it behind
+  the GPU's work. The imported-table profiles take the same 1 ms).
+- a prefill chunk over a cached prefix on a GPU with tables (which hold prefix 0 only): the
+  prefix's pairs at the long-chunk efficiency, the ramp on the chunk's own pairs; each run warns
+  the share of busy time so priced (`prefix_extrapolated_s`).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
 
