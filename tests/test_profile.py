@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -175,6 +176,9 @@ def test_the_run_warns_the_share_of_busy_time_priced_beyond_the_measured_prefixe
     lines = [w for w in res.summary["warnings"] if "cached prefixes longer than its tables hold" in w]
     assert len(lines) == 1
     assert lines[0].startswith(f"cost model: {extra / busy:.1%} of the replicas' busy time")
+    # Stepping one by one sums the same seconds as the fast-forward windows did.
+    step = run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=False)))
+    assert sum(s.prefix_extrapolated_s for s in step.stats) == pytest.approx(extra, rel=1e-9)
 
 
 def test_decode_step_times_agree_with_step_time(tmp_path):
