@@ -372,6 +372,14 @@ def run_scenario(
     parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
+    extrapolated = math.fsum(s.prefix_extrapolated_s for s in stats)
+    if extrapolated > 0:
+        share = extrapolated / max(math.fsum(s.busy_s for s in stats), extrapolated)
+        warnings.append(
+            f"cost model: {'under 0.1%' if share < 1e-3 else f'{share:.1%}'} of the replicas' busy time "
+            f"({extrapolated:,.1f} s) is prefill attention over cached prefixes longer than its tables "
+            f"hold, extrapolated: {cost.prefix_rule}"
+        )
     stuck = counts.unfinished
     if stuck and not math.isfinite(end_s):
         warnings.append(

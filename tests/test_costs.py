@@ -54,6 +54,16 @@ def test_a_short_chunk_over_a_long_prefix_pays_the_ramp_on_its_own_tokens():
     assert cm._prefill_attn_time(512, 0) == pytest.approx(at0, rel=1e-12)
 
 
+def test_the_analytic_model_counts_a_cached_prefix_as_extrapolated_only_with_tables():
+    cm = make_cost_model(small_scenario())  # H100: fitted to tables of prefix 0 only
+    assert cm.prefix_extrapolated_s(512, 0) == 0.0
+    extra = cm.prefix_extrapolated_s(512, 32768)
+    assert extra == pytest.approx(cm._prefill_attn_time(512, 32768) - cm._prefill_attn_time(512, 0))
+    assert extra > 0
+    published = make_cost_model(small_scenario(cluster={"gpu": "h100-pcie"}))  # no tables
+    assert published.prefix_extrapolated_s(512, 32768) == 0.0
+
+
 def test_a_decode_computes_exactly_one_token():
     with pytest.raises(AssertionError):  # checked where the batch is priced (the hot path reads it once)
         make_cost_model(small_scenario()).price(ForwardBatch((SeqKind.DECODE,), (2,), (10,), 1))

@@ -14,7 +14,11 @@ splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce
 the measured point: FLOP/s for GEMM and prefill, bytes/s for decode and copies) is interpolated
 linearly in log(rate) over log(size), so time is exact on grid points and a power law, hence
 monotone, between neighbours. Outside the grid the nearest measured rate is held (the time scales
-with the work) and the price flags the op; `warnings(ran)` names the flagged ops of the steps the engine
+with the work) and the price flags the op; but a prefill chunk over a cached prefix longer than the
+grid's longest (imported tables hold prefix 0 only) is priced at that prefix, plus the further
+prefix tokens' pairs at the table's best measured rate or their KV bytes at the decode table's rate
+at batch 1, whichever is longer (`prefix_rule`; holding the short chunk's rate priced a 16-token
+chunk over a 60K prefix like 16,000 queries), and the run warns of that part's share of busy time; `warnings(ran)` names the flagged ops of the steps the engine
 ran (pricing itself records nothing). Because work is computed for the scenario's own shapes,
 a profile forced onto another model scales by FLOPs or bytes.
 
@@ -70,6 +74,7 @@ from kvsim.costs.profile_schema import (
 )
 from kvsim.costs.work import (
     attended_pairs,
+    attended_prefix,
     attn_flops_per_pair_layer,
     compact_bytes_per_token_layer,
     decode_tokens_read,
@@ -181,6 +186,7 @@ class ProfileCostModel(StepCostModel):
         self._notes: list[str] = []  # about the profile itself, known at construction
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+        self._extra_cache: dict[tuple[int, int], float] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
         ops = profile["ops"]
         for op in ("gemm", "paged_decode", "chunked_prefill"):
@@ -213,6 +219,9 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        self._best_prefill_rate = [float(np.exp(tab.log_rate.max())) for tab in self._prefills]
+        # Bytes per cached token and layer of each part's format, at share 1 (`_prefill_part`).
+        self._bytes_layer = [kv_bytes_per_token_layer_gpu(m, f, tp) for f, _ in parts]
         # A format switch: switched sequences decode at the second format's measured rates (a
         # profile without that format is refused unless forced, as for kv.format).
         sw = analytic.switch
@@ -636,21 +645,54 @@ class ProfileCostModel(StepCostModel):
                 return True
         return False
 
+    prefix_rule = (
+        "the chunk at the longest measured prefix plus the further prefix's pairs at the best measured "
+        "prefill rate, or its KV bytes at the batch-1 decode rate if longer"
+    )
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        key = (n, ctx)
+        hit = self._extra_cache.get(key)
+        if hit is None:
+            hit = 0.0
+            for part, share in enumerate(self._shares):
+                hit += self.model.num_layers * share * self._prefill_part(part, n, ctx)[2]
+            self._extra_cache[key] = hit
+        return hit
+
+    def _prefill_part(self, part: int, n: int, ctx: int) -> tuple[float, bool, float]:
+        """One layer's prefill attention of part ``part`` (all of it at share 1): the grid's price
+        up to its longest measured prefix, and beyond it (`PREFIX_RULE`) the further cached tokens'
+        pairs at the table's best measured rate, or their bytes read at the decode table's rate at
+        batch 1 over that context, whichever is longer."""
+        tab = self._prefills[part]
+        edge = round(math.exp(float(tab.axes[1][-1]))) - 1  # the longest measured prefix
+        c = min(ctx, edge)
+        flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, c)
+        rate, out = tab(np.array([float(n)]), np.array([float(c) + 1.0]))
+        t = flops / float(rate[0])
+        if ctx <= edge:
+            return t, bool(out[0]), 0.0
+        extra = self.attn_flops_per_pair_layer * (
+            attended_pairs(self.model, n, ctx) - attended_pairs(self.model, n, c)
+        )
+        dec = self._decodes[part]
+        row, _ = self._decode_row(1, part)
+        dec_rate = float(np.exp(np.interp(math.log(max(ctx, 1)), dec.axes[1], row)))
+        nbytes = (attended_prefix(self.model, ctx) - attended_prefix(self.model, c)) * self._bytes_layer[part]
+        beyond = max(extra / self._best_prefill_rate[part], nbytes / dec_rate)
+        return t + beyond, True, beyond
+
     def _prefill_entry(self, n: int, ctx: int) -> tuple[float, bool]:
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, ctx)
-            if len(self._prefills) == 1:
-                rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-                hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
-            else:  # each part's share of the heads at its own measured rate
-                t, outside = 0.0, False
-                for tab, share in zip(self._prefills, self._shares, strict=True):
-                    rate, out = tab(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-                    t += self.model.num_layers * share * flops / float(rate[0])
-                    outside = outside or bool(out[0])
-                hit = (t, outside)
+            t, outside = 0.0, False
+            for part, share in enumerate(self._shares):  # each part's share at its own rates
+                tp, out, _ = self._prefill_part(part, n, ctx)
+                t += self.model.num_layers * share * tp
+                outside = outside or out
+            hit = (t, outside)
             if self.analytic.prefill_score:
                 hit = (hit[0] + self.analytic.prefill_score_time(n, ctx), hit[1])
             self._prefill_cache[key] = hit
@@ -763,9 +805,10 @@ class ProfileCostModel(StepCostModel):
             if flag.startswith("link:"):
                 out.append(f"profile: link {flag[5:]} not measured; analytic transfer time used")
             else:
-                out.append(
-                    f"profile: {flag} extrapolated beyond the measured grid (nearest measured rate held)"
-                )
+                how = "nearest measured rate held"
+                if flag == "chunked_prefill":
+                    how += "; a prefix beyond the longest measured: its share is warned below"
+                out.append(f"profile: {flag} extrapolated beyond the measured grid ({how})")
         return out
 
 

@@ -22,6 +22,7 @@ counts; they end where the other windows end for the tiers below HBM (`_steps_wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,9 @@ class ReplicaStats:
     kv_block_s: float = 0.0
     draft_s: float = 0.0  # simulated seconds of speculative decoding's draft passes (in busy_s)
     eviction_s: float = 0.0  # simulated seconds of trims (top-k, compaction, block tables) after steps
+    # Simulated seconds of prefill attention over cached prefixes beyond the cost model's measured
+    # ones (`CostModel.prefix_extrapolated_s`), in busy_s.
+    prefix_extrapolated_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -366,6 +370,7 @@ class Replica:
                     )
                 t_end = win.ends[k - 1]
                 self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
+                self.stats.prefix_extrapolated_s += win.prefix_extrapolated(k)
                 self.clock = t_end
                 first, done = self._apply_part(win, k - win.applied)
                 self.stats.steps += k
@@ -400,6 +405,9 @@ class Replica:
                     )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
+                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True):
+                    if c:
+                        self.stats.prefix_extrapolated_s += self.cost.prefix_extrapolated_s(n, c)
                 dt = price.seconds
                 draft_s = 0.0
                 if plan.verify_reqs and self.draft is not None:
@@ -500,6 +508,11 @@ class Replica:
                     mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
                 )
 
+            def extrapolated(k: int) -> float:
+                return math.fsum(
+                    cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+                )
+
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
             need = (
@@ -511,7 +524,10 @@ class Replica:
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         k = self._steps_within(ends)
-        return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+        win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+        if chunk:
+            win.prefix_extrapolated = extrapolated
+        return win
 
     def _steps_within(self, ends: list[float]) -> int:
         """Steps of a window with these step ends that may run: those that end strictly before the
@@ -593,3 +609,5 @@ class _Window:
     verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
     tokens_cum: list[int] | None = None  # verify window: tokens computed by its first j steps
     draft_s: list[float] = field(default_factory=list)  # verify window: draft seconds per step
+    # Seconds of its first k steps' prefill attention beyond the measured prefixes (mixed window).
+    prefix_extrapolated: Callable[[int], float] = field(default=lambda k: 0.0)
