@@ -795,7 +795,9 @@ def test_an_overlapped_load_costs_only_what_exceeds_the_prefill(ff):
 
 def test_fast_forward_equals_stepping_with_every_tier_on_across_nodes():
     """400 Mooncake requests on 2 nodes x 2 replicas of 2,000 blocks, cache-aware routing: write-back
-    DRAM with an SSD below, a cold threshold, overlapped loads, swap preemption and the global pool."""
+    DRAM with an SSD below, a cold threshold, overlapped loads, swap preemption and the global pool.
+    64 GiB of DRAM a node (4 GiB held no more than a replica's HBM: loads, only of entries whose write
+    had landed, fell to 0-1 as step prices moved; 64 GiB gives about 30)."""
     wl = _mooncake(400)
     runs = []
     for ff in (True, False):
@@ -807,7 +809,7 @@ def test_fast_forward_equals_stepping_with_every_tier_on_across_nodes():
                 "prefix_cache": {"scope": "global", "pool_bytes": "8GiB"},
                 "offload": {
                     "enabled": True,
-                    "host_bytes": "4GiB",
+                    "host_bytes": "64GiB",
                     "load": "overlap",
                     "cold_after_steps": 200,
                     "ssd": {"capacity": "16GiB"},

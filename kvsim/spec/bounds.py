@@ -4,10 +4,12 @@ refused (one line naming the field, the range and its source), before any work.
 Each range is wide, one or two orders of magnitude past any real device on either side, so that
 only values no device has are refused (a typo of units, a test of the simulator's limits):
 
-- compute: 1 TFLOP/s .. 100 PFLOP/s: a P100 (2016) does 21 TFLOP/s fp16; a B200 4.5 PFLOP/s dense
-  fp8 (NVIDIA datasheets);
-- HBM bandwidth: 10 GB/s .. 100 TB/s: one DDR4 channel 25 GB/s; a B200's HBM3e 8 TB/s;
-- HBM capacity: 1 GiB .. 16 TiB: a B300 has 288 GB;
+- compute: 1 GFLOP/s .. 100 PFLOP/s: `kvsim validate` runs a CPU as the device (2 cores measure
+  about 100 GFLOP/s); a B200 does 4.5 PFLOP/s dense fp8 (NVIDIA datasheet);
+- HBM bandwidth: 1 GB/s .. 100 TB/s: the CPU's DRAM, as validate measures it (about 10 GB/s on 2
+  cores); a B200's HBM3e 8 TB/s;
+- HBM capacity: 1 MiB .. 16 TiB: validate sizes a scaled-down model's device memory to its block
+  count (about 65 MiB at scale 8); a B300 has 288 GB;
 - link bandwidth: 1 MB/s .. 100 TB/s: a USB 2 link 60 MB/s; NVLink 5 1.8 TB/s per GPU;
 - latency and per-call overhead: 0 .. 1 s (a PCIe or RDMA transfer: microseconds);
 - host memory, SSD, pool and swap sizes: up to 1 PiB (a DGX H100: 2 TiB DRAM; NVMe JBOFs ~1 PB);
@@ -32,9 +34,9 @@ class Bound:
     unit: str  # "FLOP/s", "B/s", "B", "s", "$/h"
 
 
-FLOPS = Bound(1e12, 1e17, "FLOP/s")
-HBM_BW = Bound(10e9, 100e12, "B/s")
-HBM_SIZE = Bound(2**30, 16 * 2**40, "B")
+FLOPS = Bound(1e9, 1e17, "FLOP/s")
+HBM_BW = Bound(1e9, 100e12, "B/s")
+HBM_SIZE = Bound(2**20, 16 * 2**40, "B")
 LINK_BW = Bound(1e6, 100e12, "B/s")
 LATENCY = Bound(0.0, 1.0, "s")
 HOST_SIZE = Bound(0.0, 2**50, "B")
