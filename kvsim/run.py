@@ -178,6 +178,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format_mix,
         sc.kv.eviction,
         sc.kv.format_switch,
+        sc.kv.block_size,
         c.topology,
     )
 
@@ -194,6 +195,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
             mix=sc.kv.format_mix,
             eviction=eviction_from_config(sc.kv.eviction),
             switch=sc.kv.format_switch,
+            block_size=sc.kv.block_size,
         )
     from kvsim.costs.profile import load_profile_cost_model
 
