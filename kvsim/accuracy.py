@@ -329,3 +329,11 @@ def within_budget(estimate: dict[str, Any], budget: float) -> bool:
     if estimate["lower_bound"]:
         return False
     return float(estimate["loss"]) <= budget + 1e-12
+
+
+def loss_text(estimate: dict[str, Any] | None) -> str:
+    """An accuracy estimate as a short text: 0.5%, more than 2.0%, or none (nothing lossy)."""
+    if not estimate or not estimate.get("parts"):
+        return "0% (nothing lossy)"
+    v = f"{float(estimate['loss']):.1%}"
+    return f"more than {v}" if estimate.get("lower_bound") else v

@@ -227,7 +227,7 @@ def _ms(v: float | None) -> str:
 
 
 def print_plan(data: dict[str, Any]) -> None:
-    from kvsim.sweep.plan import loss_text
+    from kvsim.accuracy import loss_text
 
     """The terminal summary of ``kvsim plan``: the choice or the closest miss, the nearest runners-up."""
     slos = ", ".join(s["text"] for s in data["slos"])

@@ -15,10 +15,11 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
+from kvsim.accuracy import loss_text
 from kvsim.errors import KvsimError
 from kvsim.report import html as h
 from kvsim.report.tables import _table
-from kvsim.sweep.plan import loss_text, read_plan
+from kvsim.sweep.plan import read_plan
 
 _SHOWN = (  # column, header, format
     ("ttft_p99_s", "TTFT p99 (s)", ".4g"),

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsim.accuracy import ESTIMATE_BASIS, accuracy_estimate, within_budget
+from kvsim.accuracy import ESTIMATE_BASIS, accuracy_estimate, loss_text, within_budget
 from kvsim.errors import KvsimError
 from kvsim.progress import PointProgress
 from kvsim.spec.scenario import GpuPrice, load_scenario
@@ -530,14 +530,6 @@ def _rel(m: dict[str, Any]) -> float:
     if m["what"] == "unserved":
         return float(m["value"]) - float(m["bound"])
     return float(m["value"]) / float(m["bound"]) - 1
-
-
-def loss_text(estimate: dict[str, Any] | None) -> str:
-    """An accuracy estimate as a short text: 0.5%, more than 2.0%, or none (nothing lossy)."""
-    if not estimate or not estimate.get("parts"):
-        return "0% (nothing lossy)"
-    v = f"{float(estimate['loss']):.1%}"
-    return f"more than {v}" if estimate.get("lower_bound") else v
 
 
 def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None, budget: float | None = None) -> str:
