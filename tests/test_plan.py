@@ -322,7 +322,7 @@ def test_an_accuracy_budget_changes_the_answer_and_says_why(scenario: Path, tmp_
     # Every configuration carries its estimate and whether the budget excluded it.
     by_format = {e["label"].split(",")[0]: e for e in tight["configurations"]}
     assert by_format["kv.format=fp8"]["accuracy"]["loss"] == pytest.approx(0.005)
-    assert by_format["kv.format=int4"]["accuracy"]["loss"] == pytest.approx(0.003)
+    assert by_format["kv.format=int4"]["accuracy"]["loss"] == pytest.approx(0.005)  # at least FP8's
     assert by_format["kv.format=bf16"]["accuracy"]["parts"] == []
     assert all(
         e["excluded_by_budget"] == (not e["label"].startswith("kv.format=bf16"))

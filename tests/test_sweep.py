@@ -219,7 +219,7 @@ def test_sweep_results_and_page_carry_the_accuracy_estimate(scenario: Path, tmp_
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8,int4") == 0
     est = [float(r["accuracy_loss_est"]) for r in _rows(out / "results.csv")]
-    assert est == [0.0, 0.005, 0.003]
+    assert est == [0.0, 0.005, 0.005]  # a 4-bit format counts at least FP8's loss
     page = (out / "sweep.html").read_text()
     assert "accuracy loss (est.)" in page and "cited, not measured" in page and "Pareto (+ accuracy)" in page
 
