@@ -292,6 +292,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from kvsim.report.plan import write_plan_report
     from kvsim.sweep.plan import (
         PLAN_FILES,
+        parse_accuracy_budget,
         parse_loads,
         parse_search,
         parse_slo,
@@ -305,7 +306,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     slos = [parse_slo(t) for t in args.slo]
     axes = [parse_search(t) for t in args.search]
     loads = parse_loads(args.load)
-    planner = prepare_plan(args.scenario, slos, axes, loads, args.max_unserved)  # every point checked
+    budget = None if args.max_accuracy_loss is None else parse_accuracy_budget(args.max_accuracy_loss)
+    planner = prepare_plan(args.scenario, slos, axes, loads, args.max_unserved, budget)  # every point checked
     out = check_output_dir(args.out, reads=planner.reads, force=args.force, files=PLAN_FILES)
     reuse = plan_resumable(planner, out, force=args.force)
     jobs = args.jobs or os.cpu_count() or 1
@@ -492,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="F",
         help="fraction of requests that may be rejected or unfinished (default 0)",
+    )
+    pl.add_argument(
+        "--max-accuracy-loss",
+        metavar="PCT",
+        help="keep configurations whose cited accuracy-loss estimate is at most this, e.g. 1%%",
     )
     pl.add_argument("--out", required=True, help="output directory (a re-run reuses its points)")
     pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: CPU count)")

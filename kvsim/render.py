@@ -227,6 +227,8 @@ def _ms(v: float | None) -> str:
 
 
 def print_plan(data: dict[str, Any]) -> None:
+    from kvsim.accuracy import loss_text
+
     """The terminal summary of ``kvsim plan``: the choice or the closest miss, the nearest runners-up."""
     slos = ", ".join(s["text"] for s in data["slos"])
     loads = ", ".join(data["loads"])
@@ -238,8 +240,12 @@ def print_plan(data: dict[str, Any]) -> None:
     for warning in data.get("warnings", []):
         print(f"warning: {warning}")
     choice = data["choice"]
+    budget = data.get("max_accuracy_loss")
+    within = "" if budget is None else f" within the accuracy budget {budget:.2%}"
+    if data.get("budget_excluded"):
+        print(f"note: {data['budget_excluded']['text']}")
     if choice is None:
-        print(f"no configuration in the search meets {slos} at {loads}")
+        print(f"no configuration in the search meets {slos} at {loads}{within}")
         closest = data.get("closest")
         if closest is not None:
             print(
@@ -248,7 +254,12 @@ def print_plan(data: dict[str, Any]) -> None:
         return
     print(
         f"choice: {choice['label']}: {choice['gpus']} GPU{'s' if choice['gpus'] != 1 else ''}, ${choice['usd_per_hour']:.2f}/h; "
-        f"meets {slos} at {loads}"
+        f"meets {slos} at {loads}{within}"
+        + (
+            f"; accuracy estimate {loss_text(choice['accuracy'])} (cited, not measured)"
+            if (choice.get("accuracy") or {}).get("parts")
+            else ""
+        )
     )
     for e in data["runners_up"][:3]:
         print(f"  runner-up: {e['label']} (${e['usd_per_hour']:.2f}/h): {e['why']}")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from kvsim.accuracy import accuracy_note, eviction_accuracy
+from kvsim.accuracy import accuracy_estimate, accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
 from kvsim.core.eviction import eviction_from_config, switch_eviction, window_eviction
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
@@ -40,6 +40,7 @@ from kvsim.results.io import (
     write_timeseries_csv,
 )
 from kvsim.results.record import (
+    AccuracyEstimate,
     AccuracyNote,
     BusyFraction,
     Distribution,
@@ -183,6 +184,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format_mix,
         sc.kv.eviction,
         sc.kv.format_switch,
+        sc.kv.block_size,
         c.topology,
     )
 
@@ -199,6 +201,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
             mix=sc.kv.format_mix,
             eviction=eviction_from_config(sc.kv.eviction),
             switch=sc.kv.format_switch,
+            block_size=sc.kv.block_size,
         )
     from kvsim.costs.profile import load_profile_cost_model
 
@@ -464,6 +467,9 @@ def run_scenario(
         accuracy=None
         if note is None
         else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
+        accuracy_estimate=part_from_dict(
+            AccuracyEstimate, accuracy_estimate(sc.kv), source="kvsim.accuracy", path="accuracy_estimate"
+        ),
         config=_config(sc, cost, wl),
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),

@@ -298,3 +298,75 @@ def test_resume_reuses_runs_and_jobs_do_not_change_the_plan(scenario: Path, tmp_
     assert "plan of another scenario" in capsys.readouterr().err
     planner = prepare_plan(str(scenario), [parse_slo("ttft_p99=300ms")], [], (1.0,), 0.0)
     assert plan_resumable(planner, a, force=True) is False and not (a / "points").exists()
+
+
+def test_an_accuracy_budget_changes_the_answer_and_says_why(scenario: Path, tmp_path: Path, capsys):
+    flags = (
+        "--slo",
+        "ttft_p99=300ms",
+        "--search",
+        "kv.format=fp8,int4,bf16",
+        "--search",
+        "cluster.nodes=1..4",
+    )
+    assert _plan(scenario, tmp_path / "free", *flags) == 0
+    free = _data(tmp_path / "free")
+    capsys.readouterr()
+    assert _plan(scenario, tmp_path / "tight", *flags, "--max-accuracy-loss", "0.1%") == 0
+    text = capsys.readouterr().out
+    tight = _data(tmp_path / "tight")
+    assert free["max_accuracy_loss"] is None and tight["max_accuracy_loss"] == pytest.approx(0.001)
+    assert "kv.format=bf16" not in free["choice"]["label"]  # a lossy format is as cheap or cheaper
+    assert "kv.format=bf16" in tight["choice"]["label"]
+    assert tight["choice"]["usd_per_hour"] >= free["choice"]["usd_per_hour"]
+    # Every configuration carries its estimate and whether the budget excluded it.
+    by_format = {e["label"].split(",")[0]: e for e in tight["configurations"]}
+    assert by_format["kv.format=fp8"]["accuracy"]["loss"] == pytest.approx(0.005)
+    assert by_format["kv.format=int4"]["accuracy"]["loss"] == pytest.approx(0.005)  # at least FP8's
+    assert by_format["kv.format=bf16"]["accuracy"]["parts"] == []
+    assert all(
+        e["excluded_by_budget"] == (not e["label"].startswith("kv.format=bf16"))
+        for e in tight["configurations"]
+    )
+    assert not any(e["excluded_by_budget"] for e in free["configurations"])
+    # Why the answer differs: the cheapest excluded configuration, its estimate, cited not measured.
+    why = tight["budget_excluded"]
+    assert why["label"] == free["choice"]["label"] and "cited, not measured" in why["text"]
+    assert "exceeds the budget" in text and "within the accuracy budget 0.10%" in text
+    page = (tmp_path / "tight" / "plan.html").read_text()
+    assert "Why the answer differs" in page and "Accuracy estimates" in page and "losses add" in page
+    assert any("exceeds the budget" in e["why"] for e in tight["runners_up"])
+
+
+def test_a_budget_that_excludes_every_cheaper_meeting_config_says_so(scenario: Path, tmp_path: Path, capsys):
+    flags = ("--slo", "ttft_p99=300ms", "--search", "kv.format=fp8,int4", "--search", "cluster.nodes=1..4")
+    assert _plan(scenario, tmp_path / "p", *flags, "--max-accuracy-loss", "0%") == 3
+    data = _data(tmp_path / "p")
+    assert data["choice"] is None and data["budget_excluded"] is not None
+    assert "within the accuracy budget" in (tmp_path / "p" / "plan.html").read_text()
+    assert "within the accuracy budget 0.00%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("budget", "error"),
+    [
+        ("-1%", "--max-accuracy-loss: an accuracy budget below zero"),
+        ("one", "--max-accuracy-loss: expected a percentage such as 1%"),
+        ("150%", "--max-accuracy-loss: expected a loss below 100%"),
+    ],
+)
+def test_bad_accuracy_budgets_are_refused(scenario: Path, tmp_path: Path, capsys, budget, error):
+    out = tmp_path / "plan"
+    assert _plan(scenario, out, "--slo", "ttft_p99=2s", f"--max-accuracy-loss={budget}") == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and error in err[0], err
+    assert not out.exists()
+
+
+def test_a_budget_with_nothing_lossy_searched_is_refused(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "plan"
+    flags = ("--slo", "ttft_p99=2s", "--search", "cluster.nodes=1..2", "--max-accuracy-loss", "1%")
+    assert _plan(scenario, out, *flags) == 2
+    err = capsys.readouterr().err
+    assert "--max-accuracy-loss: no configuration searched uses a lossy technique" in err
+    assert not out.exists()

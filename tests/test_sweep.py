@@ -207,6 +207,23 @@ def test_pareto_front_ignores_differences_below_its_tolerance():
     assert pareto_front(table, rel_tol=0.0) == [True, False, False, False]
 
 
+def test_pareto_front_in_three_objectives():
+    # (cost, latency, accuracy loss): 1 is cheaper and faster than 0 but loses more accuracy, so
+    # both are on the front; 2 is beaten by 0 in all three.
+    table = [(1.0, 5.0, 0.0), (0.8, 4.0, 0.005), (1.2, 6.0, 0.005)]
+    assert pareto_front(table) == [True, True, False]
+    assert pareto_front([(c, t) for c, t, _ in table]) == [False, True, False]
+
+
+def test_sweep_results_and_page_carry_the_accuracy_estimate(scenario: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8,int4") == 0
+    est = [float(r["accuracy_loss_est"]) for r in _rows(out / "results.csv")]
+    assert est == [0.0, 0.005, 0.005]  # a 4-bit format counts at least FP8's loss
+    page = (out / "sweep.html").read_text()
+    assert "accuracy loss (est.)" in page and "cited, not measured" in page and "Pareto (+ accuracy)" in page
+
+
 def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0

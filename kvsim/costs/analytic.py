@@ -56,6 +56,10 @@ On every GPU (not fitted: the tables hold no such data):
   FLOPs per logit (`kvsim.costs.work.ENTROPY_FLOPS_PER_LOGIT`) at the quantize-on-write vector rate;
   a prompt's statistics as those 4 FLOPs per pair of its prefill attention at the same rate; a
   trim's selection as H2O's top-k.
+- block size (``kv.block_size``): paged decode reads 3.2 tokens more per block and a partial last
+  block's (bs - 1) / 2 slots per sequence, a prefill's prefix reads the per-block term, each only
+  as its difference from block size 16, at which the rates above are taken to be measured
+  (`kvsim.costs.work.block_extra_tokens`; vLLM paper, sections 7.1-7.2; an estimate).
 - per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine;
   no per-GPU measurement on file. Published figures span the choice of engine loop: vLLM V1 with
   synchronous scheduling left a 5-6 ms gap between decode steps at batch 256 (Llama-2-7B,
@@ -78,7 +82,10 @@ from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import (
+    REFERENCE_BLOCK_SIZE,
     ModelWork,
+    block_extra_tokens,
+    block_gather_factor,
     decode_tokens_read,
     format_parts,
     kv_bytes_per_token_gpu,
@@ -134,8 +141,10 @@ class AnalyticCostModel(StepCostModel):
         mix: FormatMix | None = None,
         eviction: Eviction | None = None,
         switch: FormatSwitch | None = None,
+        block_size: int = REFERENCE_BLOCK_SIZE,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.block_size = block_size
         self.switch = switch
         self.mix = mix
         self.eff = eff or Efficiencies()
@@ -217,6 +226,7 @@ class AnalyticCostModel(StepCostModel):
             self.requant_bytes_per_token, self.requant_flops_per_token = requant_work_per_token(
                 m, fmt, f2, tp
             )
+        self.gather = block_gather_factor(block_size)  # a prefill's paged KV reads, per token
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
@@ -246,7 +256,7 @@ class AnalyticCostModel(StepCostModel):
         # ones' slots at the second's (no H2O: eviction and a switch are refused together).
         tokens = decode_tokens_read(num_seqs, sum_ctx)
         sw = decode_tokens_read(num_switched, switched_ctx)
-        rest = tokens - sw
+        rest = tokens - sw + block_extra_tokens(num_seqs, tokens, self.block_size)
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
         out: np.ndarray = fixed + np.maximum(
             rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot,
@@ -254,8 +264,14 @@ class AnalyticCostModel(StepCostModel):
         )
         return out
 
+    def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` read by a paged decode of ``num_seqs`` sequences, plus the per-block and
+        partial-block reads of this block size beyond the reference one (`block_extra_tokens`)."""
+        out: np.ndarray = tokens + block_extra_tokens(num_seqs, tokens, self.block_size)
+        return out
+
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        tokens = decode_tokens_read(num_seqs, sum_ctx)
+        tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
         if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
             per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
@@ -270,7 +286,7 @@ class AnalyticCostModel(StepCostModel):
         # arithmetic intensity stays below the ridge point): decode attention's bytes, or its FLOPs
         # for n queries if larger, plus its per-sequence time. Estimate: the prefill fit's ramp
         # (n_half) is fitted to chunks of hundreds of tokens and would price 5 queries like 1,000.
-        tokens = ctx + n
+        tokens = ctx + n + float(block_extra_tokens(1, ctx + n, self.block_size))
         return self.decode_per_seq_s + max(
             tokens * self.decode_attn_s_per_token, n * tokens * self.decode_attn_flops_s_per_token
         )
@@ -322,7 +338,7 @@ class AnalyticCostModel(StepCostModel):
         t = self.prefill_format_factor * float(
             max(
                 (flops + ramp) / (self.gpu.bf16_flops * p.e_max),
-                self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
+                self.work.prefill_kv_bytes(n, ctx) * self.gather / (self.bw * p.e_kv),
             )
         )
         if self.prefill_score:

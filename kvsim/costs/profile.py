@@ -536,8 +536,11 @@ class ProfileCostModel(StepCostModel):
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
         x = np.log(tokens / num_seqs)
+        # Measured at calibrate's block size (16; the profile does not record it): another block
+        # size reads the analytic per-block and partial-block tokens more (or fewer) at the same rate.
+        paged = self.analytic.paged_tokens(num_seqs, tokens)
         if len(self._decodes) == 1:
-            nbytes = tokens * self.kv_bytes_per_token_layer
+            nbytes = paged * self.kv_bytes_per_token_layer
             row, _ = self._decode_row(num_seqs)
             rate = np.exp(np.interp(x, self._decode.axes[1], row))
             out: np.ndarray = self.model.num_layers * nbytes / rate
@@ -547,7 +550,7 @@ class ProfileCostModel(StepCostModel):
         t = np.zeros(tokens.shape)
         for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
             row, _ = self._decode_row(num_seqs, part)
-            t = t + self.model.num_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
+            t = t + self.model.num_layers * (paged * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
         if self.analytic.score_s_per_token:
             t = t + self._score_time(num_seqs, tokens, x)
         return t
@@ -857,6 +860,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         mix=mix,
         eviction=eviction_from_config(sc.kv.eviction),
         switch=sc.kv.format_switch,
+        block_size=sc.kv.block_size,
     )
     model = ProfileCostModel(
         prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force

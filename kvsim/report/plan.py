@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
+from kvsim.accuracy import loss_text
 from kvsim.errors import KvsimError
 from kvsim.report import html as h
 from kvsim.report.tables import _table
@@ -74,9 +75,38 @@ def _mtok(e: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _acc(e: dict[str, Any]) -> str:
+    """A configuration's accuracy estimate cell (– in plans written before estimates), marked as
+    excluded where the budget excluded it."""
+    if "accuracy" not in e:
+        return "–"
+    return loss_text(e["accuracy"]) + (" (over budget)" if e.get("excluded_by_budget") else "")
+
+
 def _runners(rows: list[dict[str, Any]]) -> Markup:
-    body = [[e["label"], f"{e['gpus']}", f"${e['usd_per_hour']:.2f}", e["why"]] for e in rows]
-    return _table(body, ["configuration", "GPUs", "$/hour", "why it lost"], cls="num")
+    body = [[e["label"], f"{e['gpus']}", f"${e['usd_per_hour']:.2f}", _acc(e), e["why"]] for e in rows]
+    return _table(body, ["configuration", "GPUs", "$/hour", "accuracy loss (est.)", "why it lost"], cls="num")
+
+
+def _estimates(configs: list[dict[str, Any]]) -> Markup | None:
+    """One row per distinct lossy part among the configurations: its estimate, basis and source
+    (None when nothing searched is lossy, or a plan written before estimates)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for e in configs:
+        for part in (e.get("accuracy") or {}).get("parts", []):
+            seen.setdefault(part["technique"], part)
+    if not seen:
+        return None
+    body = [
+        [
+            t,
+            ("more than " if p.get("lower_bound") else "") + f"{p['loss']:.2%}",
+            p["basis"],
+            p["source"],
+        ]
+        for t, p in seen.items()
+    ]
+    return _table(body, ["technique", "loss (est.)", "basis", "source"], cls="num")
 
 
 def _points(configs: list[dict[str, Any]]) -> Markup:
@@ -100,8 +130,16 @@ def _points(configs: list[dict[str, Any]]) -> Markup:
             for column, _, fmt in _SHOWN:
                 v = ld["metrics"].get(column)
                 cells.append("–" if v is None else format(v, fmt))
-            body.append([link, e["label"], ld["load"], f"${e['usd_per_hour']:.2f}", verdict, *cells])
-    header = ["point", "configuration", "load", "$/hour", "verdict", *(t for _, t, _ in _SHOWN)]
+            body.append([link, e["label"], ld["load"], f"${e['usd_per_hour']:.2f}", _acc(e), verdict, *cells])
+    header = [
+        "point",
+        "configuration",
+        "load",
+        "$/hour",
+        "accuracy loss (est.)",
+        "verdict",
+        *(t for _, t, _ in _SHOWN),
+    ]
     return _table(body, header, cls="num")
 
 
@@ -123,6 +161,8 @@ def _page(plan_dir: Path) -> str:
         for s in data["search"]
     )
     choice, closest = data.get("choice"), data.get("closest")
+    budget = data.get("max_accuracy_loss")
+    excluded = data.get("budget_excluded")
     return h.render(
         "plan.html.j2",
         name=name,
@@ -135,6 +175,12 @@ def _page(plan_dir: Path) -> str:
         cost_basis=data["cost_basis"],
         choice=None if choice is None else _config_line(choice),
         choice_mtok="" if choice is None else _mtok(choice),
+        choice_acc=None if choice is None or "accuracy" not in choice else loss_text(choice["accuracy"]),
+        budget=None if budget is None else f"{budget:.2%}",
+        budget_why=None if excluded is None else excluded["text"],
+        accuracy_rule=data.get("accuracy_rule"),
+        accuracy_basis=data.get("accuracy_basis"),
+        estimates=_estimates(data["configurations"]),
         runners_up=_runners(data["runners_up"]) if choice is not None and data["runners_up"] else None,
         closest=None if choice is not None or closest is None else _config_line(closest),
         closest_why="" if closest is None else closest["why"],

@@ -37,6 +37,7 @@ _SHOWN = (  # column, header, format
     ("throughput_tok_s", "throughput (tok/s)", ",.0f"),
     ("goodput_req_s", "goodput (req/s)", ".4g"),
     ("cost_per_mtok_usd", "$ / M tok", ".4g"),
+    ("accuracy_loss_est", "accuracy loss (est.)", ".1%"),
     ("requests_completed", "completed", ",.0f"),
     ("requests_rejected", "rejected", ",.0f"),
 )
@@ -158,9 +159,12 @@ def _pareto_chart(rows: list[dict[str, str]], front: list[bool]) -> go.Figure | 
     return fig
 
 
-def _points_table(rows: list[dict[str, str]], paths: list[str], front: list[bool]) -> Markup:
-    header = ["#", "point", *paths, "status", *(t for _, t, _ in _SHOWN), "Pareto"]
-    body = []
+def _points_table(
+    rows: list[dict[str, str]], paths: list[str], front: list[bool], front3: list[bool] | None
+) -> Markup:
+    extra = [] if front3 is None else ["Pareto (+ accuracy)"]
+    header = ["#", "point", *paths, "status", *(t for _, t, _ in _SHOWN), "Pareto", *extra]
+    body: list[list[Any]] = []
     for r, on in zip(rows, front, strict=True):
         pid = r["id"]
         link = h.link(f"points/{quote(pid, safe='=,+')}/report.html", pid) if r["status"] == "ok" else pid
@@ -181,6 +185,7 @@ def _points_table(rows: list[dict[str, str]], paths: list[str], front: list[bool
                 status,
                 *cells,
                 "★" if on else "",
+                *([] if front3 is None else ["★" if front3[len(body)] else ""]),
             ]
         )
     return _table(body, header, cls="num")
@@ -195,6 +200,22 @@ def _page(sweep_dir: Path) -> tuple[str, bool]:
     factors = man.get("factors") or []
     paths = [p for f in factors for p in f["paths"]]
     front = pareto_front([(_num(r.get("cost_per_mtok_usd")), _num(r.get("ttft_p99_s"))) for r in rows])
+    # A third objective, the cited accuracy-loss estimate, where any point is lossy.
+    lossy = any((_num(r.get("accuracy_loss_est")) or 0) > 0 for r in rows)
+    front3 = (
+        pareto_front(
+            [
+                (
+                    _num(r.get("cost_per_mtok_usd")),
+                    _num(r.get("ttft_p99_s")),
+                    _num(r.get("accuracy_loss_est")),
+                )
+                for r in rows
+            ]
+        )
+        if lossy
+        else None
+    )
     name = Path(str(man.get("scenario", "sweep"))).stem
     failed = sum(r["status"] != "ok" for r in rows)
     note, fig = _factor_charts(factors, rows)
@@ -207,7 +228,13 @@ def _page(sweep_dir: Path) -> tuple[str, bool]:
         failed=failed,
         scenario=str(man.get("scenario")),
         sha=str(man.get("scenario_sha256", ""))[:12],
-        table=_points_table(rows, paths, front),
+        table=_points_table(rows, paths, front, front3),
+        accuracy_note=(
+            "accuracy loss (est.): cited, not measured (kvsim.accuracy; stacked techniques' losses "
+            "add, a kvsim assumption); the second Pareto column adds it as a third objective"
+            if front3 is not None
+            else None
+        ),
         tolerance=f"{PARETO_REL_TOL:.1%}",
         note=note,
         figures=figs,

@@ -230,6 +230,31 @@ class AccuracyNote:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LossPartRecord:
+    """One lossy technique's estimated accuracy loss (`kvsim.accuracy.LossPart`)."""
+
+    technique: str
+    loss: float  # a fraction: 0.005 is 0.5 points
+    basis: str  # cited | assumption
+    source: str
+    lower_bound: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccuracyEstimate:
+    """The run's combined accuracy-loss estimate (`kvsim.accuracy.accuracy_estimate`): cited, never
+    measured; ``loss`` 0 with no parts when nothing in the cache is lossy."""
+
+    loss: float
+    lower_bound: bool
+    parts: tuple[LossPartRecord, ...]
+    rule: str
+    basis: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvictionRecord:
     """What token eviction (``kv.eviction``) did, all replicas together; absent when it is off."""
 
@@ -428,6 +453,7 @@ class RunSummary:
     wall_s: float
     warnings: tuple[str, ...] = ()
     accuracy: AccuracyNote | None = None
+    accuracy_estimate: AccuracyEstimate | None = None  # None in files written before it existed
     config: RunConfig
     workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
     sim_speed_x: float

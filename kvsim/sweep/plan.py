@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsim.accuracy import ESTIMATE_BASIS, accuracy_estimate, loss_text, within_budget
 from kvsim.errors import KvsimError
 from kvsim.progress import PointProgress
 from kvsim.spec.scenario import GpuPrice, load_scenario
@@ -142,6 +143,29 @@ def parse_loads(text: str | None) -> tuple[float, ...]:
     return tuple(out)
 
 
+_BUDGET = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%?)\s*$")
+
+
+def parse_accuracy_budget(text: str) -> float:
+    """``1%`` or ``0.01`` -> 0.01: the accuracy points a configuration may lose (its combined
+    cited estimate, `kvsim.accuracy.accuracy_estimate`)."""
+    m = _BUDGET.match(text)
+    if m is None:
+        raise KvsimError(
+            f"expected a percentage such as 1% or 0.5%, got {shorten(repr(text))}",
+            source="--max-accuracy-loss",
+        )
+    v = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not math.isfinite(v) or v < 0:
+        raise KvsimError(f"an accuracy budget below zero: {text.strip()}", source="--max-accuracy-loss")
+    if v >= 1:
+        raise KvsimError(
+            f"expected a loss below 100%, got {text.strip()} (a fraction: 0.01, or 1%)",
+            source="--max-accuracy-loss",
+        )
+    return v
+
+
 def load_label(k: float) -> str:
     return f"{k:g}x"
 
@@ -171,6 +195,15 @@ class Planner:
     # configuration overrides -> (GPUs, $/GPU-h and its source, $/h of the dedicated pool nodes)
     cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]]
     reads: tuple[tuple[str, Path | None], ...]
+    # configuration overrides -> its combined accuracy-loss estimate (cited, not measured)
+    accuracy: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
+    max_accuracy_loss: float | None = None  # --max-accuracy-loss (None: no budget)
+
+    def excluded(self, config: tuple[str, ...]) -> bool:
+        """Whether the accuracy budget excludes this configuration."""
+        if self.max_accuracy_loss is None:
+            return False
+        return not within_budget(self.accuracy[config], self.max_accuracy_loss)
 
     def point_overrides(self, combo: Combo, count: str | None, load: float) -> tuple[str, ...]:
         o = list(combo.overrides)
@@ -192,6 +225,7 @@ def prepare_plan(
     axes: Sequence[SearchAxis],
     loads: Sequence[float],
     max_unserved: float,
+    max_accuracy_loss: float | None = None,
 ) -> Planner:
     """Check the search and load every point's scenario (every count, value and load) before
     anything runs; the first bad value raises one `KvsimError` naming its flag and value."""
@@ -230,9 +264,17 @@ def prepare_plan(
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
     cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]] = {}
+    accuracy: dict[tuple[str, ...], dict[str, Any]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
         cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_price, sc.pool_nodes_usd_per_hour)
+        accuracy[p.overrides[:-1]] = accuracy_estimate(sc.kv)
+    if max_accuracy_loss is not None and not any(e["parts"] for e in accuracy.values()):
+        raise KvsimError(
+            "no configuration searched uses a lossy technique with an accuracy estimate (kv.format "
+            "fp8/int8/int4/kvquant4, kv.eviction): the budget would decide nothing",
+            source="--max-accuracy-loss",
+        )
     discrete = [a for a in axes if not a.count]
     combos = tuple(
         Combo(i, tuple(f"{a.path}={v}" for a, v in zip(discrete, vs, strict=True)))
@@ -250,6 +292,8 @@ def prepare_plan(
         keys,
         cost,
         sweep.reads,
+        accuracy,
+        max_accuracy_loss,
     )
 
 
@@ -461,6 +505,8 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "usd_per_hour": gpus * price.usd_per_hour + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
+        "accuracy": p.accuracy.get(p.config_overrides(combo, count)),
+        "excluded_by_budget": p.excluded(p.config_overrides(combo, count)),
         "loads": loads,
     }
 
@@ -486,7 +532,12 @@ def _rel(m: dict[str, Any]) -> float:
     return float(m["value"]) / float(m["bound"]) - 1
 
 
-def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None) -> str:
+def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None, budget: float | None = None) -> str:
+    if entry.get("excluded_by_budget") and budget is not None:
+        head = f"accuracy estimate {loss_text(entry['accuracy'])} exceeds the budget {budget:.2%} (cited, not measured)"
+        if entry["meets"]:
+            return f"{head}; it meets the SLOs at ${entry['usd_per_hour']:.2f}/h"
+        return f"{head}; and it {_why_lost({**entry, 'excluded_by_budget': False}, choice)}"
     if not entry["meets"]:
         w = entry["worst_miss"]
         if w is None:
@@ -575,14 +626,30 @@ def _write_plan(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> dict[s
                     f"{e['label']} misses at {ld['load']} although {p.count.path}={smaller} met it: latency "
                     f"is not monotone in {p.count.path} here; larger counts were not tried"
                 )
-    feasible = sorted((e for e in cand if e["meets"]), key=lambda e: (e["usd_per_hour"], e["combo"]))
+    meeting = sorted((e for e in cand if e["meets"]), key=lambda e: (e["usd_per_hour"], e["combo"]))
+    feasible = [e for e in meeting if not e["excluded_by_budget"]]
     choice = feasible[0] if feasible else None
+    budget = p.max_accuracy_loss
+    # The answer without the budget, when the budget changed it: the cheapest that meets the SLOs.
+    unbudgeted = meeting[0] if meeting and meeting[0] is not choice else None
+    budget_note = None
+    if unbudgeted is not None and budget is not None:
+        budget_note = {
+            "label": unbudgeted["label"],
+            "usd_per_hour": unbudgeted["usd_per_hour"],
+            "accuracy": unbudgeted["accuracy"],
+            "text": (
+                f"without --max-accuracy-loss {budget:.2%} the choice would be {unbudgeted['label']} at "
+                f"${unbudgeted['usd_per_hour']:.2f}/h; its accuracy estimate {loss_text(unbudgeted['accuracy'])} "
+                "(cited, not measured) exceeds the budget"
+            ),
+        }
     runners: list[dict[str, Any]] = []
     if choice is not None:
-        others = [e for e in feasible[1:]]
+        others = [e for e in meeting if e is not choice]
         infeasible_best = []
         for c in p.combos:
-            if any(e["combo"] == c.index for e in feasible):
+            if any(e["combo"] == c.index for e in meeting):
                 continue
             tried = [e for (ci, _), e in configs.items() if ci == c.index]
             if tried:
@@ -597,16 +664,17 @@ def _write_plan(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> dict[s
             if prev:
                 below = max(prev, key=lambda e: count_pos[e["count"]])
         runners = [*([below] if below else []), *others, *sorted(infeasible_best, key=_closeness)]
-        runners = [{**e, "why": _why_lost(e, choice)} for e in runners]
+        runners = [{**e, "why": _why_lost(e, choice, budget)} for e in runners]
         closest = None
     else:
         closest_e = min(configs.values(), key=_closeness) if configs else None
-        closest = {**closest_e, "why": _why_lost(closest_e, None)} if closest_e else None
+        closest = {**closest_e, "why": _why_lost(closest_e, None, budget)} if closest_e else None
     data = _header(planner) | {
         "state": "done",
         "choice": choice,
         "runners_up": runners,
         "closest": closest,
+        "budget_excluded": budget_note,
         "notes": notes,
         "warnings": price_warnings(planner),
         "configurations": list(configs.values()),
@@ -651,6 +719,9 @@ def _header(p: Planner) -> dict[str, Any]:
             for a in p.axes
         ],
         "loads": [load_label(k) for k in p.loads],
+        "max_accuracy_loss": p.max_accuracy_loss,
+        "accuracy_rule": next(iter(p.accuracy.values()), {}).get("rule"),
+        "accuracy_basis": ESTIMATE_BASIS,
         "cost_basis": (
             "cluster $/hour (GPUs x $/GPU-hour + dedicated pool nodes' $/hour): every configuration "
             "serves the same traffic"
