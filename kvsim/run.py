@@ -280,6 +280,9 @@ def run_scenario(
         for r in replicas:
             r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
     router = Router(sc.cluster.router, replicas)
+    if router.indexed:
+        for r in replicas:
+            r.on_load_change = router.touch
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill

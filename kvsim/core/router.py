@@ -12,10 +12,18 @@ Ties go to the lowest index.
 
 The router reads each replica's state at the arrival instant through `ReplicaView`, which a replica
 in the middle of a fast-forward window answers in closed form.
+
+Loads are kept in heaps, so an arrival costs O(log replicas), not a scan: a replica tells the
+router (`touch`) whenever its load may have changed, and the router re-reads only those at the next
+arrival. ``least_outstanding_requests`` keeps the exact counts; ``least_outstanding_tokens`` (and
+prefix affinity's choice by load) keeps each replica's floor (`ReplicaView.outstanding_tokens_floor`:
+inside a window the load only falls, to the floor at its last step) and reads the load at the
+instant only of replicas whose floor could win. Choices equal a scan's, ties to the lowest index.
 """
 
 from __future__ import annotations
 
+from heapq import heapify, heappop, heappush
 from typing import Protocol, TypeVar
 
 from kvsim.core.request import Request
@@ -29,6 +37,10 @@ class ReplicaView(Protocol):
 
     def outstanding_tokens_at(self, t: float) -> int: ...
 
+    def outstanding_tokens_floor(self) -> int:
+        """The least `outstanding_tokens_at` can read before the replica next calls `Router.touch`."""
+        ...
+
     @property
     def num_requests(self) -> int: ...
 
@@ -40,6 +52,9 @@ class ReplicaView(Protocol):
 R = TypeVar("R", bound=ReplicaView)
 
 
+_BY_LOAD = ("least_outstanding_tokens", "prefix_affinity")
+
+
 class Router:
     """Chooses a replica for each arriving request."""
 
@@ -49,6 +64,62 @@ class Router:
         self.policy = policy
         self.replicas: list[ReplicaView] = list(replicas)
         self._rr = 0
+        n = len(self.replicas)
+        # The heap of (key, index, stamp): a floor of the load (by tokens), or the request count;
+        # an entry whose stamp is not its replica's latest is stale and skipped.
+        self.indexed = n > 1 and (policy in _BY_LOAD or policy == "least_outstanding_requests")
+        self._heap: list[tuple[int, int, int]] = []
+        self._stamp = [0] * n
+        self._dirty: set[int] = set(range(n)) if self.indexed else set()
+
+    def touch(self, index: int) -> None:
+        """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
+        the next arrival re-reads it. Wired only where `indexed`."""
+        self._dirty.add(index)
+
+    def _refresh(self) -> list[tuple[int, int, int]]:
+        heap, stamp, reps = self._heap, self._stamp, self.replicas
+        by_requests = self.policy == "least_outstanding_requests"
+        for i in self._dirty:
+            stamp[i] += 1
+            r = reps[i]
+            key = r.num_requests if by_requests else r.outstanding_tokens_floor()
+            heappush(heap, (key, i, stamp[i]))
+        self._dirty.clear()
+        if len(heap) > 4 * len(reps) + 64:  # drop the stale entries
+            heap[:] = [e for e in heap if e[2] == stamp[e[1]]]
+            heapify(heap)
+        return heap
+
+    def _least_requests(self) -> ReplicaView:
+        heap, stamp = self._refresh(), self._stamp
+        while heap[0][2] != stamp[heap[0][1]]:  # the latest entries are never popped: one per replica
+            heappop(heap)
+        return self.replicas[heap[0][1]]
+
+    def _least_tokens(self, now: float) -> ReplicaView:
+        """The least load at `now`, the lowest index among equals: the heap's tree walked from its
+        root, reading the load only of replicas whose floor is below the best so far (a subtree
+        whose root's key exceeds the best cannot hold a better one)."""
+        heap, stamp, reps = self._refresh(), self._stamp, self.replicas
+        best, best_i = -1, -1
+        stack = [0]
+        size = len(heap)
+        while stack:
+            j = stack.pop()
+            floor, i, st = heap[j]
+            if best_i >= 0 and (floor > best or (floor == best and i > best_i)):
+                continue
+            if st == stamp[i]:
+                load = reps[i].outstanding_tokens_at(now)
+                if best_i < 0 or load < best or (load == best and i < best_i):
+                    best, best_i = load, i
+            c = 2 * j + 1
+            if c + 1 < size:
+                stack.append(c + 1)
+            if c < size:
+                stack.append(c)
+        return reps[best_i]
 
     def choose(self, req: Request, now: float) -> ReplicaView:
         reps = self.replicas
@@ -60,7 +131,7 @@ class Router:
             self._rr += 1
             return r
         if policy == "least_outstanding_requests":
-            return min(reps, key=lambda r: (r.num_requests, r.index))
+            return self._least_requests()
         if policy == "prefix_affinity" and req.keys:
             # The most hits; among equals the least loaded, then the lowest index (loads are read
             # only where they decide: a single best needs none).
@@ -72,8 +143,8 @@ class Router:
                     return reps[tied[0]]
                 loads = [reps[i].outstanding_tokens_at(now) for i in tied]
                 return reps[tied[loads.index(min(loads))]]
-        load = [r.outstanding_tokens_at(now) for r in reps]
         if policy == "cache_aware":
+            load = [r.outstanding_tokens_at(now) for r in reps]
             score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
             return reps[score.index(min(score))]  # the lowest index among equals
-        return reps[load.index(min(load))]  # the least loaded, the lowest index among equals
+        return self._least_tokens(now)  # the least loaded, the lowest index among equals
