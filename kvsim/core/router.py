@@ -16,9 +16,10 @@ in the middle of a fast-forward window answers in closed form.
 Loads are kept in heaps, so an arrival costs O(log replicas), not a scan: a replica tells the
 router (`touch`) whenever its load may have changed, and the router re-reads only those at the next
 arrival. ``least_outstanding_requests`` keeps the exact counts; ``least_outstanding_tokens`` (and
-prefix affinity's choice by load) keeps each replica's floor (`ReplicaView.outstanding_tokens_floor`:
-inside a window the load only falls, to the floor at its last step) and reads the load at the
-instant only of replicas whose floor could win. Choices equal a scan's, ties to the lowest index.
+prefix affinity's choice by load) keeps each replica's load at a horizon a few arrivals ahead, a
+floor until then (between touches a load only falls: a window's steps computing tokens), and reads
+the load at the instant only of replicas whose floor could win. Choices equal a scan's, ties to the
+lowest index.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ class ReplicaView(Protocol):
     index: int
 
     def outstanding_tokens_at(self, t: float) -> int: ...
-
-    def outstanding_tokens_floor(self) -> int:
-        """The least `outstanding_tokens_at` can read before the replica next calls `Router.touch`."""
-        ...
 
     @property
     def num_requests(self) -> int: ...
@@ -71,20 +68,41 @@ class Router:
         self._heap: list[tuple[int, int, int]] = []
         self._stamp = [0] * n
         self._dirty: set[int] = set(range(n)) if self.indexed else set()
+        # By tokens, a key is the load at `_horizon` (a floor until then: between touches a load
+        # only falls); past it every key is read again, the horizon set to span about
+        # `_per_horizon` arrivals at the rate seen since the last.
+        self._horizon = -1.0
+        self._span = 0.0
+        self._t_refresh = 0.0
+        self._arrivals = 0
+        self._per_horizon = max(4, n // 2)
 
     def touch(self, index: int) -> None:
         """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
         the next arrival re-reads it. Wired only where `indexed`."""
         self._dirty.add(index)
 
-    def _refresh(self) -> list[tuple[int, int, int]]:
+    def _refresh(self, now: float = 0.0) -> list[tuple[int, int, int]]:
         heap, stamp, reps = self._heap, self._stamp, self.replicas
-        by_requests = self.policy == "least_outstanding_requests"
+        if self.policy == "least_outstanding_requests":
+            for i in self._dirty:
+                stamp[i] += 1
+                heappush(heap, (reps[i].num_requests, i, stamp[i]))
+            self._dirty.clear()
+            return heap
+        if now > self._horizon:  # every floor again, to a new horizon about `_per_horizon` arrivals on
+            if self._arrivals and now > self._t_refresh:
+                self._span = self._per_horizon * (now - self._t_refresh) / self._arrivals
+            self._t_refresh, self._arrivals = now, 0
+            self._horizon = h = now + self._span
+            heap[:] = [(r.outstanding_tokens_at(h), i, stamp[i]) for i, r in enumerate(reps)]
+            heapify(heap)
+            self._dirty.clear()
+        self._arrivals += 1
+        h = self._horizon
         for i in self._dirty:
             stamp[i] += 1
-            r = reps[i]
-            key = r.num_requests if by_requests else r.outstanding_tokens_floor()
-            heappush(heap, (key, i, stamp[i]))
+            heappush(heap, (reps[i].outstanding_tokens_at(h), i, stamp[i]))
         self._dirty.clear()
         if len(heap) > 4 * len(reps) + 64:  # drop the stale entries
             heap[:] = [e for e in heap if e[2] == stamp[e[1]]]
@@ -101,7 +119,7 @@ class Router:
         """The least load at `now`, the lowest index among equals: the heap's tree walked from its
         root, reading the load only of replicas whose floor is below the best so far (a subtree
         whose root's key exceeds the best cannot hold a better one)."""
-        heap, stamp, reps = self._refresh(), self._stamp, self.replicas
+        heap, stamp, reps = self._refresh(now), self._stamp, self.replicas
         best, best_i = -1, -1
         stack = [0]
         size = len(heap)

@@ -190,16 +190,6 @@ class Replica:
             )
         return self.sched.outstanding_tokens - win.tokens_per_step * done
 
-    def outstanding_tokens_floor(self) -> int:
-        """The least `outstanding_tokens_at` reads until this replica next tells the router
-        (`on_load_change`): inside a window, the count after its last step."""
-        win = self._win
-        if win is None:
-            return self.sched.outstanding_tokens
-        if win.tokens_cum is not None:
-            return self.sched.outstanding_tokens - (win.tokens_cum[win.k] - win.tokens_cum[win.applied])
-        return self.sched.outstanding_tokens - win.tokens_per_step * (win.k - win.applied)
-
     @property
     def num_requests(self) -> int:
         return self.sched.num_requests
