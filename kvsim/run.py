@@ -355,7 +355,8 @@ def run_scenario(
         percentiles=percentiles,
     )
     finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
-    pooled = [r.gaps.pooled({s.id for s in finished}) for r in replicas]
+    finished_ids = {s.id for s in finished}
+    pooled = [r.gaps.pooled(finished_ids) for r in replicas]
     # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
     # sum of the gaps) does not depend on how windows grouped them.
     multi = [s for s in finished if s.output_len > 1]
