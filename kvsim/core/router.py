@@ -13,17 +13,17 @@ Ties go to the lowest index.
 The router reads each replica's state at the arrival instant through `ReplicaView`, which a replica
 in the middle of a fast-forward window answers in closed form.
 
-Loads are kept in heaps, so an arrival costs O(log replicas), not a scan: a replica tells the
-router (`touch`) whenever its load may have changed, and the router re-reads only those at the next
-arrival. ``least_outstanding_requests`` keeps the exact counts; ``least_outstanding_tokens`` (and
-prefix affinity's choice by load) keeps each replica's load at a horizon a few arrivals ahead, a
-floor until then (between touches a load only falls: a window's steps computing tokens), and reads
-the load at the instant only of replicas whose floor could win. Choices equal a scan's, ties to the
-lowest index.
+Loads are kept in heaps, so an arrival costs O(log replicas) per replica it reads, not a scan: a
+replica tells the router (`touch`) whenever its load may have changed, and the next arrival reads
+again those, and, of those whose reading has expired (`ReplicaView.outstanding_tokens_until`:
+inside a fast-forward window the load falls after each step's end), only those whose floor (the
+load after the window's last step) could beat the best. Choices equal a scan's, ties to the lowest
+index (tests/test_router_index.py checks every arrival against one).
 """
 
 from __future__ import annotations
 
+import math
 from heapq import heapify, heappop, heappush
 from typing import Protocol, TypeVar
 
@@ -37,6 +37,11 @@ class ReplicaView(Protocol):
     index: int
 
     def outstanding_tokens_at(self, t: float) -> int: ...
+
+    def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
+        """`outstanding_tokens_at(t)`, the last instant that reading holds (inf: until the replica
+        next calls `Router.touch`), and the least the load falls to before that touch."""
+        ...
 
     @property
     def num_requests(self) -> int: ...
@@ -62,51 +67,60 @@ class Router:
         self.replicas: list[ReplicaView] = list(replicas)
         self._rr = 0
         n = len(self.replicas)
-        # The heap of (key, index, stamp): a floor of the load (by tokens), or the request count;
+        # The heap of (key, index, stamp): the load (by tokens) or the request count at the last read;
         # an entry whose stamp is not its replica's latest is stale and skipped.
         self.indexed = n > 1 and (policy in _BY_LOAD or policy == "least_outstanding_requests")
         self._heap: list[tuple[int, int, int]] = []
         self._stamp = [0] * n
         self._dirty: set[int] = set(range(n)) if self.indexed else set()
-        # By tokens, a key is the load at `_horizon` (a floor until then: between touches a load
-        # only falls); past it every key is read again, the horizon set to span about
-        # `_per_horizon` arrivals at the rate seen since the last.
-        self._horizon = -1.0
-        self._span = 0.0
-        self._t_refresh = 0.0
-        self._arrivals = 0
-        self._per_horizon = max(4, n // 2)
+        # By tokens, the load read at an arrival holds until the instant the replica's view says
+        # (its window's next step end); a heap of those instants says whom to read again.
+        self._until: list[tuple[float, int, int]] = []
+        self._last = -math.inf  # the latest arrival instant the keys were read at
+        # A reading expired (a step ended since) stays in the heap as an upper bound, its floor
+        # (the load after the window's last step) in `_floors`: read again only where it could win.
+        self._expired = [False] * n
+        self._floor = [0] * n
+        self._floors: list[tuple[int, int, int]] = []
 
     def touch(self, index: int) -> None:
         """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
         the next arrival re-reads it. Wired only where `indexed`."""
         self._dirty.add(index)
 
-    def _refresh(self, now: float = 0.0) -> list[tuple[int, int, int]]:
-        heap, stamp, reps = self._heap, self._stamp, self.replicas
+    def _push(self, i: int, now: float) -> None:
+        self._stamp[i] = st = self._stamp[i] + 1
         if self.policy == "least_outstanding_requests":
-            for i in self._dirty:
-                stamp[i] += 1
-                heappush(heap, (reps[i].num_requests, i, stamp[i]))
-            self._dirty.clear()
-            return heap
-        if now > self._horizon:  # every floor again, to a new horizon about `_per_horizon` arrivals on
-            if self._arrivals and now > self._t_refresh:
-                self._span = self._per_horizon * (now - self._t_refresh) / self._arrivals
-            self._t_refresh, self._arrivals = now, 0
-            self._horizon = h = now + self._span
-            heap[:] = [(r.outstanding_tokens_at(h), i, stamp[i]) for i, r in enumerate(reps)]
-            heapify(heap)
-            self._dirty.clear()
-        self._arrivals += 1
-        h = self._horizon
+            heappush(self._heap, (self.replicas[i].num_requests, i, st))
+            return
+        load, until, floor = self.replicas[i].outstanding_tokens_until(now)
+        heappush(self._heap, (load, i, st))
+        self._expired[i] = False
+        if until != math.inf:
+            heappush(self._until, (until, i, st))
+            self._floor[i] = floor
+
+    def _refresh(self, now: float = 0.0) -> list[tuple[int, int, int]]:
+        """The heap of keys as of `now`: the touched replicas read again; those whose reading
+        expired before `now` (a window's step ended: the load falls just after it) marked, with
+        their floor in `_floors`, to be read again only where they could win (`_least_tokens`)."""
+        heap, stamp, until = self._heap, self._stamp, self._until
         for i in self._dirty:
-            stamp[i] += 1
-            heappush(heap, (reps[i].outstanding_tokens_at(h), i, stamp[i]))
+            self._push(i, now)
         self._dirty.clear()
-        if len(heap) > 4 * len(reps) + 64:  # drop the stale entries
+        while until and until[0][0] < now:
+            _, i, st = heappop(until)
+            if st == stamp[i]:
+                self._expired[i] = True
+                heappush(self._floors, (self._floor[i], i, st))
+        self._last = now
+        if len(heap) > 4 * len(self.replicas) + 64:  # drop the stale entries
             heap[:] = [e for e in heap if e[2] == stamp[e[1]]]
+            until[:] = [e for e in until if e[2] == stamp[e[1]]]
+            self._floors[:] = [e for e in self._floors if e[2] == stamp[e[1]]]
             heapify(heap)
+            heapify(until)
+            heapify(self._floors)
         return heap
 
     def _least_requests(self) -> ReplicaView:
@@ -116,28 +130,27 @@ class Router:
         return self.replicas[heap[0][1]]
 
     def _least_tokens(self, now: float) -> ReplicaView:
-        """The least load at `now`, the lowest index among equals: the heap's tree walked from its
-        root, reading the load only of replicas whose floor is below the best so far (a subtree
-        whose root's key exceeds the best cannot hold a better one)."""
-        heap, stamp, reps = self._refresh(now), self._stamp, self.replicas
-        best, best_i = -1, -1
-        stack = [0]
-        size = len(heap)
-        while stack:
-            j = stack.pop()
-            floor, i, st = heap[j]
-            if best_i >= 0 and (floor > best or (floor == best and i > best_i)):
+        """The least load at `now`, the lowest index among equals: the heap's top, every key read
+        at or after the replica's last change and holding through `now`."""
+        reps = self.replicas
+        if now < self._last:  # an arrival earlier than the last read (rounding of a sum): a scan
+            load = [r.outstanding_tokens_at(now) for r in reps]
+            return reps[load.index(min(load))]
+        heap, stamp = self._refresh(now), self._stamp
+        floors, expired = self._floors, self._expired
+        while True:
+            while heap[0][2] != stamp[heap[0][1]]:
+                heappop(heap)
+            key, i, _ = heap[0]
+            if expired[i]:  # its reading is older than a step's end: read it again
+                self._push(i, now)
                 continue
-            if st == stamp[i]:
-                load = reps[i].outstanding_tokens_at(now)
-                if best_i < 0 or load < best or (load == best and i < best_i):
-                    best, best_i = load, i
-            c = 2 * j + 1
-            if c + 1 < size:
-                stack.append(c + 1)
-            if c < size:
-                stack.append(c)
-        return reps[best_i]
+            while floors and floors[0][2] != stamp[floors[0][1]]:  # read again since
+                heappop(floors)
+            if floors and (floors[0][0], floors[0][1]) < (key, i):  # an expired one may be lower
+                self._push(heappop(floors)[1], now)
+                continue
+            return reps[i]
 
     def choose(self, req: Request, now: float) -> ReplicaView:
         reps = self.replicas

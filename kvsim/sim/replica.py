@@ -22,6 +22,7 @@ counts; they end where the other windows end for the tiers below HBM (`_steps_wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +190,22 @@ class Replica:
                 win.tokens_cum[win.applied + done] - win.tokens_cum[win.applied]
             )
         return self.sched.outstanding_tokens - win.tokens_per_step * done
+
+    def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
+        """`outstanding_tokens_at(t)`; the end of the window's step in flight at `t` (inf when
+        none), through which the reading holds; and the count after the window's last step, the
+        least it falls to before this replica next tells the router."""
+        win = self._win
+        n = self.sched.outstanding_tokens
+        if win is None:
+            return n, math.inf, n
+        j = steps_before(win.ends, t, win.k)
+        until = win.ends[j] if j < win.k else math.inf
+        if win.tokens_cum is not None:
+            cum, a = win.tokens_cum, win.applied
+            return n - (cum[j] - cum[a]), until, n - (cum[win.k] - cum[a])
+        tps = win.tokens_per_step
+        return n - tps * (j - win.applied), until, n - tps * (win.k - win.applied)
 
     @property
     def num_requests(self) -> int:
