@@ -82,6 +82,7 @@ class Router:
         self._expired = [False] * n
         self._floor = [0] * n
         self._floors: list[tuple[int, int, int]] = []
+        self._reads = [r.outstanding_tokens_until for r in self.replicas] if policy in _BY_LOAD else None
 
     def touch(self, index: int) -> None:
         """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
@@ -89,11 +90,12 @@ class Router:
         self._dirty.add(index)
 
     def _push(self, i: int, now: float) -> None:
+        """Read replica `i` again at `now`: its key, and (by tokens) how long it holds."""
         self._stamp[i] = st = self._stamp[i] + 1
-        if self.policy == "least_outstanding_requests":
+        if self._reads is None:
             heappush(self._heap, (self.replicas[i].num_requests, i, st))
             return
-        load, until, floor = self.replicas[i].outstanding_tokens_until(now)
+        load, until, floor = self._reads[i](now)
         heappush(self._heap, (load, i, st))
         self._expired[i] = False
         if until != math.inf:
