@@ -295,6 +295,9 @@ def run_scenario(
         for r in replicas:
             r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
     router = Router(sc.cluster.router, replicas)
+    if router.indexed:
+        for r in replicas:
+            r.on_load_change = router.touch
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill
@@ -367,7 +370,8 @@ def run_scenario(
         percentiles=percentiles,
     )
     finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
-    pooled = [r.gaps.pooled({s.id for s in finished}) for r in replicas]
+    finished_ids = {s.id for s in finished}
+    pooled = [r.gaps.pooled(finished_ids) for r in replicas]
     # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
     # sum of the gaps) does not depend on how windows grouped them.
     multi = [s for s in finished if s.output_len > 1]

@@ -55,7 +55,9 @@ the calibrator measures dense GQA layers only.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,42 @@ class RateTable:
             acc = acc + weight * self.log_rate[tuple(idx)]
         return np.exp(acc), outside
 
+    def at(self, *sizes: float) -> tuple[float, bool]:
+        """`__call__` at one point, without arrays: the same float operations in the same order
+        (numpy's log and exp on scalars, which equal its array loops), for the per-step look-ups."""
+        grids = self._grids
+        acc = 0.0
+        cells = []
+        outside = False
+        for grid, s in zip(grids, sizes, strict=True):
+            x = float(np.log(np.float64(s)))
+            lo, hi = grid[0], grid[-1]
+            outside = outside or x < lo or x > hi
+            if len(grid) == 1:
+                cells.append((0, 0.0))
+                continue
+            xc = lo if x < lo else hi if x > hi else x
+            i = min(max(bisect_right(grid, xc) - 1, 0), len(grid) - 2)
+            cells.append((i, (xc - grid[i]) / (grid[i + 1] - grid[i])))
+        table = self._table
+        for corner in range(1 << len(cells)):
+            weight = 1.0
+            node: Any = table
+            for d, (i, w) in enumerate(cells):
+                upper = (corner >> d) & 1
+                weight = weight * (w if upper else 1.0 - w)
+                node = node[min(i + upper, len(grids[d]) - 1)]
+            acc = acc + weight * node
+        return float(np.exp(np.float64(acc))), outside
+
+    @cached_property
+    def _grids(self) -> tuple[list[float], ...]:
+        return tuple(a.tolist() for a in self.axes)
+
+    @cached_property
+    def _table(self) -> Any:
+        return self.log_rate.tolist()
+
 
 def _rate(pt: dict[str, Any], work_key: str) -> float:
     return float(pt[work_key]) / float(pt["t_p50"])
@@ -185,6 +223,8 @@ class ProfileCostModel(StepCostModel):
         self.overhead_s = Efficiencies().step_overhead_s
         self._notes: list[str] = []  # about the profile itself, known at construction
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
+        self._gemm_layers_cache: dict[int, tuple[float, int]] = {}  # the layers' sum, per tokens
+        self._lm_head_cache: dict[int, tuple[float, int]] = {}  # per rows sampled
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._extra_cache: dict[tuple[int, int], float] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
@@ -505,19 +545,29 @@ class ProfileCostModel(StepCostModel):
         return self._gemm_entry(num_tokens, num_sampling)[0]
 
     def _gemm_time_uncached(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
-        t = 0.0
-        outside = 0
-        m = np.array([max(num_tokens, 1)], dtype=np.float64)
-        for layer in GEMM_LAYERS:
-            n, k = self._gemm_nk[layer]
-            rate, out = self._gemm[layer](m)
-            outside += int(np.count_nonzero(out))
-            t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
+        # The layers' sum depends on the tokens alone (memoised apart: the sampled rows vary more),
+        # the LM head's added after it, as one sum would.
+        hit = self._gemm_layers_cache.get(num_tokens)
+        if hit is None:
+            t = 0.0
+            outside = 0
+            m = np.array([max(num_tokens, 1)], dtype=np.float64)
+            for layer in GEMM_LAYERS:
+                n, k = self._gemm_nk[layer]
+                rate, out = self._gemm[layer](m)
+                outside += int(np.count_nonzero(out))
+                t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
+            hit = self._gemm_layers_cache[num_tokens] = (t, outside)
+        t, outside = hit
         if num_sampling:
-            n, k = self._gemm_nk["lm_head"]
-            rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
-            outside += int(np.count_nonzero(out))
-            t += gemm_flops(num_sampling, n, k) / float(rate[0])
+            head = self._lm_head_cache.get(num_sampling)
+            if head is None:
+                n, k = self._gemm_nk["lm_head"]
+                rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
+                head = (gemm_flops(num_sampling, n, k) / float(rate[0]), int(np.count_nonzero(out)))
+                self._lm_head_cache[num_sampling] = head
+            t += head[0]
+            outside += head[1]
         return t, outside
 
     def _decode_row(self, num_seqs: int, part: int = 0) -> tuple[np.ndarray, bool]:
@@ -672,10 +722,10 @@ class ProfileCostModel(StepCostModel):
         edge = round(math.exp(float(tab.axes[1][-1]))) - 1  # the longest measured prefix
         c = min(ctx, edge)
         flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, c)
-        rate, out = tab(np.array([float(n)]), np.array([float(c) + 1.0]))
-        t = flops / float(rate[0])
+        rate, out = tab.at(float(n), float(c) + 1.0)  # the same floats as the array call, faster
+        t = flops / rate
         if ctx <= edge:
-            return t, bool(out[0]), 0.0
+            return t, out, 0.0
         extra = self.attn_flops_per_pair_layer * (
             attended_pairs(self.model, n, ctx) - attended_pairs(self.model, n, c)
         )

@@ -175,6 +175,9 @@ class Replica:
             offload.clock = lambda: self.clock
         # Called with the requests that finished, at the step's end (closed-loop sessions).
         self.on_finish: Callable[[list[Request]], None] | None = None
+        # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
+        # a router that keeps loads in heaps), before the process next waits; None: not read so.
+        self.on_load_change: Callable[[int], None] | None = None
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -190,6 +193,22 @@ class Replica:
                 win.tokens_cum[win.applied + done] - win.tokens_cum[win.applied]
             )
         return self.sched.outstanding_tokens - win.tokens_per_step * done
+
+    def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
+        """`outstanding_tokens_at(t)`; the end of the window's step in flight at `t` (inf when
+        none), through which the reading holds; and the count after the window's last step, the
+        least it falls to before this replica next tells the router."""
+        win = self._win
+        n = self.sched.outstanding_tokens
+        if win is None:
+            return n, math.inf, n
+        j = steps_before(win.ends, t, win.k)
+        until = win.ends[j] if j < win.k else math.inf
+        if win.tokens_cum is not None:
+            cum, a = win.tokens_cum, win.applied
+            return n - (cum[j] - cum[a]), until, n - (cum[win.k] - cum[a])
+        tps = win.tokens_per_step
+        return n - tps * (j - win.applied), until, n - tps * (win.k - win.applied)
 
     @property
     def num_requests(self) -> int:
@@ -243,6 +262,8 @@ class Replica:
     def submit(self, seq: Request) -> None:
         seq.replica = self.index
         self.sched.add(seq)
+        if self.on_load_change is not None:
+            self.on_load_change(self.index)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed(seq.arrival_s)
         elif self._win is not None:
@@ -258,6 +279,8 @@ class Replica:
         arrived; its node's tiers changed while requests wait here): stepping sees it after the step
         in flight, so an idle replica wakes (its clock to `t`) and a window is cut there, as for an
         arrival (`submit`)."""
+        if self.on_load_change is not None:  # a load's end computed its tokens (`finish_load`)
+            self.on_load_change(self.index)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed(t)
         elif self._win is not None:
@@ -337,6 +360,8 @@ class Replica:
             plan = sched.schedule()
             if offload is not None:
                 offload.after_schedule()  # write-backs of what it evicted, loads of whom it admitted
+            if self.on_load_change is not None:  # the schedule admitted, preempted; a window follows
+                self.on_load_change(self.index)
             if plan.empty:
                 self._sample()
                 idle_used = sched.kv.pool.num_used
@@ -444,6 +469,8 @@ class Replica:
             seq.first_token_s = t_end
         for seq in done:
             seq.finish_s = t_end
+        if self.on_load_change is not None:  # the step's tokens computed, its finished gone
+            self.on_load_change(self.index)
         if done and self.on_finish is not None:
             self.on_finish(done)
         return self._eviction_pause()
