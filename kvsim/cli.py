@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     extra = ("vllm_bench.json",) if args.format == "vllm-bench" else ()
     events_path, events = None, None
     if args.kv_events is not None:
-        from kvsim.interop.kv_events import KVEventLog, check_events_path
+        from kvsim.sim.kv_events import KVEventLog, check_events_path
 
         events_path = check_events_path(
             args.kv_events, reads=reads, out=Path(args.out), writes=(*RUN_FILES, *extra), force=args.force
@@ -454,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-events",
         metavar="FILE.jsonl",
         help="also write the replicas' KV events (vLLM's BlockStored / BlockRemoved batches, one JSON "
-        "line each; kvsim/interop/kv_events.py)",
+        "line each; kvsim/sim/kv_events.py)",
     )
     r.set_defaults(func=cmd_run)
 

@@ -72,7 +72,7 @@ from kvsim.spec.topology import Link
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
 
 if TYPE_CHECKING:
-    from kvsim.interop.kv_events import KVEventLog, ReplicaSink
+    from kvsim.sim.kv_events import KVEventLog, ReplicaSink
 
 
 @dataclass
@@ -232,7 +232,7 @@ def run_scenario(
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
     invariants after every operation); `percentiles`: also these, in each latency distribution's
     ``by_percentile`` and the terminal table (``kvsim run --percentiles``); `kv_events`: the log
-    the replicas' KV events go to (``kvsim run --kv-events``; `kvsim.interop.kv_events`)."""
+    the replicas' KV events go to (``kvsim run --kv-events``; `kvsim.sim.kv_events`)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else scenario_workload(sc)

@@ -8,9 +8,9 @@ import pytest
 
 from kvsim.core.block_hash import private_key
 from kvsim.core.block_pool import BlockPool
-from kvsim.interop.kv_events import KVEventLog, cache_state, read_kv_events
 from kvsim.run import run_scenario
 from kvsim.sim.cluster import make_pool_and_scheduler
+from kvsim.sim.kv_events import KVEventLog, cache_state, read_kv_events
 from tests.helpers import make_workload, records, small_scenario
 from tests.test_engine import _comparable
 from tests.test_offload import _mooncake

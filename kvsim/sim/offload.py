@@ -116,7 +116,7 @@ from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, reserve_through, 
 from kvsim.spec.offload import CopyMode, OffloadWrite
 
 if TYPE_CHECKING:
-    from kvsim.interop.kv_events import ReplicaSink
+    from kvsim.sim.kv_events import ReplicaSink
 
 
 class _UrgentTimeout(simpy.events.Event):

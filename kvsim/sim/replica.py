@@ -39,7 +39,7 @@ from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
 if TYPE_CHECKING:
-    from kvsim.interop.kv_events import ReplicaSink
+    from kvsim.sim.kv_events import ReplicaSink
 
 MAX_FF_STEPS = 2048
 # A speculative-decoding window is built step by step (each priced alone), and an arrival cuts it
