@@ -150,10 +150,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.save_detailed and args.format is None:
         raise KvsimError("only with --format vllm-bench", source="--save-detailed")
     extra = ("vllm_bench.json",) if args.format == "vllm-bench" else ()
+    events_path, events = None, None
+    if args.kv_events is not None:
+        from kvsim.sim.kv_events import KVEventLog, check_events_path
+
+        events_path = check_events_path(
+            args.kv_events, reads=reads, out=Path(args.out), writes=(*RUN_FILES, *extra), force=args.force
+        )
+        events = KVEventLog(sc.kv.block_size)
     existed = Path(args.out).is_dir()
     out = check_output_dir(args.out, reads=reads, force=args.force, files=(*RUN_FILES, *extra))
     try:
-        result = run_scenario(sc, progress=not args.no_progress, percentiles=args.percentiles)
+        result = run_scenario(
+            sc, progress=not args.no_progress, percentiles=args.percentiles, kv_events=events
+        )
     except BaseException:
         discard_if_empty(out, existed)
         raise
@@ -166,8 +176,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             write_bench_json(result, out, detailed=args.save_detailed, percentiles=args.percentiles)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
+    if events is not None and events_path is not None:
+        try:
+            events.write(events_path)
+        except OSError as exc:
+            raise KvsimError(
+                f"cannot write {events_path}: {exc.strerror or exc}", source="--kv-events"
+            ) from None
     print_summary(result.record)
     also = f", {out / extra[0]}" if extra else ""
+    also += f", {events_path}" if events_path is not None else ""
     print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}{also}")
     return 0
 
@@ -433,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-detailed",
         action="store_true",
         help="with --format vllm-bench: the per-request lists too (input_lens, output_lens, ttfts, itls)",
+    )
+    r.add_argument(
+        "--kv-events",
+        metavar="FILE.jsonl",
+        help="also write the replicas' KV events (vLLM's BlockStored / BlockRemoved batches, one JSON "
+        "line each; kvsim/sim/kv_events.py)",
     )
     r.set_defaults(func=cmd_run)
 

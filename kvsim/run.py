@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -71,6 +71,9 @@ from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
 from kvsim.spec.topology import Link
 from kvsim.spec.workload import Workload, clip_to_context, load_workload
+
+if TYPE_CHECKING:
+    from kvsim.sim.kv_events import KVEventLog, ReplicaSink
 
 
 @dataclass
@@ -227,10 +230,12 @@ def run_scenario(
     make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
     cost: CostModel | None = None,
     percentiles: tuple[float, ...] = (),
+    kv_events: KVEventLog | None = None,
 ) -> RunResult:
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
     invariants after every operation); `percentiles`: also these, in each latency distribution's
-    ``by_percentile`` and the terminal table (``kvsim run --percentiles``)."""
+    ``by_percentile`` and the terminal table (``kvsim run --percentiles``); `kv_events`: the log
+    the replicas' KV events go to (``kvsim run --kv-events``; `kvsim.sim.kv_events`)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else scenario_workload(sc)
@@ -277,6 +282,9 @@ def run_scenario(
         )
         sched.kv.set_eviction(evictor or window or switch)
         sched.spec = spec
+        sink = None if kv_events is None else kv_events.pool_sink(i)
+        if sink is not None:
+            sched.kv.pool.listen(sink)
         replicas.append(
             Replica(
                 env,
@@ -286,8 +294,9 @@ def run_scenario(
                 fast_forward=sc.sim.fast_forward,
                 next_outside_event=lambda: end_s,
                 sample_every_s=sample_every,
-                offload=None if offload is None else offload.port(i, sched),
+                offload=None if offload is None else offload.port(i, sched, sink),
                 draft=draft,
+                kv_events=sink,
             )
         )
     if sc.kv.pin_segments:
@@ -667,7 +676,7 @@ class _Offload:
             q = self.links[key] = self._queue(link, f"node{node}/{name}/{group}")
         return q
 
-    def port(self, i: int, sched: Scheduler) -> OffloadPort:
+    def port(self, i: int, sched: Scheduler, kv_events: ReplicaSink | None = None) -> OffloadPort:
         c, off = self.sc.cluster, self.sc.kv.offload
         tp = c.tensor_parallel
         node, local = divmod(i * tp, c.gpus_per_node)
@@ -723,6 +732,7 @@ class _Offload:
             ssd=None if self.ssd is None else self.ssd[node],
             cold_after_steps=off.cold_after_steps if self.tiers is not None else 0,
             overlap=self._prefill_time if off.load == "overlap" else None,
+            kv_events=kv_events,
         )
         self.watchers.append(p)
         first_on_node = all(q.node != node for q in self.ports) if self.ports else True

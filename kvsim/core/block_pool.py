@@ -27,7 +27,9 @@ only when it is not one block. With ``events=True`` the
 pool records `BlockStored` / `BlockRemoved` events (vLLM's KV events, which KV-aware routers and a
 cluster-wide prefix index consume), and `BlockRewritten` for an entry token eviction rewrote in place
 (it left the index but its blocks are no reusable copy: a write-back must not move them down);
-`take_events` hands them over and clears the list.
+`take_events` hands them over and clears the list. `listen(sink)` also hands every event to `sink` as
+it happens (``kvsim run --kv-events``); a pool that records nothing pays one None check at a
+register or an eviction, nothing per token.
 
 Pinning (``kv.prefix_cache.pin``, agent system prompts and tool definitions, design documents 003:
 "前缀缓存 + 永久保留", kept permanently): entries whose keys are in `pin_keys` go, when their last
@@ -42,7 +44,7 @@ Left out: copy-on-write forks (parallel sampling, beam search): nothing in a tra
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -52,6 +54,7 @@ class BlockStored:
 
     keys: tuple[int, ...]
     sizes: tuple[int, ...]
+    parent: int | None = None  # the entry before keys[0] in its owner's chain (None: the first)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ class BlockPool:
         self.pinned_blocks = 0
         self.pinned_peak = 0  # most blocks the pinned set held at once
         self._events: list[PoolEvent] | None = [] if events else None
+        self._listener: Callable[[PoolEvent], None] | None = None
+        # Where events go (None: nowhere): `_record`, set when events are recorded or listened to.
+        self._sink: Callable[[PoolEvent], None] | None = self._record if events else None
 
     # ---- queries ----------------------------------------------------------------------------------
     @property
@@ -184,17 +190,21 @@ class BlockPool:
                 self.evictions += s
                 evicted.append(k)
                 evicted_sizes.append(s)
-            if self._events is not None:
-                self._events.append(BlockRemoved(tuple(evicted), tuple(evicted_sizes)))
+            if self._sink is not None:
+                self._sink(BlockRemoved(tuple(evicted), tuple(evicted_sizes)))
         self.free -= n
         self.private += n
         return evicted
 
-    def register(self, keys: Sequence[int], sizes: Sequence[int] | None = None) -> list[int]:
-        """Turn private blocks that just became full into cached entries under `keys`.
+    def register(
+        self, keys: Sequence[int], sizes: Sequence[int] | None = None, parent: int | None = None
+    ) -> list[int]:
+        """Turn private blocks that just became full into cached entries under `keys` (a run of
+        their owner's chain, after `parent`).
 
         A key already cached (another request computed the same content meanwhile) is not
         registered twice. Returns the keys registered; the caller decides what to do with the rest.
+        Events: one `BlockStored` per run of consecutive keys registered, with its parent.
         """
         out = []
         refs, stored = self.refs, self.sizes
@@ -210,15 +220,32 @@ class BlockPool:
             out.append(k)
         self.private -= moved
         assert self.private >= 0
-        if out and self._events is not None:
-            self._events.append(BlockStored(tuple(out), tuple(stored.get(k, 1) for k in out)))
+        if out and self._sink is not None:
+            if len(out) == len(keys):
+                self._sink(BlockStored(tuple(out), tuple(stored.get(k, 1) for k in out), parent))
+            else:
+                self._stored_runs(keys, parent, set(out))
         return out
 
-    def promote(self, keys: Sequence[int], sizes: Sequence[int]) -> None:
-        """An owner's private blocks under `keys` just became full: cache them, or where equal
-        content is cached already (computed meanwhile by another request), reference that entry
-        and free the owner's copy. Either way the owner now holds one reference per key."""
-        registered = self.register(keys, sizes)
+    def _stored_runs(self, keys: Sequence[int], parent: int | None, fresh: set[int]) -> None:
+        """`BlockStored` events of the runs of `keys` in `fresh` (the others were cached already)."""
+        assert self._sink is not None
+        run: list[int] = []
+        for k in [*keys, None]:
+            if k is not None and k in fresh:
+                run.append(k)
+                continue
+            if run:
+                self._sink(BlockStored(tuple(run), tuple(self.sizes.get(j, 1) for j in run), parent))
+                run = []
+            parent = k
+
+    def promote(self, keys: Sequence[int], sizes: Sequence[int], parent: int | None = None) -> None:
+        """An owner's private blocks under `keys` (after `parent` in its chain) just became full:
+        cache them, or where equal content is cached already (computed meanwhile by another
+        request), reference that entry and free the owner's copy. Either way the owner now holds
+        one reference per key."""
+        registered = self.register(keys, sizes, parent)
         if len(registered) == len(keys):
             return
         fresh = set(registered)
@@ -271,8 +298,8 @@ class BlockPool:
             self.free += s
             keys.append(k)
             dropped.append(s)
-        if keys and self._events is not None:
-            self._events.append(BlockRemoved(tuple(keys), tuple(dropped)))
+        if keys and self._sink is not None:
+            self._sink(BlockRemoved(tuple(keys), tuple(dropped)))
         self.demoted += sum(dropped)
         return keys
 
@@ -286,6 +313,18 @@ class BlockPool:
         """Start recording `BlockStored` / `BlockRemoved` events (a lower tier's write path)."""
         if self._events is None:
             self._events = []
+            self._sink = self._record
+
+    def listen(self, sink: Callable[[PoolEvent], None]) -> None:
+        """Hand every event to `sink` too, as it happens (a run writing KV events)."""
+        self._listener = sink
+        self._sink = self._record
+
+    def _record(self, ev: PoolEvent) -> None:
+        if self._events is not None:
+            self._events.append(ev)
+        if self._listener is not None:
+            self._listener(ev)
 
     def uncache(self, key: int) -> int:
         """Its only holder is about to rewrite cached entry `key` (token eviction): the entry leaves
@@ -295,8 +334,8 @@ class BlockPool:
         del self.refs[key]
         s = self.sizes.pop(key, 1)
         self.private += s
-        if self._events is not None:
-            self._events.append(BlockRewritten((key,)))
+        if self._sink is not None:
+            self._sink(BlockRewritten((key,)))
         return s
 
     def drop_ref(self, key: int) -> None:

@@ -409,7 +409,8 @@ class KVCacheManager:
         start = len(req.held_keys)
         cum = req.key_cum
         keys = req.keys[start : start + num_load]
-        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, start + num_load)])
+        parent = req.keys[start - 1] if start else None
+        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, start + num_load)], parent)
         req.num_private -= cum[start + num_load] - cum[start]
         req.held_keys = req.held_keys + keys
         computed = min(cum[start + num_load], (req.num_tokens - 1) // self.block_size) * self.block_size
@@ -427,7 +428,8 @@ class KVCacheManager:
         if end <= start:
             return
         keys = req.keys[start:end]
-        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, end)])
+        parent = req.keys[start - 1] if start else None
+        self.pool.promote(keys, [cum[i + 1] - cum[i] for i in range(start, end)], parent)
         req.num_private -= cum[end] - cum[start]
         req.held_keys = req.held_keys + keys if req.held_keys else keys
 
@@ -460,7 +462,7 @@ class KVCacheManager:
         if full > rest:
             keys.append(private_key(req.id, rest))
             sizes.append(full - rest)
-        self.pool.promote(keys, sizes)
+        self.pool.promote(keys, sizes, req.keys[-1] if req.keys else None)
         req.num_private -= full - start
         cum = req.key_cum
         req.key_cum = cum + [cum[-1] + c for c in accumulate(sizes)]

@@ -1,2 +1,2 @@
 """Other tools' formats: vLLM ``bench serve`` results out (`bench_json`), bench results in
-(`against`), and KV events (`kv_events`)."""
+(`against`); KV events are written by `kvsim.sim.kv_events`."""

@@ -103,7 +103,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 from simpy.events import URGENT
@@ -114,6 +114,9 @@ from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.tiers import GlobalPool, HostTier, PoolNodes
 from kvsim.sim.links import Arrival, FairLinkQueue, LinkQueue, reserve_through, urgent_at
 from kvsim.spec.offload import CopyMode, OffloadWrite
+
+if TYPE_CHECKING:
+    from kvsim.sim.kv_events import ReplicaSink
 
 
 class _UrgentTimeout(simpy.events.Event):
@@ -214,8 +217,12 @@ class OffloadPort:
         ssd: SSDSide | None = None,
         cold_after_steps: int = 0,
         overlap: Callable[[int, int], float] | None = None,
+        kv_events: ReplicaSink | None = None,
     ) -> None:
         self.env = env
+        # The replica's KV events (``kvsim run --kv-events``; None: not written): its node's DRAM
+        # and SSD changes its writes make, and the stamp of a load's entries cached at its arrival.
+        self.kv_events = kv_events
         self.sched = sched
         self.host = host
         self.h2d = h2d
@@ -564,9 +571,13 @@ class OffloadPort:
             ready[k] = end
         self.stats.written_blocks += blocks
         self.write_log.append((end, blocks))
+        if self.kv_events is not None:
+            self._tier_events(now, self.host, new, dropped, "CPU")
         ssd = self.ssd
         if ssd is not None and dropped:  # what DRAM drops is demoted to the node's SSD
             down = ssd.tier.insert(dropped, dropped_sizes)
+            if self.kv_events is not None:
+                self._tier_events(now, ssd.tier, down, ssd.tier.last_dropped, "DISK")
             changed.update(ssd.tier.last_dropped)
             for k in ssd.tier.last_dropped:
                 ssd.ready.pop(k, None)
@@ -580,6 +591,21 @@ class OffloadPort:
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
         self._changed(changed, [self, *self.peers], now)
+
+    def _tier_events(
+        self, now: float, tier: HostTier, new: list[tuple[int, int]], dropped: list[int], medium: str
+    ) -> None:
+        """KV events of one insert into a node's tier, by what it holds after it: the entries it
+        dropped (and holds no more), then the new ones it still holds (an insert can drop an
+        entry it took in earlier in the same call). The room is taken at the write's asking."""
+        log = self.kv_events
+        assert log is not None
+        held = tier.entries
+        log.log.removed(now, log.rank, list(dict.fromkeys(k for k in dropped if k not in held)), medium)
+        kept = [(k, s) for k, s in new if k in held]
+        if kept:
+            keys, sizes = zip(*kept, strict=True)
+            log.log.stored(now, log.rank, keys, sizes, None, medium)
 
     @staticmethod
     def arrived_by(logs: Sequence[tuple[Any, int]], t: float) -> int:
@@ -816,7 +842,13 @@ class OffloadPort:
         if swap_blocks:
             assert self.swap_space is not None
             self.swap_space.used_blocks -= swap_blocks
-        self.sched.finish_load(req)
+        sink = self.kv_events
+        if sink is not None:
+            sink.at = end  # its entries are cached now, mid-step: at the arrival, in both modes
+            self.sched.finish_load(req)
+            sink.at = None
+        else:
+            self.sched.finish_load(req)
         self.on_arrival(end)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -37,6 +37,9 @@ from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
+
+if TYPE_CHECKING:
+    from kvsim.sim.kv_events import ReplicaSink
 
 MAX_FF_STEPS = 2048
 # A speculative-decoding window is built step by step (each priced alone), and an arrival cuts it
@@ -152,6 +155,7 @@ class Replica:
         sample_every_s: float,
         offload: OffloadPort | None = None,
         draft: DraftCost | None = None,
+        kv_events: ReplicaSink | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -173,6 +177,11 @@ class Replica:
         if offload is not None:
             offload.on_arrival = self.poke
             offload.clock = lambda: self.clock
+        # Its pool's KV events, stamped by its clock (``kvsim run --kv-events``; None: not written):
+        # then windows change no cache entry, so every event comes at a schedule or a step's end.
+        self.kv_events = kv_events
+        if kv_events is not None:
+            kv_events.clock = lambda: self.clock
         # Called with the requests that finished, at the step's end (closed-loop sessions).
         self.on_finish: Callable[[list[Request]], None] | None = None
         # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
@@ -500,12 +509,17 @@ class Replica:
         kv = sched.kv
         if self.offload is not None and self.offload.tier_changed and sched.waiting:
             return None  # the host tier changed at this schedule: the next may admit differently
+        events = self.kv_events is not None
+        if events and kv.eviction is not None:
+            return None  # token eviction's trims rewrite entries at the step that makes them
         if sched.spec is not None and (plan.decode_reqs or plan.verify_reqs):
             return self._verify_window(plan)
         if plan.decode_only:
             m = len(plan.decode_reqs)
             reqs = plan.decode_reqs
-            may_evict = sched.may_evict_in_window and not (self.offload and self.offload.writes_back)
+            may_evict = sched.may_evict_in_window and not (
+                events or (self.offload and self.offload.writes_back)
+            )
             window = decode_window(plan, kv, MAX_FF_STEPS, may_evict=may_evict)
             if window.num_steps == 1:
                 return None  # a window of one step costs more bookkeeping than the step
@@ -520,12 +534,15 @@ class Replica:
             chunk, tokens, changes = 0, m, evicts
         else:
             off = self.offload
-            mw = mixed_window(plan, kv, MAX_FF_STEPS, may_evict=not (off and off.writes_back))
+            mw = mixed_window(plan, kv, MAX_FF_STEPS, may_evict=not (events or (off and off.writes_back)))
             if mw is None:
                 return None
             p = plan.prefill_reqs[0]
-            if off is not None and off.publishes_on_register and len(p.held_keys) < len(p.keys):
-                return None  # its registrations are written through at the schedule that makes them
+            registers = len(p.held_keys) < len(p.keys)
+            if registers and (events or (off is not None and off.publishes_on_register)):
+                return (
+                    None  # its registrations are written through (or logged) at the schedules that make them
+                )
             args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
             d = self.cost.mixed_step_times(*args, mw.num_switched, mw.dec_switched_ctx)
             cost = self.cost
