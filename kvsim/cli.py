@@ -321,7 +321,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     print_plan(data)
     print(f"wrote {out / 'plan.json'}, {out / 'plan.csv'}, {page}")
-    return 0 if data["choice"] is not None else 3
+    if data["choice"] is not None:
+        return 0
+    ran = [ld for c in data["configurations"] for ld in c["loads"] if ld.get("evaluated")]
+    if ran and all(ld.get("status") == "failed" for ld in ran):  # not a verdict on the SLOs: an error
+        raise KvsimError(f"every point failed to run; the first: {ran[0].get('error')}", source="kvsim plan")
+    slos = ", ".join(s["text"] for s in data["slos"])
+    print(
+        f"kvsim plan: no configuration meets {slos} at {', '.join(data['loads'])} (exit 3)", file=sys.stderr
+    )
+    return 3
 
 
 def _fraction(text: str) -> float:
