@@ -51,6 +51,13 @@ def one_line(text: str, limit: int = 280) -> str:
     return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
 
 
+def os_error_line(exc: OSError) -> str:
+    """The one line of a read or write the system refused and no check caught first (a full disk,
+    a folder made read-only mid-run): the user's environment, not kvsim's defect, so exit 2."""
+    what = f"{exc.filename}: " if exc.filename else ""
+    return f"kvsim: error: {one_line(what + (exc.strerror or str(exc)))}"
+
+
 def error_line(exc: KvsimError) -> str:
     """The one line a user mistake prints, from every subcommand (calibrate's too): ``kvsim: error: ``
     once, then the source without a second ``kvsim`` (``kvsim run: ...`` reads ``run: ...``)."""
@@ -602,6 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(error_line(exc), file=sys.stderr)
+        return 2
+    except OSError as exc:  # after the commands' own checks: a disk full or a folder gone mid-run
+        if debug:
+            raise
+        print(os_error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
