@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvsim.cli import error_line
+from kvsim.cli import error_line, os_error_line
 from kvsim.costs.profile_schema import MINOR_VERSION, MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
@@ -37,6 +37,9 @@ from kvsim.spec.formats import format_from_name
 # The ops timed unless --ops says otherwise (names or `calibrate.ops.OP_ALIASES`; that module imports
 # torch, which the flags are checked before).
 DEFAULT_OPS = "gemm,decode,prefill,copy,score,select,compact,write,rest,overhead"
+# An existing --out larger than this is not read to tell whether it is a profile (the shipped ones
+# are under 1 MB): it is not one kvsim would resume.
+_MAX_PROFILE_BYTES = 256 << 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         print(error_line(exc), file=sys.stderr)
         return 2
+    except OSError as exc:  # a write the checks could not foresee: a full disk, a folder made read-only
+        print(os_error_line(exc), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("calibrate: interrupted (the profile so far is on disk; re-run to resume)", file=sys.stderr)
         return 130
@@ -160,6 +166,8 @@ def _write(path: Path, prof: dict[str, Any]) -> None:
 def _existing_profile(path: Path) -> dict[str, Any] | None:
     """The valid kvsim profile at `path`, or None if the file is anything else."""
     try:
+        if path.stat().st_size > _MAX_PROFILE_BYTES:  # not read whole to be told it is not ours
+            return None
         prof = json.loads(path.read_text(encoding="utf-8"))
         validate_profile(prof, source=str(path))
     except (OSError, ValueError, RecursionError, KvsimError):
@@ -177,6 +185,11 @@ def _check_out(out: str, model_config: Path | None, *, force: bool) -> Path:
         raise KvsimError(f"{out} is a directory; give a profile file", source="--out")
     if not path.parent.is_dir():
         raise KvsimError(f"the folder of {out} does not exist", source="--out")
+    from kvsim.report.outputs import special_file
+
+    special = special_file(path)
+    if special:  # /dev/null, a FIFO: reading one blocks or is empty; replacing a device loses it
+        raise KvsimError(f"{out} is {special}; give a profile file", source="--out")
     if model_config is not None and path.exists():
         try:
             same = os.path.samefile(path, model_config)

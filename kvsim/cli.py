@@ -51,6 +51,13 @@ def one_line(text: str, limit: int = 280) -> str:
     return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
 
 
+def os_error_line(exc: OSError) -> str:
+    """The one line of a read or write the system refused and no check caught first (a full disk,
+    a folder made read-only mid-run): the user's environment, not kvsim's defect, so exit 2."""
+    what = f"{exc.filename}: " if exc.filename else ""
+    return f"kvsim: error: {one_line(what + (exc.strerror or str(exc)))}"
+
+
 def error_line(exc: KvsimError) -> str:
     """The one line a user mistake prints, from every subcommand (calibrate's too): ``kvsim: error: ``
     once, then the source without a second ``kvsim`` (``kvsim run: ...`` reads ``run: ...``)."""
@@ -341,7 +348,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     print_plan(data)
     print(f"wrote {out / 'plan.json'}, {out / 'plan.csv'}, {page}")
-    return 0 if data["choice"] is not None else 3
+    if data["choice"] is not None:
+        return 0
+    ran = [ld for c in data["configurations"] for ld in c["loads"] if ld.get("evaluated")]
+    if ran and all(ld.get("status") == "failed" for ld in ran):  # not a verdict on the SLOs: an error
+        raise KvsimError(f"every point failed to run; the first: {ran[0].get('error')}", source="kvsim plan")
+    slos = ", ".join(s["text"] for s in data["slos"])
+    print(
+        f"kvsim plan: no configuration meets {slos} at {', '.join(data['loads'])} (exit 3)", file=sys.stderr
+    )
+    return 3
 
 
 def _fraction(text: str) -> float:
@@ -624,6 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(error_line(exc), file=sys.stderr)
+        return 2
+    except OSError as exc:  # after the commands' own checks: a disk full or a folder gone mid-run
+        if debug:
+            raise
+        print(os_error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

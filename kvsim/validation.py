@@ -179,6 +179,75 @@ def _scenario(
     return scenario_from_dict(d, source=setup.source, base_dir=setup.base_dir)
 
 
+def _refuse_discarded(setup: _Setup) -> None:
+    """Refuse the scenario options validate overrides (`_scenario`: one GPU, HBM sized to
+    --num-blocks, no prefix cache, its own cost models, every step recorded): each would be dropped
+    without a word. Checked on the file's mapping, before the overrides."""
+    d = setup.data
+
+    def given(section: str, key: str) -> Any:
+        sec = d.get(section)
+        return sec.get(key) if isinstance(sec, dict) else None
+
+    why = "validate executes one GPU (set to 1); leave it out"
+    for key in ("nodes", "gpus_per_node", "tensor_parallel", "replicas"):
+        if given("cluster", key) not in (None, 1):
+            raise KvsimError(why, source=setup.source, path=f"cluster.{key}")
+    for key in ("gpu_memory_utilization", "activation_reserve"):
+        if given("cluster", key) is not None:
+            raise KvsimError(
+                "validate sizes HBM to --num-blocks; leave it out", source=setup.source, path=f"cluster.{key}"
+            )
+    gpu = given("cluster", "gpu")
+    if isinstance(gpu, dict) and gpu.get("hbm") is not None:
+        raise KvsimError(
+            "validate sizes HBM to --num-blocks; leave it out", source=setup.source, path="cluster.gpu.hbm"
+        )
+    pc = given("kv", "prefix_cache")
+    if pc not in (None, False) and not (
+        isinstance(pc, dict) and set(pc) <= {"scope"} and pc.get("scope") == "none"
+    ):
+        raise KvsimError(
+            "validate runs without a prefix cache (validate/blocks.py maps every block); give {scope: none} or leave it out",
+            source=setup.source,
+            path="kv.prefix_cache",
+        )
+    cm = d.get("cost_model")
+    if cm is not None and not (isinstance(cm, dict) and set(cm) <= {"kind"} and cm.get("kind") == "analytic"):
+        raise KvsimError(
+            "validate simulates with its fresh profile and with the analytic model; leave it out",
+            source=setup.source,
+            path="cost_model",
+        )
+    if given("sim", "max_time") is not None:
+        raise KvsimError(
+            "validate records every step of the whole trace; leave it out",
+            source=setup.source,
+            path="sim.max_time",
+        )
+    off = given("kv", "offload")
+    if isinstance(off, dict) and off.get("enabled") is True:
+        raise KvsimError(UNEXECUTED, source=setup.source, path="kv.offload")
+
+
+UNEXECUTED = "the real loop does not execute it (validate/loop.py), so nothing would compare it; leave it out"
+
+
+def _refuse_unexecuted(setup: _Setup, base: Scenario) -> None:
+    """Refuse what the real loop does not execute (validate/loop.py): the simulation would run it
+    and the comparison would set a mechanism against a loop without it."""
+    unexecuted = (
+        ("kv.eviction", base.kv.eviction.policy != "none"),
+        ("kv.format_mix", base.kv.format_mix is not None),
+        ("kv.format_switch", base.kv.format_switch is not None),
+        ("scheduler.spec_decode", base.scheduler.spec_decode is not None),
+        ("scheduler.preemption", base.scheduler.preemption != "recompute"),
+    )
+    for path, on in unexecuted:
+        if on:
+            raise KvsimError(UNEXECUTED, source=setup.source, path=path)
+
+
 def check_quick(wl: Workload, source: str) -> None:
     n = len(wl)
     tokens = int(wl.prompt_tokens.sum() + wl.output_tokens.sum()) if n else 0
@@ -604,6 +673,7 @@ def _validate(args: Any) -> int:
         check_output_dir(args.out, reads=(), force=args.force, files=())
     scen_path = Path(args.scenario) if args.scenario else DEFAULT_SCENARIO
     setup = _read_setup(scen_path)
+    _refuse_discarded(setup)
     base = _scenario(setup, model_ref=_model_name(setup), num_blocks=None)
     wl = scenario_workload(base)
     if args.quick:
@@ -619,6 +689,7 @@ def _validate(args: Any) -> int:
         raise KvsimError(
             f"validation executes bf16 or fp16 KV caches, got {kv_fmt}", source=setup.source, path="kv.format"
         )
+    _refuse_unexecuted(setup, base)
     if args.device == "cuda":
         _check_cuda()  # before anything is written
     out = check_output_dir(

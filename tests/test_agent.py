@@ -188,7 +188,8 @@ def agent_cases(draw):  # type: ignore[no-untyped-def]
         "output": {"dist": "uniform", "mean": 20, "stdev": 10},
     }
     pin = draw(st.sampled_from([[], ["system"], ["system", "tools"]]))
-    kv = {"prefix_cache": {"pin": pin, "pin_max_share": 0.3}}
+    # (pin_max_share with nothing pinned is refused: it would be silently ignored)
+    kv = {"prefix_cache": {"pin": pin, "pin_max_share": 0.3} if pin else {"pin": pin}}
     scheduler = {
         "max_num_seqs": draw(st.sampled_from([2, 64])),
         "max_batched_tokens": draw(st.sampled_from([64, 2048])),

@@ -166,7 +166,9 @@ def cases(  # type: ignore[no-untyped-def]
     kv: dict = {"prefix_cache": True if offload else draw(st.sampled_from([True, True, False]))}
     if offload:  # swap preemption, and a host tier of a few entries: write-backs, loads, drops
         scheduler["preemption"] = draw(st.sampled_from(["recompute", "swap", "auto"]))
-        scheduler["swap_space"] = draw(st.sampled_from(["32MiB", "4GiB"] if tight else ["8MiB", "4GiB"]))
+        swap = draw(st.sampled_from(["32MiB", "4GiB"] if tight else ["8MiB", "4GiB"]))
+        if scheduler["preemption"] != "recompute":  # recompute reads no swap space (refused if given)
+            scheduler["swap_space"] = swap
     if offload and (scheduler["preemption"] == "recompute" or draw(st.booleans())):
         kv["offload"] = {
             "enabled": True,
@@ -253,6 +255,8 @@ def cases(  # type: ignore[no-untyped-def]
             )
         else:
             ev["sink_tokens"] = draw(st.sampled_from([0, 4]))
+        if ev["trigger"] == "always" and ev["pages"] != "hybrid":  # nothing reads it (refused if given)
+            del ev["pressure_threshold"]
         kv["eviction"] = ev
     # Sliding-window layers (every layer, half, or one windowed; with global tokens or not) free
     # their out-of-window blocks, with the host tiers, the global pool and swap too (not with

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,8 @@ def _prepare(case: dict[str, Any], tmp: Path) -> None:
             path.mkdir(exist_ok=True)
         elif isinstance(spec, dict) and "symlink" in spec:
             path.symlink_to(spec["symlink"])
+        elif isinstance(spec, dict) and "fifo" in spec:
+            os.mkfifo(path)
         else:
             path.write_bytes(_content(spec))
     if "scenario_text" in case:

@@ -208,7 +208,9 @@ def test_no_feasible_configuration_says_so_with_the_closest(scenario: Path, tmp_
     out = tmp_path / "plan"
     code = _plan(scenario, out, "--slo", "ttft_p99=1ms", "--search", "cluster.nodes=1..4", "--load", "1x,2x")
     assert code == 3
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    assert captured.err.splitlines() == ["kvsim plan: no configuration meets ttft_p99=1ms at 1x, 2x (exit 3)"]
     assert "no configuration in the search meets ttft_p99=1ms" in text and "closest:" in text
     data = _data(out)
     assert data["choice"] is None and data["runners_up"] == []
@@ -257,6 +259,7 @@ def test_rejected_requests_fail_an_slo_unless_allowed(scenario: Path, tmp_path: 
         (("--slo", "ttft_p99=2s", "--search", "kv.format=bf16,fp9"), "--search kv.format=fp9"),
         (("--slo", "ttft_p99=2s", "--load", "2"), "--load: expected loads such as 1x"),
         (("--slo", "ttft_p99=2s", "--load", "0x"), "--load: expected loads such as 1x"),
+        (("--slo", "ttft_p99=2s", "--load", "1x,1e-12x"), "--load 1e-12x: synthetic: the last arrival lands"),
         (("--search", "cluster.nodes=1..4"), "give at least one --slo"),
     ],
 )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.formats import FormatKind
 from kvsim.spec.jsonfile import JsonError
 from kvsim.spec.jsonfile import loads as json_loads
 from kvsim.spec.models import ModelSpec
@@ -49,6 +50,9 @@ OP_COORDS: dict[str, tuple[tuple[str, str], ...]] = {
     "step_rest": (("part", "label"), ("tokens", "count")),
     "step_overhead": (("rows", "count"),),
 }
+# What a point's "format" label starts with (`KVFormat.name`: bf16, int8/g64, fp8_e4m3/per_tensor);
+# the cost model picks a scenario's format's points by its full name, else by this kind.
+FORMAT_KINDS = tuple(k.value for k in FormatKind)
 # Ops a profile may lack (the cost model prices them analytically then, or not at all for the 1.2
 # ones, as before they were measured); minor version 1 added the first four, 2 the step's rest.
 KV_OPS = ("h2o_accumulate", "h2o_select", "compact_kv", "kv_write")  # 1.1
@@ -218,6 +222,12 @@ def _validate_op(op: str, body: Any, err: Any) -> None:
                 want = "a positive integer" if kind == "count" else "an integer >= 0"
             if not ok:
                 raise err(f"{where}.{name}", f"expected {want}, got {show(v)}")
+            if name == "format" and v.split("/")[0] not in FORMAT_KINDS:
+                # A point no scenario's format can select would be silently ignored: refused.
+                raise err(
+                    f"{where}.{name}",
+                    f"no KV format {show(v)}: expected a kind ({', '.join(FORMAT_KINDS)}), as in bf16 or int8/g64",
+                )
             key_values.append(v)
         if coords:
             key = tuple(key_values)

@@ -3,8 +3,8 @@
 One rule for every output path: an empty path is refused (an unset shell variable would write into
 the current directory); a file the run reads (scenario, trace, model config, profile) is never
 written over, ``--force`` or not; a file kvsim did not write is replaced only with ``--force``;
-a folder where a file goes is an error. Left out: free disk space, permissions (the write itself
-reports those).
+a folder, FIFO, device or socket where a file goes is an error. Left out: free disk space and
+permissions (the write itself reports those, as one line).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -83,6 +84,22 @@ def is_kvsim_output(path: Path) -> bool:
     return False
 
 
+def special_file(path: Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a directory (a FIFO, a
+    device, a socket: ``a FIFO``...), else None. A symbolic link counts as what it points to."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # missing, or a dangling link: nothing to read
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "a special file"
+
+
 def _same(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -118,6 +135,9 @@ def check_output_dir(
                 )
         if target.is_dir():
             raise KvsimError(f"{target} is a directory, where kvsim writes a file", source=flag)
+        special = special_file(target)
+        if special:  # reading it to tell whose it is could block (a FIFO); replacing it, lose a device
+            raise KvsimError(f"{target} is {special}, where kvsim writes a file; remove it", source=flag)
         if not force and not is_kvsim_output(target):
             raise KvsimError(
                 f"{target} exists and was not written by kvsim; use --force to replace it", source=flag

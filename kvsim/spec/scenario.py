@@ -516,6 +516,13 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         fmt, note = make_format(fmt_raw, group_size=group, scale=scale, outlier_fraction=out_frac)
     except KvsimError as exc:
         raise s.err("format", shorten(exc.message, 200)) from None
+    for key, value, default, owners, label in (
+        ("group_size", group, 64, ("int8", "int4"), "int8 and int4"),
+        ("scale", scale, "per_tensor", ("fp8_e4m3",), "fp8"),
+        ("outlier_fraction", out_frac, 0.01, ("kvquant4",), "kvquant4 (turboquant)"),
+    ):
+        why = f"applies to kv.format {label} only, not {fmt_raw}"
+        _refuse_unused(s, key, value, default, fmt.kind.value not in owners, why)
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     gpool = GlobalPoolConfig()
     pin: tuple[str, ...] = ()
@@ -525,14 +532,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     else:
         pc = Section(pc_raw, source=s.source, path=s._p("prefix_cache"))
         scope = _choice(pc, "scope", PrefixCacheScope, PrefixCacheScope.LOCAL)
-        for key in ("pool_bytes", "fetch", "pool_eviction", "pool_nodes"):
-            if pc.raw(key, None) is not None and scope != "global":
-                raise pc.err(key, "only with scope: global")
         n_pool = pc.int("pool_nodes", 0, lo=0, hi=10_000)
-        node_keys = ("pool_node_bytes", "pool_node_nics", "pool_node_cost_per_hour")
-        for key in node_keys:
-            if pc.raw(key, None) is not None and not n_pool:
-                raise pc.err(key, "only with pool_nodes (dedicated pool nodes)")
         if n_pool and pc.raw("pool_bytes", None) is not None:
             raise pc.err(
                 "pool_bytes",
@@ -561,6 +561,20 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
         if pin and scope == "none":
             raise pc.err("pin", "pinning needs a prefix cache; set scope: local")
+        for key, value, default in (
+            ("pool_bytes", gpool.pool_bytes, dflt.pool_bytes),
+            ("fetch", gpool.fetch, dflt.fetch),
+            ("pool_eviction", gpool.eviction, dflt.eviction),
+            ("pool_nodes", n_pool, 0),
+        ):
+            _refuse_unused(pc, key, value, default, scope != "global", "only with scope: global")
+        for key, value, default in (
+            ("pool_node_bytes", gpool.pool_node_bytes, dflt.pool_node_bytes),
+            ("pool_node_nics", gpool.pool_node_nics, dflt.pool_node_nics),
+            ("pool_node_cost_per_hour", gpool.pool_node_cost_per_hour, dflt.pool_node_cost_per_hour),
+        ):
+            _refuse_unused(pc, key, value, default, not n_pool, "only with pool_nodes (dedicated pool nodes)")
+        _refuse_unused(pc, "pin_max_share", pin_share, 0.25, not pin, "only with pin (the segments pinned)")
         pc.done()
     ev = s.section("eviction")
     policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
@@ -572,14 +586,38 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
     threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
     pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
-    # A policy's own share or sinks given for another policy would be silently ignored: refuse.
-    for field_name, owner in (
-        ("heavy_ratio", "h2o"),
-        ("keep_ratio", "entropy"),
-        ("sink_tokens", "streaming"),
-    ):
-        if policy != "none" and policy != owner and ev.raw(field_name, None) is not None:
-            raise ev.err(field_name, f"applies to policy {owner} only, not {policy}")
+    # A field the chosen policy does not read would be silently ignored: refused at any value but
+    # its default (a default written out, as in a dumped config, changes nothing and is accepted).
+    d = EvictionConfig()
+    fields = (
+        ("budget_tokens", budget, d.budget_tokens, None),
+        ("sink_tokens", sinks, d.sink_tokens, "streaming"),
+        ("recent_tokens", recent, d.recent_tokens, None),
+        ("heavy_ratio", ratio, d.heavy_ratio, "h2o"),
+        ("keep_ratio", keep, d.keep_ratio, "entropy"),
+        ("trigger", trigger, d.trigger, None),
+        ("pressure_threshold", threshold, d.pressure_threshold, None),
+        ("pages", pages, d.pages, None),
+    )
+    for field_name, value, default, owner in fields:
+        if policy == "none":
+            why = (
+                "policy none evicts nothing; set kv.eviction.policy (h2o, streaming, entropy) or leave it out"
+            )
+            _refuse_unused(ev, field_name, value, default, True, why)
+        elif owner is not None:
+            _refuse_unused(
+                ev,
+                field_name,
+                value,
+                default,
+                policy != owner,
+                f"applies to policy {owner} only, not {policy}",
+            )
+    if policy != "none":  # the threshold is read by the pressure trigger and by hybrid pages only
+        why = "only with trigger: pressure or pages: hybrid"
+        unread = trigger != "pressure" and pages != "hybrid"
+        _refuse_unused(ev, "pressure_threshold", threshold, d.pressure_threshold, unread, why)
     if policy in ("h2o", "entropy") and budget and recent > budget:
         raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
     if policy == "streaming":
@@ -670,10 +708,28 @@ def _read_offload(off: Section) -> OffloadConfig:
         eviction=off.choice("eviction", EVICTIONS, "lru"),
     )
     off.done()
-    if (ssd is not None or cold or cfg.eviction != "lru") and not cfg.enabled:
-        field_ = "ssd" if ssd is not None else "cold_after_steps" if cold else "eviction"
-        raise off.err(field_, "needs kv.offload.enabled: true")
+    if not cfg.enabled:  # a tier that is off reads none of its fields: a non-default one is refused
+        d = OffloadConfig()
+        for key, value, default in (
+            ("preset", preset, d.preset),
+            ("write", write, d.write),
+            ("copy", copy, d.copy),
+            *((k, cap[k], None) for k in ("host_bytes", "host_share", "hbm_ratio") if k in cap),
+            ("ssd", ssd, None),
+            ("cold_after_steps", cold, d.cold_after_steps),
+            ("load", cfg.load, d.load),
+            ("eviction", cfg.eviction, d.eviction),
+        ):
+            _refuse_unused(off, key, value, default, True, "needs kv.offload.enabled: true")
     return cfg
+
+
+def _refuse_unused(section: Section, key: str, value: Any, default: Any, unused: bool, why: str) -> None:
+    """Refuse `key` when what it sets is not read (`unused`) and it was given at a value other than
+    its default: nothing is silently ignored, while a default written out (as in a dumped full
+    config) changes nothing and is accepted."""
+    if unused and section.raw(key, None) is not None and value != default:
+        raise section.err(key, why)
 
 
 PIN_SEGMENTS = ("system", "tools")  # the agent prompt's segments that can be pinned
@@ -702,6 +758,10 @@ def _read_scheduler(root: Section, base_dir: Path) -> SchedulerConfig:
         preemption=_choice(s, "preemption", PreemptionMode, PreemptionMode.RECOMPUTE),
         swap_space_bytes=s.parsed("swap_space", bounded(parse_size, B.HOST_SIZE), 4 * 2**30),
         spec_decode=_read_spec_decode(s, base_dir, max_batched),
+    )
+    recompute = cfg.preemption == "recompute"
+    _refuse_unused(
+        s, "swap_space", cfg.swap_space_bytes, 4 * 2**30, recompute, "only with preemption: swap or auto"
     )
     s.done()
     return cfg
@@ -734,8 +794,8 @@ def _read_spec_decode(s: Section, base_dir: Path, max_batched: int) -> SpecDecod
     frac = 1.0
     if kind == "model":
         draft_model = dr.parsed("model", lambda v: load_model(v, base_dir=base_dir))
-        if dr.raw("layer_fraction", None) is not None:
-            raise dr.err("layer_fraction", "only with kind: mtp")
+        unread = dr.float("layer_fraction", 1.0, lo=0.0, hi=4.0, lo_open=True)
+        _refuse_unused(dr, "layer_fraction", unread, 1.0, True, "only with kind: mtp")
     else:
         # One layer by default: DeepSeek-V3's MTP module and EAGLE's draft head are one layer each.
         frac = dr.float("layer_fraction", 1.0, lo=0.0, hi=4.0, lo_open=True)

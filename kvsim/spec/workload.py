@@ -27,6 +27,9 @@ from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, 
 if TYPE_CHECKING:
     from kvsim.spec.agent import AgentWorkload
 
+# The field blamed when the last arrival lands past MAX_TIME_S: a trace's, synthetic's, bench's rate.
+ARRIVAL_FIELDS = ("workload.rate_scale", "workload.synthetic.rate", "workload.bench.request_rate")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -142,9 +145,7 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         )
     arrival = (t[lo:hi] - start) / cfg.rate_scale
     if arrival[-1] >= MAX_TIME_S:  # the same bound as a trace's own times: 1 us still resolved
-        field = {"synthetic": "workload.synthetic.rate", "random": "workload.bench.request_rate"}.get(
-            source, "workload.rate_scale"
-        )
+        field = {"synthetic": ARRIVAL_FIELDS[1], "random": ARRIVAL_FIELDS[2]}.get(source, ARRIVAL_FIELDS[0])
         raise KvsimError(
             f"the last arrival lands at {arrival[-1]:.3g} s (at most {MAX_TIME_S:.3g} s); raise it",
             source=source,

@@ -41,7 +41,8 @@ from kvsim.errors import KvsimError
 from kvsim.progress import PointProgress
 from kvsim.spec.scenario import GpuPrice, load_scenario
 from kvsim.spec.schema import shorten
-from kvsim.sweep.define import Factor, parse_axis, point_id
+from kvsim.spec.workload import ARRIVAL_FIELDS, load_workload
+from kvsim.sweep.define import Factor, SweepPoint, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
 from kvsim.sweep.runner import finished_result, prepare_sweep, refuse_foreign_points, write_atomic
 from kvsim.sweep.table import METRIC_COLUMNS, PointResult, file_sha256
@@ -263,6 +264,7 @@ def prepare_plan(
             raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
+    _check_slowest_load(scenario, sweep.points, sweep.keys, loads, rates)
     cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]] = {}
     accuracy: dict[tuple[str, ...], dict[str, Any]] = {}
     for p in sweep.points[:: len(loads)]:
@@ -295,6 +297,34 @@ def prepare_plan(
         accuracy,
         max_accuracy_loss,
     )
+
+
+def _check_slowest_load(
+    scenario: str,
+    points: Sequence[SweepPoint],
+    keys: Sequence[Hashable],
+    loads: Sequence[float],
+    rates: Sequence[tuple[str]],
+) -> None:
+    """Read each distinct workload once at the smallest load, where its arrivals are the latest:
+    a load so small that the last arrival lands past the time bound (``--load 1e-12x``) is bad
+    input, refused here before any run, not a plan of failed points ending "none meets"."""
+    slowest = rates[loads.index(min(loads))][0]
+    seen: set[Hashable] = set()
+    for p, key in zip(points, keys, strict=True):
+        if p.overrides[-1] != slowest or key in seen:
+            continue
+        seen.add(key)
+        sc = load_scenario(scenario, p.overrides)
+        try:
+            load_workload(sc.workload, seed=sc.sim.seed)
+        except KvsimError as exc:
+            if exc.path not in ARRIVAL_FIELDS:
+                raise
+            raise KvsimError(
+                f"{exc.source}: {exc.message.removesuffix('; raise it')}; give a larger load",
+                source=f"--load {load_label(min(loads))}",
+            ) from None
 
 
 # ----------------------------------------------------------------------------------- verdicts
