@@ -40,7 +40,7 @@ LAYERS = [
     ("accuracy", "kvsize", "render", "run", "stack"),
     ("sweep",),
     ("report",),
-    ("validation",),
+    ("validation", "validation_ops"),
     ("cli", "__main__", "__init__"),
 ]
 
