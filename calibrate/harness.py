@@ -10,7 +10,11 @@ Each op is timed in the state the serving loop leaves it in, with no cache flush
   most 1 GiB (a VM may report its host's whole L3), with at most `MAX_COPIES` copies; one copy
   when the operand alone reaches it. A copy is last read `rotation_bytes` of other copies ago.
 - **Small ops warm.** Norms, rotary, activations, KV writes, the embedding, sampling and the
-  loop's own overhead are timed with their code and activations warm, as the loop runs them.
+  loop's own overhead are timed with their code and activations warm, as the loop runs them;
+  on a CPU each call right after an untimed GEMM at the model's shapes (`calibrate.ops.Point`'s
+  ``before``), as in the loop, where each follows one: measured on an EPYC, one GEMM before a
+  layer's norms and rotary made them 2-2.5x slower than back-to-back calls (reading 7 MiB first
+  did not), so back-to-back timing underpriced them.
 
 Before, every call zeroed a buffer of twice the LLC: each op ran fully cold, small ones 3-5x
 slower than in the loop, and a VM reporting a 480 MiB L3 waited for a 960 MiB zero per call.
@@ -110,7 +114,11 @@ class Timer:
         self.backend, self.warmup, self.max_reps, self.budget_s = backend, warmup, max_reps, budget_s
         self.cuda = backend == "cuda"
 
-    def _once(self, fn: Callable[[], object], host: bool) -> float:
+    def _once(
+        self, fn: Callable[[], object], host: bool, before: Callable[[], object] | None = None
+    ) -> float:
+        if before is not None:
+            before()
         if self.cuda and host:  # host work (and the device work it waits for)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -133,26 +141,34 @@ class Timer:
         return start.elapsed_time(end) / 1e3
 
     def time(
-        self, fn: Callable[[], object] | Sequence[Callable[[], object]], *, host: bool = False
+        self,
+        fn: Callable[[], object] | Sequence[Callable[[], object]],
+        *,
+        host: bool = False,
+        before: Callable[[], object] | None = None,
     ) -> Timing:
         """Percentiles of `fn`'s time. `fn` may be a sequence of calls (one per copy of a large
         operand): call i runs ``fn[i % len(fn)]``, warm-up included, so that each timed call reads
         a copy the others have pushed out of the cache. ``host``: on CUDA too by the host's clock,
         between two synchronisations (an op that is host work, as the serving loop's own step:
-        CUDA events after a queued sleep would not count the host time the sleep overlaps)."""
+        CUDA events after a queued sleep would not count the host time the sleep overlaps).
+        ``before``: an untimed call before each call (warm-up included), the op the loop runs
+        just before this one (`calibrate.ops.Point.before`)."""
         calls = [fn] if callable(fn) else list(fn)
         n = len(calls)
         # Warm-up calls: `warmup` of them, fewer once they have taken the point's budget (a slow
         # point is warm after one call; more would only add its seconds).
         done, t0 = 0, time.perf_counter()
         while done < self.warmup and (done == 0 or time.perf_counter() - t0 < self.budget_s):
+            if before is not None:
+                before()
             calls[done % n]()
             done += 1
         if self.cuda:
             torch.cuda.synchronize()
-        first = self._once(calls[done % n], host)
+        first = self._once(calls[done % n], host, before)
         reps = int(min(self.max_reps, max(3, self.budget_s / max(first, 1e-9))))
-        times = [first] + [self._once(calls[(done + i) % n], host) for i in range(1, reps)]
+        times = [first] + [self._once(calls[(done + i) % n], host, before) for i in range(1, reps)]
         p20, p50, p80 = np.percentile(np.asarray(times), [20, 50, 80])
         return Timing(float(p20), float(p50), float(p80), reps)
 

@@ -248,6 +248,9 @@ class Point:
     # The calls the timer rotates through, one per copy of a large read-only operand (`fn` is the
     # first); empty: `fn` alone, warm (`calibrate.harness`).
     copies: tuple[Callable[[], object], ...] = ()
+    # An untimed call before each timed one: the op the serving loop runs just before (a CPU's
+    # small ops follow a GEMM there, `calibrate.harness`).
+    before: Callable[[], object] | None = None
 
     def calls(self) -> tuple[Callable[[], object], ...]:
         return self.copies or (self.fn,)
@@ -346,9 +349,12 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
     elif op == "step_overhead":
         from validate.loop import empty_step
 
+        after = _after_gemm(sh, backend)
         for rows in grid.decode_batch:
             fn = empty_step(rows, device=backend)
-            yield Point({"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True)
+            yield Point(
+                {"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True, before=after(rows)
+            )
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
@@ -426,6 +432,17 @@ class KVRotation:
         n = min(MAX_COPIES, blocks // need)
         perm = torch.randperm(blocks, generator=self.gen)[: n * need].view(n, batch, per_seq)
         return [t.to(torch.int32).to(self.backend) for t in perm]
+
+
+def _after_gemm(sh: Shapes, backend: str) -> Callable[[int], Callable[[], object] | None]:
+    """`Point.before` of a small op over `n` tokens: on a CPU an untimed GEMM of the layer's output
+    projection at `n` rows (in the loop each small op follows a GEMM, `calibrate.harness`); None
+    on CUDA (the kernels' time does not depend on what ran before)."""
+    if backend == "cuda":
+        return lambda n: None
+    nn, k = sh.gemm_nk["o"]
+    w = _weight(k, nn, gemm_dtype(backend), backend)
+    return lambda n: partial(torch.matmul, torch.randn(max(n, 1), k, dtype=w.dtype), w)
 
 
 def _weight(k: int, n: int, dt: torch.dtype, dev: str) -> torch.Tensor:
@@ -661,6 +678,7 @@ def _write_points(
     from kernels import kv_write
 
     sh = Shapes.of(model, tp)
+    after = _after_gemm(sh, backend)
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
         per_tok = quant_write_bytes_per_token_layer(model, fmt, tp)
@@ -677,7 +695,13 @@ def _write_points(
             else:
                 params["impl"] = "torch:kernels.kv_write.kv_write_ref"
                 fn = partial(kv_write.kv_write_ref, **inp)
-            yield Point(params, fn, n * per_tok, float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]))
+            yield Point(
+                params,
+                fn,
+                n * per_tok,
+                float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]),
+                before=after(n),
+            )
 
 
 def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
@@ -696,13 +720,19 @@ def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterato
         "vocab": sh.gemm_nk["lm_head"][0],
     }
     dt = gemm_dtype(backend)
+    after = _after_gemm(sh, backend)
     for part in STEP_REST_PARTS:
         per_tok = step_rest_bytes_per_token(model, tp, part)
         sizes = grid.lm_head_m if part == "sample" else grid.gemm_m
 
-        def call(n: int, part: str = part) -> Callable[[], object]:
+        # One embedding table for every size, written (see `step_rest`).
+        table = (
+            torch.zeros(dims["vocab"], dims["hidden"], device=backend, dtype=dt) if part == "embed" else None
+        )
+
+        def call(n: int, part: str = part, table: torch.Tensor | None = table) -> Callable[[], object]:
             adt = Q_DTYPE if backend == "cuda" else dt
-            return step_rest(part, n, **dims, device=backend, dtype=dt, attn_dtype=adt)
+            return step_rest(part, n, **dims, device=backend, dtype=dt, attn_dtype=adt, table=table)
 
         # The largest size first, untimed: a serving loop has run its largest steps before (its
         # warm-up), so its allocator serves these tensors from the heap; timed cold, glibc's
@@ -713,5 +743,9 @@ def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterato
         del warm
         for n in sizes:
             yield Point(
-                {"part": part, "tokens": n, "impl": "validate.model.step_rest"}, call(n), n * per_tok, 0.0
+                {"part": part, "tokens": n, "impl": "validate.model.step_rest"},
+                call(n),
+                n * per_tok,
+                0.0,
+                before=after(n),
             )
