@@ -14,7 +14,11 @@ Each op is timed in the state the serving loop leaves it in, with no cache flush
   on a CPU each call right after an untimed GEMM at the model's shapes (`calibrate.ops.Point`'s
   ``before``), as in the loop, where each follows one: measured on an EPYC, one GEMM before a
   layer's norms and rotary made them 2-2.5x slower than back-to-back calls (reading 7 MiB first
-  did not), so back-to-back timing underpriced them.
+  did not), so back-to-back timing underpriced them. The ops the loop runs once per layer or once per step
+  (the KV write; the embedding, sampling and its own overhead) follow instead one row through the
+  GEMM weights the loop streams between two of their calls (`calibrate.ops._after_weights`: one
+  layer's, or every layer's and the LM head, at most `rotation_bytes`): after one GEMM they were
+  still 2-3x faster than in the loop.
 
 Before, every call zeroed a buffer of twice the LLC: each op ran fully cold, small ones 3-5x
 slower than in the loop, and a VM reporting a 480 MiB L3 waited for a 960 MiB zero per call.
