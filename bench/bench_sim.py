@@ -24,12 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, tuple[str, ...]] = {
     "mooncake-70b-64xh100": ("scenarios/mooncake_70b.yaml",),
     "azure-conv-8b-1xh100": ("scenarios/default.yaml",),
-    # The same trace on an H200 priced from NVIDIA's measured tables (the profile cost model).
+    # The same trace on an H200 priced from NVIDIA's measured tables (the profile cost model). An
+    # override's path is relative to the working directory (the checkout; trees before this rule
+    # read it relative to scenarios/ and need profiles/... instead).
     "azure-conv-8b-1xh200-profile": (
         "scenarios/default.yaml",
         "cluster.gpu=h200-sxm",
         "cost_model.kind=profile",
-        "cost_model.profile=profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
+        "cost_model.profile=scenarios/profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json",
     ),
 }
 

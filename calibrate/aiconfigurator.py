@@ -20,8 +20,9 @@ the 989 TFLOP/s peak). What maps to what:
   missing cell holds the bytes/s of the same batch at its longest measured context and is marked
   ``filled``.
 - ``attention/.../context_attention_perf.parquet`` -> ``chunked_prefill``: rows with ``batch_size``
-  1, ``chunk`` = ``isl``, ``prefix`` = 0. The tables hold no prefill over a cached prefix, so kvsim
-  holds the prefix-0 rate for such chunks (its cost model then warns that it extrapolated).
+  1, ``chunk`` = ``isl``, ``prefix`` = 0. The tables hold no prefill over a cached prefix: kvsim's
+  cost model prices the chunk's own pairs at the prefix-0 rate and the prefix's at the table's best
+  rate or its KV bytes at the decode table's (`ProfileCostModel.prefix_rule`), and warns of the share.
 
 Left out: the communication tables (kvsim prices all-reduce analytically), host <-> device copies
 (not in the tables; kvsim's analytic link model applies), MoE/MLA tables (kvsim's profile model
@@ -486,8 +487,9 @@ def build_profile(
         f"{dec_info['filled_points']} points the sweep omits (large batch x long context) hold the same "
         "batch's rate at its longest measured context and are marked `filled`",
         f"chunked_prefill: context_attention_perf.parquet, kernel {pre_info['kernel']}, batch_size 1, prefix 0 "
-        "only: the tables hold no prefill over a cached prefix, so chunks with a prefix hold the prefix-0 "
-        "rate of the same chunk (kvsim warns that it extrapolated)",
+        "only: the tables hold no prefill over a cached prefix, so kvsim prices a chunk with one at the "
+        "prefix-0 rate of the same chunk plus the prefix's pairs at the best measured rate (or its KV "
+        "bytes at the batch-1 decode rate if longer), and warns that share of busy time",
         "not imported: all-reduce/communication tables (kvsim prices all-reduce analytically), host <-> "
         "device copies (not in the tables), MoE/MLA tables",
     ]

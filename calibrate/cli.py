@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvsim.cli import one_line
+from kvsim.cli import error_line
 from kvsim.costs.profile_schema import MINOR_VERSION, MODEL_SHAPE_KEYS, SCHEMA, VERSION, validate_profile
 from kvsim.errors import KvsimError
 from kvsim.spec.formats import format_from_name
@@ -45,7 +45,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="calibrate", description="Time GEMM/attention/copy ops and write a kvsim profile.")
+    p = _Parser(
+        prog="kvsim calibrate",
+        usage="%(prog)s --device {cuda,cpu} --out OUT [options]\n"
+        "       %(prog)s import --from-aiconfigurator --model MODEL --out OUT [options]",
+        description="Time GEMM/attention/copy ops and write a kvsim profile; or, with `import`,\n"
+        "turn another tool's measured tables into one.",
+        epilog="subcommands:\n  import    a profile from NVIDIA aiconfigurator's measured tables, no GPU "
+        "needed (kvsim calibrate import --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--device", choices=("cuda", "cpu"), required=True)
     p.add_argument(
         "--quick",
@@ -83,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _import_command(argv: list[str]) -> int:
-    p = _Parser(prog="calibrate import", description="Import measured op timings from another tool.")
+    p = _Parser(prog="kvsim calibrate import", description="Import measured op timings from another tool.")
     p.add_argument("--from-aiconfigurator", action="store_true", required=True)
     p.add_argument("--system", default="h200_sxm", help="aiconfigurator system, e.g. h100_sxm, h200_sxm")
     p.add_argument("--backend", default="vllm", help="serving framework whose kernels: vllm, sglang, trtllm")
@@ -117,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _import_command(argv[1:])
         return calibrate(build_parser().parse_args(argv))
     except KvsimError as exc:
-        print(f"calibrate: error: {one_line(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("calibrate: interrupted (the profile so far is on disk; re-run to resume)", file=sys.stderr)

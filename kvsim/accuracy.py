@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -193,3 +194,150 @@ def eviction_accuracy(cfg: Any) -> dict[str, Any]:
         "kernel_method": None,
         "literature": EVICTION_LITERATURE[policy],
     }
+
+
+# ------------------------------------------------------------------ one number per configuration
+
+COMPOSITION_RULE = (
+    "losses add: a configuration's estimate is the sum of its techniques' estimates (its KV format's "
+    "and its token eviction's); a kvsim assumption, conservative (no source measures them stacked)"
+)
+ESTIMATE_BASIS = "cited, not measured: accuracy points lost, from the sources each part names"
+
+
+@dataclass(frozen=True)
+class LossPart:
+    """One lossy technique's estimated accuracy loss (a fraction: 0.005 is 0.5 points)."""
+
+    technique: str
+    loss: float
+    basis: str  # "cited" (a source gives the figure) or "assumption" (kvsim's, stated)
+    source: str
+    lower_bound: bool = False  # the source says "more than" this
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "technique": self.technique,
+            "loss": self.loss,
+            "basis": self.basis,
+            "source": self.source,
+            "lower_bound": self.lower_bound,
+        }
+
+
+# A format's estimated loss: (fraction, basis, source).
+FORMAT_LOSS: dict[FormatKind, tuple[float, str, str]] = {
+    FormatKind.FP8_E4M3: (
+        0.005,
+        "cited",
+        "design documents 000, section 3.2: FP8 KV keeps 99.5% of original accuracy (Llama 4)",
+    ),
+    FormatKind.INT8: (
+        0.005,
+        "assumption",
+        "kvsim assumption: documents 003 call group-wise INT8 'nearly lossless' without a figure; "
+        "taken as FP8's cited 0.5%",
+    ),
+    # The documents cite 0.3% for INT4 (Llama 70B) and 0.5% for FP8 (Llama 4): two models and two
+    # evaluations, so the smaller figure for fewer bits is not read as INT4 being safer than FP8; a
+    # budget would otherwise prefer the 4-bit format. A 4-bit format counts at least FP8's loss.
+    FormatKind.INT4: (
+        0.005,
+        "assumption",
+        "kvsim assumption: at least FP8's cited 0.5% (fewer bits); design documents 003, "
+        "'KV Cache INT4量化' cite 0.3% on Llama 70B, another model and evaluation",
+    ),
+    FormatKind.KVQUANT4: (
+        0.005,
+        "assumption",
+        "kvsim assumption: as INT4, at least FP8's cited 0.5% (KVQuant reports under 0.1 perplexity "
+        "at 3 bits, not an accuracy figure)",
+    ),
+}
+
+
+def _format_part(fmt: KVFormat) -> LossPart | None:
+    if not fmt.lossy or fmt.kind not in FORMAT_LOSS:
+        return None
+    loss, basis, source = FORMAT_LOSS[fmt.kind]
+    return LossPart(f"kv.format {fmt.name}", loss, basis, source)
+
+
+def _eviction_part(ev: Any) -> LossPart | None:
+    policy = str(ev.policy.value)
+    if policy == "h2o":
+        r = float(ev.heavy_ratio)
+        name = f"kv.eviction h2o heavy_ratio {r:g}"
+        if r >= 0.2 - 1e-12:
+            return LossPart(name, 0.005, "cited", "design documents 000, 4.2: H2O -0.5% on RULER-1M (at 20%)")
+        if r >= 0.1:
+            loss = 0.005 + (0.2 - r) / 0.1 * 0.015
+            return LossPart(
+                name,
+                loss,
+                "assumption",
+                "kvsim assumption: linear between the documents' -0.5% at 20% and -2% at 10% "
+                "(000, 4.2 and 7.3)",
+            )
+        return LossPart(
+            name, 0.02, "cited", "design documents 000, 7.3: below 10%, RULER-1M drops by more than 2%", True
+        )
+    if policy == "entropy":
+        return LossPart("kv.eviction entropy", 0.008, "cited", "design documents 000, 4.2: -0.8% on RULER-1M")
+    if policy == "streaming":
+        return LossPart(
+            "kv.eviction streaming",
+            0.012,
+            "cited",
+            "design documents 000, 4.2: sliding window -1.2% on RULER-1M (old context is lost)",
+        )
+    return None
+
+
+def accuracy_estimate(kv: Any) -> dict[str, Any]:
+    """A configuration's combined accuracy-loss estimate (``COMPOSITION_RULE``), from its `KVConfig`:
+    the KV format (a per-head mix or a switch at its worse part: a kvsim assumption) plus token
+    eviction. ``loss`` 0 with no parts: nothing lossy. Cited, never measured."""
+    fmts = [kv.format]
+    if kv.format_mix is not None and kv.format_mix.heads:
+        fmts.append(kv.format_mix.format)
+    if kv.format_switch is not None:
+        fmts.append(kv.format_switch.format)
+    fparts = [p for p in (_format_part(f) for f in fmts) if p is not None]
+    parts: list[LossPart] = []
+    if fparts:
+        worst = max(fparts, key=lambda p: p.loss)
+        if len(fmts) > 1:
+            worst = LossPart(
+                " / ".join(f"kv.format {f.name}" for f in fmts),
+                worst.loss,
+                "assumption" if worst.basis == "cited" else worst.basis,
+                f"kvsim assumption: a mix or switch of formats loses what its worse part loses ({worst.source})",
+            )
+        parts.append(worst)
+    ep = _eviction_part(kv.eviction)
+    if ep is not None:
+        parts.append(ep)
+    return {
+        "loss": sum(p.loss for p in parts),
+        "lower_bound": any(p.lower_bound for p in parts),
+        "parts": [p.to_dict() for p in parts],
+        "rule": COMPOSITION_RULE,
+        "basis": ESTIMATE_BASIS,
+    }
+
+
+def within_budget(estimate: dict[str, Any], budget: float) -> bool:
+    """Whether an estimate stays within a loss budget (a fraction). A lower bound ("more than 2%")
+    has no upper figure, so no budget admits it."""
+    if estimate["lower_bound"]:
+        return False
+    return float(estimate["loss"]) <= budget + 1e-12
+
+
+def loss_text(estimate: dict[str, Any] | None) -> str:
+    """An accuracy estimate as a short text: 0.5%, more than 2.0%, or none (nothing lossy)."""
+    if not estimate or not estimate.get("parts"):
+        return "0% (nothing lossy)"
+    v = f"{float(estimate['loss']):.1%}"
+    return f"more than {v}" if estimate.get("lower_bound") else v

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -16,11 +17,31 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.schema import did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:  # the choices listed after a suggestion, so that a cut line keeps it
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            hint = did_you_mean(m.group(2), choices)
+            message = f"argument {m.group(1)}: invalid choice: '{m.group(2)}';{hint} choose from {', '.join(choices)}"
         raise KvsimError(message, source=self.prog)
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, argv: list[str], exc: KvsimError) -> KvsimError:
+    """argparse's ``unrecognized arguments: --no-progres`` with the subcommand's closest flag."""
+    if not exc.message.startswith("unrecognized arguments: "):
+        return exc
+    flags = [a for a in exc.message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+    sub = next((a for a in argv if not a.startswith("-")), None)
+    options = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and sub in action.choices:
+            options |= set(action.choices[sub]._option_string_actions)
+    hint = did_you_mean(flags[0].partition("=")[0], sorted(options)) if flags else ""
+    return KvsimError(exc.message + (f";{hint}" if hint else ""), source=exc.source)
 
 
 def one_line(text: str, limit: int = 280) -> str:
@@ -28,6 +49,15 @@ def one_line(text: str, limit: int = 280) -> str:
     a message quoted: the promise is one short line per mistake."""
     text = " ".join(text.split())
     return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text):,} characters)"
+
+
+def error_line(exc: KvsimError) -> str:
+    """The one line a user mistake prints, from every subcommand (calibrate's too): ``kvsim: error: ``
+    once, then the source without a second ``kvsim`` (``kvsim run: ...`` reads ``run: ...``)."""
+    text = str(exc)
+    for lead in ("kvsim: ", "kvsim "):
+        text = text.removeprefix(lead)
+    return f"kvsim: error: {one_line(text)}"
 
 
 def _positive_int(text: str) -> int:
@@ -38,6 +68,22 @@ def _positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return v
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    out: list[float] = []
+    for part in text.split(","):
+        try:
+            q = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected percentiles such as 50,90,99,99.9, got {text!r}"
+            ) from None
+        if not 0 <= q <= 100:  # nan and inf fail too
+            raise argparse.ArgumentTypeError(f"expected percentiles in [0, 100], got {part.strip()!r}")
+        if q not in out:
+            out.append(q)
+    return tuple(out)
 
 
 def _context(text: str) -> int:
@@ -88,7 +134,7 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from kvsim.render import print_summary
     from kvsim.report import write_report
-    from kvsim.report.outputs import check_output_dir, discard_if_empty
+    from kvsim.report.outputs import RUN_FILES, check_output_dir, discard_if_empty
     from kvsim.run import run_scenario, write_run
     from kvsim.spec.scenario import load_scenario
 
@@ -101,27 +147,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("model config", sc.model.config_path),
         ("profile", sc.cost_model.profile),
     )
+    if args.save_detailed and args.format is None:
+        raise KvsimError("only with --format vllm-bench", source="--save-detailed")
+    extra = ("vllm_bench.json",) if args.format == "vllm-bench" else ()
     existed = Path(args.out).is_dir()
-    out = check_output_dir(args.out, reads=reads, force=args.force)  # before any simulation work
+    out = check_output_dir(args.out, reads=reads, force=args.force, files=(*RUN_FILES, *extra))
     try:
-        result = run_scenario(sc, progress=not args.no_progress)
+        result = run_scenario(sc, progress=not args.no_progress, percentiles=args.percentiles)
     except BaseException:
         discard_if_empty(out, existed)
         raise
     try:
         write_run(result, out)
         write_report(out)
+        if args.format == "vllm-bench":
+            from kvsim.interop.bench_json import write_bench_json
+
+            write_bench_json(result, out, detailed=args.save_detailed, percentiles=args.percentiles)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
     print_summary(result.record)
-    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}")
+    also = f", {out / extra[0]}" if extra else ""
+    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}{also}")
     return 0
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from kvsim.render import console
     from kvsim.report.outputs import check_output_dir, discard_if_empty
     from kvsim.report.stack import HEADER, stack_cells, write_stack_report
     from kvsim.spec.scenario import load_scenario
@@ -137,7 +191,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
         reads = (("scenario", Path(args.scenario)), ("trace", sc.workload.trace))
         out = check_output_dir(args.out, reads=reads, force=args.force, files=files)
     try:
-        data = stack_json(sc, stack_rows(sc))
+        data = stack_json(sc, stack_rows(sc, progress=not args.no_progress))
     except BaseException:
         if out is not None:
             discard_if_empty(out, existed)
@@ -150,7 +204,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             t.add_column(h)
         for r in data["rows"]:
             t.add_row(*stack_cells(r))
-        Console().print(t)
+        console().print(t)
         print(f"claimed column: {data['claimed_source']}")
         print(f"cost column: {data['cost_basis']}")
     if out is not None:
@@ -174,7 +228,7 @@ class _AxisAction(argparse.Action):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from kvsim.report import write_report
+    from kvsim.report import point_reports
     from kvsim.report.outputs import check_output_dir
     from kvsim.report.sweep import SWEEP_FILES, write_sweep_report
     from kvsim.sweep.define import Factor, grid_factor, load_sweep_file, parse_axis, zip_factor
@@ -209,7 +263,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             out,
             jobs=jobs,
             reuse=reuse,
-            finish=write_report,
+            finish=point_reports(out),
             progress=not args.no_progress,
             executor=args.executor,
             ray_address=args.ray_address,
@@ -233,11 +287,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from kvsim.report import write_report
+    from kvsim.report import point_reports
     from kvsim.report.outputs import check_output_dir
     from kvsim.report.plan import write_plan_report
     from kvsim.sweep.plan import (
         PLAN_FILES,
+        parse_accuracy_budget,
         parse_loads,
         parse_search,
         parse_slo,
@@ -251,17 +306,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     slos = [parse_slo(t) for t in args.slo]
     axes = [parse_search(t) for t in args.search]
     loads = parse_loads(args.load)
-    planner = prepare_plan(args.scenario, slos, axes, loads, args.max_unserved)  # every point checked
+    budget = None if args.max_accuracy_loss is None else parse_accuracy_budget(args.max_accuracy_loss)
+    planner = prepare_plan(args.scenario, slos, axes, loads, args.max_unserved, budget)  # every point checked
     out = check_output_dir(args.out, reads=planner.reads, force=args.force, files=PLAN_FILES)
     reuse = plan_resumable(planner, out, force=args.force)
     jobs = args.jobs or os.cpu_count() or 1
 
-    def progress(n: int) -> None:
-        if not args.no_progress:
-            print(f"running {n} point{'s' if n != 1 else ''}...", file=sys.stderr, flush=True)
-
     try:
-        data = run_plan(planner, out, jobs=jobs, reuse=reuse, finish=write_report, on_batch=progress)
+        data = run_plan(
+            planner, out, jobs=jobs, reuse=reuse, finish=point_reports(out), progress=not args.no_progress
+        )
         page = write_plan_report(out)
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc}", source="--out") from None
@@ -296,6 +350,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.against is not None:
+        from kvsim.interop.against import against_command
+
+        used = [
+            f for f in ("device", "quick", "recalibrate", "scale") if getattr(args, f) not in (None, False)
+        ]
+        if used:
+            raise KvsimError(f"--{used[0]} is for a device run, not with --against", source="validate")
+        return against_command(args)
+    if args.seed is not None:
+        raise KvsimError("only with --against", source="--seed")
+    for flag in ("device", "out"):
+        if getattr(args, flag) is None:
+            raise KvsimError(f"the following arguments are required: --{flag}", source="kvsim validate")
     from kvsim.validation import validate_command
 
     return validate_command(args)
@@ -310,9 +378,23 @@ def cmd_calibrate(args: argparse.Namespace, rest: list[str]) -> int:
     return proc.returncode
 
 
+def version() -> str:
+    """The installed distribution's version; `kvsim.__version__` when run from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvsim")
+    except PackageNotFoundError:
+        from kvsim import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvsim", description="KV-cache-centred LLM inference cluster simulator")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--version", action="version", version=f"kvsim {version()}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     k = sub.add_parser("kv-size", help="KV-cache memory per sequence and batch, and whether it fits")
@@ -333,6 +415,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     r.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=(),
+        metavar="50,90,99,99.9",
+        help="latency percentiles for the table and each distribution's by_percentile (vLLM bench's "
+        "--metric-percentiles); default p50, p90, p99 shown, p50..p99.9 written",
+    )
+    r.add_argument(
+        "--format",
+        choices=("vllm-bench",),
+        help="also write the result in another tool's schema: vllm-bench writes vllm_bench.json, "
+        "vllm bench serve's result keys in its units (kvsim/interop/bench_json.py)",
+    )
+    r.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="with --format vllm-bench: the per-request lists too (input_lens, output_lens, ttfts, itls)",
+    )
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser(
@@ -343,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     st.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     st.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
     st.set_defaults(func=cmd_stack)
 
     sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides; results.csv and sweep.html")
@@ -393,6 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="fraction of requests that may be rejected or unfinished (default 0)",
     )
+    pl.add_argument(
+        "--max-accuracy-loss",
+        metavar="PCT",
+        help="keep configurations whose cited accuracy-loss estimate is at most this, e.g. 1%%",
+    )
     pl.add_argument("--out", required=True, help="output directory (a re-run reuses its points)")
     pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: CPU count)")
     pl.add_argument("--force", action="store_true", help="replace files kvsim did not write, or another plan")
@@ -414,14 +521,29 @@ def build_parser() -> argparse.ArgumentParser:
         "own scheduler, simulate it with the fresh profile and with the analytic model, and compare "
         "(validate.json, validate.html, a terminal table; see kvsim/validation.py).",
     )
-    v.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    v.add_argument("--device", choices=("cpu", "cuda"), help="the device to execute on (not with --against)")
+    v.add_argument(
+        "--against",
+        metavar="RESULT.json",
+        help="instead: a vllm bench serve or SGLang bench_serving result, its workload simulated on "
+        "--scenario (default scenarios/default.yaml) and compared (kvsim/interop/against.py)",
+    )
+    v.add_argument(
+        "--seed",
+        type=int,
+        help="with --against: the benchmark's --seed (default the tool's: vLLM 0, SGLang 1)",
+    )
     v.add_argument(
         "--quick",
         action="store_true",
-        help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (seconds on a CPU)",
+        help="refuse traces over 64 requests, 16,384 tokens or 30 s of arrivals (a check, not a shortcut: the "
+        "default trace is within them and takes about 1 min on a 2-core CPU, calibration included)",
     )
-    v.add_argument("--out", required=True, help="output directory")
-    v.add_argument("--scenario", help="scenario YAML (default scenarios/validate.yaml)")
+    v.add_argument("--out", help="output directory (required without --against)")
+    v.add_argument(
+        "--scenario",
+        help="scenario YAML (default scenarios/validate.yaml; scenarios/default.yaml with --against)",
+    )
     v.add_argument("--repeats", type=_positive_int, default=3, help="executions recorded (default 3)")
     v.add_argument(
         "--recalibrate",
@@ -449,7 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     sub.add_parser(
-        "calibrate", help="measure per-op costs on a device (python -m calibrate --help)", add_help=False
+        "calibrate",
+        help="measure per-op costs on a device, or import measured tables (kvsim calibrate --help)",
+        add_help=False,
     )
     return p
 
@@ -463,7 +587,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("calibrate")
         return cmd_calibrate(argparse.Namespace(), argv[i + 1 :])
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except KvsimError as exc:
+            raise _unknown_flags(parser, argv, exc) from None
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
@@ -471,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as exc:
         if debug:
             raise
-        print(f"kvsim: error: {one_line(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)

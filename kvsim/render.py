@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -13,6 +14,13 @@ from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 
 MAX_REPLICA_LINES = 8  # more replicas than this: the per-replica table is in report.html only
+PIPED_WIDTH = 400  # columns when stdout is not a terminal: tables whole, not cut to 80
+
+
+def console() -> Console:
+    """A rich console: the terminal's width on a terminal; piped, wide enough that no table is cut
+    (rich would assume 80 columns and truncate cells)."""
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
 def _gb(n: float) -> str:
@@ -27,7 +35,7 @@ def print_kv_size(
     notes: list[str],
     accuracy: list[dict[str, Any]] | None = None,
 ) -> None:
-    con = Console()
+    con = console()
     title = (
         f"{model.name}: {model.attention.value.upper()}, {model.num_layers} layers, "
         f"{model.num_kv_heads} KV heads x {model.kv_vector_dim}; weights {_gb(model.weight_bytes)} "
@@ -72,21 +80,47 @@ def print_kv_size(
         con.print(f"  {a['format']}: " + "; ".join(x for x in (measured, cited) if x))
 
 
+def slo_lines(summary: RunSummary) -> list[str]:
+    """Whether each SLO was met, one line each: the first thing the terminal summary says."""
+    slo, req = summary.slo, summary.requests
+    pct = f"p{slo.percentile:g}"
+    short = (
+        ""
+        if req.completed == req.total
+        else f" ({req.total - req.completed:,} of {req.total:,} requests not completed)"
+    )
+    out: list[str] = []
+    for name, target, at, met in (
+        ("TTFT", slo.ttft_s, slo.ttft_at_percentile_s, slo.ttft_met),
+        ("TPOT", slo.tpot_s, slo.tpot_at_percentile_s, slo.tpot_met),
+    ):
+        verdict = "met" if met else "MISSED"
+        out.append(f"SLO {name} {pct} <= {_ms(target)}: {verdict} ({pct} {_ms(at)}){'' if met else short}")
+    out.append(f"requests meeting both SLOs: {slo.good_fraction:.1%} of those that arrived")
+    return out
+
+
 def print_summary(summary: RunSummary) -> None:
-    con = Console()
+    con = console()
     req = summary.requests
+    for line in slo_lines(summary):
+        con.print(line.replace("MISSED", "[red]MISSED[/]").replace(": met", ": [green]met[/]"))
     t = Table(title=f"kvsim run: {summary.scenario}", title_justify="left")
     t.add_column("metric")
-    t.add_column("p50", justify="right")
-    t.add_column("p90", justify="right")
-    t.add_column("p99", justify="right")
-    for d, label in (
+    keys = [f"p{q:g}" for q in summary.percentiles] or ["p50", "p90", "p99"]  # --percentiles
+    for k in keys:
+        t.add_column(k, justify="right")
+    rows = [
         (summary.ttft_s, "TTFT"),
-        (summary.tpot_s, "TPOT"),
+        (summary.tpot_s, "TPOT (per request)"),
+        (summary.itl_s, "ITL (per token)"),
         (summary.e2e_s, "E2E"),
         (summary.queue_s, "queueing"),
-    ):
-        t.add_row(label, _ms(d.p50), _ms(d.p90), _ms(d.p99))
+    ]
+    for d, label in rows:
+        if d is not None:  # ITL: None in a summary written before it existed
+            vals = [d.by_percentile.get(k) for k in keys] if summary.percentiles else [d.p50, d.p90, d.p99]
+            t.add_row(label, *map(_ms, vals))
     con.print(t)
     con.print(
         f"requests: {req.total:,} arrived, {req.completed:,} completed, {req.rejected:,} rejected, "
@@ -193,6 +227,8 @@ def _ms(v: float | None) -> str:
 
 
 def print_plan(data: dict[str, Any]) -> None:
+    from kvsim.accuracy import loss_text
+
     """The terminal summary of ``kvsim plan``: the choice or the closest miss, the nearest runners-up."""
     slos = ", ".join(s["text"] for s in data["slos"])
     loads = ", ".join(data["loads"])
@@ -201,9 +237,15 @@ def print_plan(data: dict[str, Any]) -> None:
     print(f"{n} configurations evaluated; {ran} points run, {reused} reused from an earlier run")
     for note in data.get("notes", []):
         print(f"note: {note}")
+    for warning in data.get("warnings", []):
+        print(f"warning: {warning}")
     choice = data["choice"]
+    budget = data.get("max_accuracy_loss")
+    within = "" if budget is None else f" within the accuracy budget {budget:.2%}"
+    if data.get("budget_excluded"):
+        print(f"note: {data['budget_excluded']['text']}")
     if choice is None:
-        print(f"no configuration in the search meets {slos} at {loads}")
+        print(f"no configuration in the search meets {slos} at {loads}{within}")
         closest = data.get("closest")
         if closest is not None:
             print(
@@ -212,7 +254,12 @@ def print_plan(data: dict[str, Any]) -> None:
         return
     print(
         f"choice: {choice['label']}: {choice['gpus']} GPU{'s' if choice['gpus'] != 1 else ''}, ${choice['usd_per_hour']:.2f}/h; "
-        f"meets {slos} at {loads}"
+        f"meets {slos} at {loads}{within}"
+        + (
+            f"; accuracy estimate {loss_text(choice['accuracy'])} (cited, not measured)"
+            if (choice.get("accuracy") or {}).get("parts")
+            else ""
+        )
     )
     for e in data["runners_up"][:3]:
         print(f"  runner-up: {e['label']} (${e['usd_per_hour']:.2f}/h): {e['why']}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from kvsim.accuracy import accuracy_note, eviction_accuracy
+from kvsim.accuracy import accuracy_estimate, accuracy_note, eviction_accuracy
 from kvsim.core.block_hash import block_keys, private_keys
 from kvsim.core.eviction import eviction_from_config, switch_eviction, window_eviction
 from kvsim.core.memory_plan import MemoryPlan, plan_memory
@@ -31,8 +32,15 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
-from kvsim.results.io import write_links_csv, write_requests_csv, write_tiers_csv, write_timeseries_csv
+from kvsim.results.io import (
+    csv_name,
+    write_links_csv,
+    write_requests_csv,
+    write_tiers_csv,
+    write_timeseries_csv,
+)
 from kvsim.results.record import (
+    AccuracyEstimate,
     AccuracyNote,
     BusyFraction,
     Distribution,
@@ -54,11 +62,11 @@ from kvsim.results.record import (
     part_from_dict,
     write_summary,
 )
-from kvsim.results.summary import dist, summarize
+from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process, make_pool_and_scheduler
 from kvsim.sim.links import FairLinkQueue, LinkQueue
 from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
-from kvsim.sim.replica import Replica, ReplicaStats
+from kvsim.sim.replica import Replica, ReplicaStats, TokenGaps
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
 from kvsim.spec.topology import Link
@@ -76,11 +84,19 @@ class RunResult:
     link_samples: list[tuple[float, str, float, float]] = field(
         default_factory=list
     )  # (t, link, bytes, busy s)
+    # Each replica's inter-token gaps (`TokenGaps`), for per-request ITL lists (vLLM bench format).
+    gaps: list[TokenGaps] = field(default_factory=list)
 
     @property
     def summary(self) -> dict[str, Any]:
         """The record's JSON form, as ``summary.json`` holds it."""
         return self.record.to_dict()
+
+
+# Below this share of busy time priced over prefixes past the tables, no warning: on the default
+# scenario it is under 0.1% (a prompt's later chunks over its earlier ones), which changes no
+# decision and would put a warning on every run.
+EXTRAPOLATED_WARN_SHARE = 1e-3
 
 
 def _refuse_unsimulated(sc: Scenario) -> None:
@@ -168,6 +184,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format_mix,
         sc.kv.eviction,
         sc.kv.format_switch,
+        sc.kv.block_size,
         c.topology,
     )
 
@@ -184,6 +201,7 @@ def make_cost_model(sc: Scenario) -> CostModel:
             mix=sc.kv.format_mix,
             eviction=eviction_from_config(sc.kv.eviction),
             switch=sc.kv.format_switch,
+            block_size=sc.kv.block_size,
         )
     from kvsim.costs.profile import load_profile_cost_model
 
@@ -196,7 +214,7 @@ def scenario_workload(sc: Scenario) -> Workload:
     try:
         return load_workload(sc.workload, seed=sc.sim.seed)
     except KvsimError as exc:
-        if exc.source in ("synthetic", "agent"):
+        if exc.source in ("synthetic", "agent", "random"):
             raise KvsimError(exc.message, source=sc.source, path=exc.path) from None
         raise
 
@@ -208,9 +226,11 @@ def run_scenario(
     workload: Workload | None = None,
     make_scheduler: Callable[..., Scheduler] = make_pool_and_scheduler,
     cost: CostModel | None = None,
+    percentiles: tuple[float, ...] = (),
 ) -> RunResult:
     """Simulate `sc`. `make_scheduler` builds each replica's scheduler (tests pass one that checks
-    invariants after every operation)."""
+    invariants after every operation); `percentiles`: also these, in each latency distribution's
+    ``by_percentile`` and the terminal table (``kvsim run --percentiles``)."""
     t0 = time.perf_counter()
     _refuse_unsimulated(sc)
     wl = workload if workload is not None else scenario_workload(sc)
@@ -275,6 +295,9 @@ def run_scenario(
         for r in replicas:
             r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
     router = Router(sc.cluster.router, replicas)
+    if router.indexed:
+        for r in replicas:
+            r.on_load_change = router.touch
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill
@@ -344,9 +367,32 @@ def run_scenario(
         percentile=sc.slo.percentile,
         not_arrived=len(wl) - len(seqs),
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
+        percentiles=percentiles,
     )
+    finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
+    finished_ids = {s.id for s in finished}
+    pooled = [r.gaps.pooled(finished_ids) for r in replicas]
+    # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
+    # sum of the gaps) does not depend on how windows grouped them.
+    multi = [s for s in finished if s.output_len > 1]
+    itl_tokens = sum(s.output_len - 1 for s in multi)
+    parts["itl_s"] = weighted_dist(
+        np.concatenate([v for v, _ in pooled]),
+        np.concatenate([c for _, c in pooled]),
+        percentiles,
+        mean=math.fsum(s.finish_s - s.first_token_s for s in multi) / itl_tokens if itl_tokens else None,
+    )
+    parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
+    extrapolated = math.fsum(s.prefix_extrapolated_s for s in stats)
+    share = extrapolated / max(math.fsum(s.busy_s for s in stats), extrapolated) if extrapolated > 0 else 0.0
+    if share >= EXTRAPOLATED_WARN_SHARE:
+        warnings.append(
+            f"cost model: {share:.1%} of the replicas' busy time "
+            f"({extrapolated:,.1f} s) is prefill attention over cached prefixes longer than its tables "
+            f"hold, extrapolated: {cost.prefix_rule}"
+        )
     stuck = counts.unfinished
     if stuck and not math.isfinite(end_s):
         warnings.append(
@@ -393,6 +439,7 @@ def run_scenario(
             )
         warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
+    warnings.extend(wl.notes)
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
@@ -424,6 +471,9 @@ def run_scenario(
         accuracy=None
         if note is None
         else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
+        accuracy_estimate=part_from_dict(
+            AccuracyEstimate, accuracy_estimate(sc.kv), source="kvsim.accuracy", path="accuracy_estimate"
+        ),
         config=_config(sc, cost, wl),
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
@@ -446,6 +496,7 @@ def run_scenario(
         summary,
         [] if offload is None else offload.tier_samples(),
         [] if offload is None else offload.link_samples(),
+        [r.gaps for r in replicas],
     )
 
 
@@ -835,18 +886,32 @@ class _Offload:
     def link_records(self, simulated: float) -> tuple[LinkRecord, ...]:
         span = simulated if simulated > 0 else math.inf
         queues = self._queues()
+        for q in queues:
+            q.settle(simulated)
         return tuple(
             LinkRecord(
                 name=q.label,
                 transfers=q.stats.transfers,
                 bytes=q.stats.bytes,
-                busy_s=q.stats.busy_s,
-                utilization=q.stats.busy_s / span,
+                busy_s=(busy := q.busy_within(simulated)),
+                utilization=busy / span,
                 queued_s=q.stats.queued_s,
+                backlog_s=_backlog(q.work_asked_s(), busy),
             )
             for q in queues
             if q.stats.transfers
         )
+
+    def _readable_at(self, t: float) -> int:
+        """Blocks the nodes' DRAM tiers hold readable at `t` (space taken by writes still in flight
+        left out)."""
+        seen: set[int] = set()
+        blocks = 0
+        for p in self.ports:
+            if p.host is not None and id(p.host) not in seen:
+                seen.add(id(p.host))
+                blocks += p.readable_blocks(p.host, p.ready, t)
+        return blocks
 
     def record(self, seqs: list[Request], simulated: float) -> OffloadRecord:
         assert self.tiers is not None
@@ -877,24 +942,32 @@ class _Offload:
             copy=off.copy.value,
             host_capacity_bytes=self.capacity_bytes,
             host_peak_bytes=int(max(t.stats.peak_blocks for t in self.tiers) * bpg * tp),
-            host_end_bytes=int(sum(t.used_blocks for t in self.tiers) * bpg * tp),
+            host_end_bytes=int(self._readable_at(simulated) * bpg * tp),
             hit_rate_hbm=(hit - dram_hit - pool_hit - ssd_hit) / prompt if prompt else 0.0,
             hit_rate_ssd=ssd_hit / prompt if prompt else 0.0,
             ssd_capacity_bytes=0
             if self.ssd is None
             else int(self.ssd[0].tier.capacity_blocks * self.block_bytes),
-            ssd_written_bytes=sum(p.stats.ssd_written_blocks for p in self.ports) * self.block_bytes,
+            ssd_written_bytes=sum(p.arrived_by(p.ssd_write_log, simulated) for p in self.ports)
+            * self.block_bytes,
             ssd_loaded_bytes=sum(p.stats.ssd_loaded_blocks for p in self.ports) * self.block_bytes,
             cold_demoted_bytes=sum(p.sched.kv.pool.demoted for p in self.ports) * bpg,
             hit_rate_dram=dram_hit / prompt if prompt else 0.0,
             loads=sum(p.stats.loads for p in self.ports),
             loaded_tokens=sum(p.stats.loaded_tokens for p in self.ports),
             loaded_bytes=sum(p.stats.loaded_blocks for p in self.ports) * bpg,
-            written_bytes=sum(p.stats.written_blocks for p in self.ports) * bpg,
+            written_bytes=(written := sum(p.arrived_by(p.write_log, simulated) for p in self.ports)) * bpg,
+            write_backlog_bytes=(sum(p.stats.written_blocks for p in self.ports) - written) * bpg,
             dropped_bytes=sum(t.stats.dropped_blocks for t in self.tiers) * bpg,
             requests_waited=len(waits),
             kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
         )
+
+
+def _backlog(asked: float, done: float) -> float:
+    """Occupancy asked for that the run left undone; 0 within float noise of the two sums."""
+    left = asked - done
+    return left if left > 1e-9 * max(1.0, asked) else 0.0
 
 
 def _pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:
@@ -1082,9 +1155,24 @@ def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) ->
     if not progress or span <= 0:
         env.run(until=end_s if math.isfinite(end_s) else None)
         return
+    horizon = min(span, end_s)
+    if not sys.stdout.isatty():  # piped or logged: a plain line at each quarter (on stderr), no bar
+        t0 = time.perf_counter()
+        for k in range(1, 5):
+            env.run(until=horizon * k / 4)
+            print(
+                f"simulated {env.now:,.0f}/{horizon:,.0f} s of arrivals ({25 * k}%) "
+                f"in {time.perf_counter() - t0:,.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        if not math.isfinite(end_s):
+            env.run()
+        elif env.now < end_s:
+            env.run(until=end_s)
+        return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    horizon = min(span, end_s)
     with Progress(
         TextColumn("simulating"),
         BarColumn(),
@@ -1143,7 +1231,14 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
         seed=sc.sim.seed,
         fast_forward=sc.sim.fast_forward,
         overrides=tuple(sc.overrides),
-        sources=dict(sc.cluster.gpu.sources + sc.cluster.topology.sources + _pool_node_sources(sc)),
+        sources=dict(
+            [
+                *sc.cluster.gpu.sources,
+                ("price", sc.gpu_price.source_line),
+                *sc.cluster.topology.sources,
+                *_pool_node_sources(sc),
+            ]
+        ),
         clip_to_context=sc.workload.clip_to_context,
         scenario_path=sc.source,
         profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),
@@ -1174,17 +1269,26 @@ def _replica_records(
     )
 
 
-def write_run(result: RunResult, out: Path) -> None:
-    """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them)."""
+def write_run(result: RunResult, out: Path | str, *, compress: bool = False) -> None:
+    """``summary.json``, ``requests.csv`` and ``timeseries.csv`` (the report is built from them),
+    and ``tiers.csv`` and ``links.csv`` when the run has samples for them. `compress`: each CSV as
+    ``NAME.csv.gz`` (a sweep's or plan's points). What an earlier run left under a CSV's other
+    form, or under one this run has no rows for, is removed (the CLI has checked it is kvsim's)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_summary(out / "summary.json", result.record)
-    write_requests_csv(out / "requests.csv", result.seqs)
-    write_timeseries_csv(out / "timeseries.csv", [row for s in result.stats for row in s.samples])
+    written = {"requests.csv", "timeseries.csv"}
+    write_requests_csv(out / csv_name("requests.csv", compress), result.seqs)
+    samples = [row for s in result.stats for row in s.samples]
+    write_timeseries_csv(out / csv_name("timeseries.csv", compress), samples)
     if result.tier_samples:
-        write_tiers_csv(out / "tiers.csv", result.tier_samples)
-    elif (out / "tiers.csv").exists():  # an earlier run's (checked by the CLI as kvsim's own)
-        (out / "tiers.csv").unlink()
+        write_tiers_csv(out / csv_name("tiers.csv", compress), result.tier_samples)
+        written.add("tiers.csv")
     if result.link_samples:
-        write_links_csv(out / "links.csv", result.link_samples)
-    elif (out / "links.csv").exists():
-        (out / "links.csv").unlink()
+        write_links_csv(out / csv_name("links.csv", compress), result.link_samples)
+        written.add("links.csv")
+    for name in ("requests.csv", "timeseries.csv", "tiers.csv", "links.csv"):
+        for form in (not compress,) if name in written else (compress, not compress):
+            stale = out / csv_name(name, form)
+            if stale.exists():
+                stale.unlink()

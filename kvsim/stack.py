@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.core.eviction import eviction_from_config
+from kvsim.progress import PointProgress
 from kvsim.run import run_scenario
 from kvsim.spec.formats import make_format
 from kvsim.spec.models import Attention
@@ -155,37 +156,48 @@ def _variants(sc: Scenario) -> list[tuple[Scenario | None, str]]:
     return out
 
 
-def stack_rows(sc: Scenario) -> list[StackRow]:
-    """Simulate the table's rows for `sc` (its workload, cluster and pricing)."""
+def stack_rows(sc: Scenario, *, progress: bool = False) -> list[StackRow]:
+    """Simulate the table's rows for `sc` (its workload, cluster and pricing). `progress`: on
+    stderr, a bar on a terminal, a line per simulated row when piped (`kvsim.progress`)."""
     rows = []
-    for (variant, note), label, (mem, cost) in zip(_variants(sc), LABELS, CLAIMED, strict=True):
-        if variant is None:
-            rows.append(StackRow(label, False, note, None, None, None, None, None, None, mem, cost))
-            continue
-        ev = eviction_from_config(variant.kv.eviction)
-        kept = ONE_M if ev is None else ev.kept(ONE_M)
-        kv_bytes = variant.model.kv_bytes(ONE_M, variant.kv.format) * kept // ONE_M
-        s = run_scenario(variant).summary
-        rows.append(
-            StackRow(
-                label,
-                True,
-                note,
-                int(kv_bytes),
-                int(
-                    s["weight_bytes_per_gpu"]
-                    + s["memory_plan"]["activation_reserve_bytes"]
-                    + s["kv_peak_used_blocks"] * s["kv_block_bytes"]
-                ),
-                s["ttft_s"]["p99"],
-                s["tpot_s"]["p99"],
-                s["cost_per_mtok_usd"],
-                int(s["requests"]["completed"]),
-                mem,
-                cost,
-            )
-        )
+    variants = _variants(sc)
+    bar = PointProgress(sum(v is not None for v, _ in variants), enabled=progress)
+    bar.start()
+    try:
+        for (variant, note), label, claimed in zip(variants, LABELS, CLAIMED, strict=True):
+            rows.append(_row(variant, note, label, claimed))
+            if variant is not None:
+                bar.finished(label, True)
+    finally:
+        bar.stop()
     return rows
+
+
+def _row(variant: Scenario | None, note: str, label: str, claimed: tuple[str, str]) -> StackRow:
+    mem, cost = claimed
+    if variant is None:
+        return StackRow(label, False, note, None, None, None, None, None, None, mem, cost)
+    ev = eviction_from_config(variant.kv.eviction)
+    kept = ONE_M if ev is None else ev.kept(ONE_M)
+    kv_bytes = variant.model.kv_bytes(ONE_M, variant.kv.format) * kept // ONE_M
+    s = run_scenario(variant).summary
+    return StackRow(
+        label,
+        True,
+        note,
+        int(kv_bytes),
+        int(
+            s["weight_bytes_per_gpu"]
+            + s["memory_plan"]["activation_reserve_bytes"]
+            + s["kv_peak_used_blocks"] * s["kv_block_bytes"]
+        ),
+        s["ttft_s"]["p99"],
+        s["tpot_s"]["p99"],
+        s["cost_per_mtok_usd"],
+        int(s["requests"]["completed"]),
+        mem,
+        cost,
+    )
 
 
 def stack_json(sc: Scenario, rows: list[StackRow]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,7 @@ from kvsim.core.sched.scheduler import Scheduler
 from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.report.compare import compare_page
+from kvsim.report.html import write_plotly_js
 from kvsim.report.outputs import check_output_dir
 from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import BusyFraction, ReplicaRecord, RunSummary, write_summary
@@ -66,7 +68,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = ROOT / "scenarios" / "validate.yaml"
 SCHEMA = "kvsim-validate"
 VERSION = 1
-# --quick limits: a trace that executes in seconds on a CPU (the CI test's budget).
+# --quick limits: a short trace (each execution at most 30 s of arrivals and its drain). They do not
+# shorten a run: the default trace (32 requests over 5 s) is within them, and with its calibration,
+# warm-up and 3 runs takes about 1 min on a 2-core CPU (2 min with --recalibrate).
 QUICK_MAX_REQUESTS = 64
 QUICK_MAX_TOKENS = 16_384  # prompt + output tokens over the whole trace
 QUICK_MAX_SPAN_S = 30.0
@@ -495,30 +499,29 @@ def markdown_table(data: dict[str, Any]) -> str:
 
 
 def _html_table(data: dict[str, Any]) -> str:
-    import html
+    """The error table as HTML, built from the report's escaped parts (`kvsim.report.html`)."""
+    from kvsim.report import html
 
     rows = []
     for r in data["metrics"]:
         u = r["unit"]
         me = r["measured"]
-        tds = [
-            html.escape(r["metric"]),
-            f"{_num(me['median'], u)} [{_num(me['min'], u)}, {_num(me['max'], u)}]",
-        ]
+        tds = [r["metric"], f"{_num(me['median'], u)} [{_num(me['min'], u)}, {_num(me['max'], u)}]"]
         for m in MODELS:
             e = r[m]["error"]
             tds += [_num(r[m]["value"], u), f"{_pct(e['median'])} [{_pct(e['min'])}, {_pct(e['max'])}]"]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(t)}</td>" for t in tds) + "</tr>")
-    notes = "".join(f"<li>{html.escape(t)}</li>" for t in table_lines(data)[-3:])
-    dev = html.escape(str(data["device"]["name"]))
-    return (
-        f"<h2>Validation: simulated vs measured on {dev}</h2>"
-        f"<p>{html.escape(data['model']['how'])}; {data['repeats']} runs, errors as simulated / measured - 1 "
-        "(median [min, max] over runs).</p>"
-        "<table><thead><tr><th>metric</th><th>measured</th><th>profile sim</th><th>error</th>"
-        "<th>analytic sim</th><th>error</th></tr></thead><tbody>"
-        + "".join(rows)
-        + f"</tbody></table><ul>{notes}</ul>"
+        rows.append(tds)
+    header = ["metric", "measured", "profile sim", "error", "analytic sim", "error"]
+    return str(
+        html.section(
+            f"Validation: simulated vs measured on {data['device']['name']}",
+            html.para(
+                f"{data['model']['how']}; {data['repeats']} runs, errors as simulated / measured - 1 "
+                "(median [min, max] over runs)."
+            ),
+            html.table(rows, header),
+            html.items(table_lines(data)[-3:]),
+        )
     )
 
 
@@ -570,7 +573,28 @@ def _device_peaks(prof: dict[str, Any]) -> dict[str, float]:
     return {"bf16_flops": flops, "hbm_bw": bw}
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what a failed command removes)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing = p
+    return missing
+
+
 def validate_command(args: Any) -> int:
+    """`kvsim validate`; a refused command leaves no folder it created behind."""
+    created = _first_missing(Path(args.out)) if args.out.strip() else None
+    try:
+        return _validate(args)
+    except KvsimError:
+        if created is not None and created.is_dir():
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _validate(args: Any) -> int:
     progress = not args.no_progress
 
     def say(msg: str) -> None:
@@ -606,6 +630,10 @@ def validate_command(args: Any) -> int:
     )
     _check_ours(out, force=args.force)
     _probe_writable(out)
+    shown = out
+    # Absolute: the scaled config.json and the profiles written here are read back through
+    # scenarios whose relative paths resolve against the scenario's folder, not the working one.
+    out = out.absolute()
     threads = args.cpu_threads if args.device == "cpu" else None
     scale = args.scale if args.scale is not None else (8 if args.device == "cpu" else 1)
     cfg = scaled_config(base.model, scale)
@@ -826,6 +854,7 @@ def validate_command(args: Any) -> int:
         )
         page = page.replace("</h1>", "</h1>\n" + _html_table(data), 1)
         (out / "validate.html").write_text(page, encoding="utf-8")
+        write_plotly_js(out)  # the page's charts load it from beside it
     except OSError as exc:
         raise KvsimError(f"cannot write results: {exc.strerror or exc}", source="--out") from None
     print(f"validation on {device_name}: {data['model']['how']}, {len(wl)} requests, {data['repeats']} runs")
@@ -834,7 +863,7 @@ def validate_command(args: Any) -> int:
         print(f"host load average: {la}")
     for line in [*table_lines(data), *per_op_lines(data["per_op"])]:
         print(line)
-    print(f"wrote {out / 'validate.json'}, {out / 'validate.html'}")
+    print(f"wrote {shown / 'validate.json'}, {shown / 'validate.html'}")
     return 0
 
 

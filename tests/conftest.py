@@ -13,8 +13,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # or fails on the code, not on the draw. Search for new failures with random draws (run it a few times):
 #   HYPOTHESIS_PROFILE=explore python -m pytest tests/test_engine_properties.py
 # and pin what it finds as an ordinary test.
-from hypothesis import settings
+# No example has a deadline and no health check is on time (hypothesis's defaults are 200 ms and
+# "too slow"): no test relies on wall time, and a loaded machine must not fail one.
+from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True, database=None)
-settings.register_profile("explore", derandomize=False)
+untimed = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", derandomize=True, database=None, **untimed)
+settings.register_profile("explore", derandomize=False, **untimed)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

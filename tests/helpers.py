@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kvsim.spec.scenario import Scenario, scenario_from_dict
 from kvsim.spec.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
+# A guard against hangs, not a speed check: no test asserts how long anything takes, and a loaded
+# machine (a CI runner, a CPU shared with other test runs) must never trip it, so it is generous.
+# KVSIM_HANG_GUARD_S sets it (lower, to find a hang sooner).
+HANG_GUARD_S = float(os.environ.get("KVSIM_HANG_GUARD_S", "1800"))
+
+
+def hang_message(what: str) -> str:
+    return (
+        f"hang guard: {what} still running after {HANG_GUARD_S:g} s (a guard against hangs, not a "
+        "speed check; KVSIM_HANG_GUARD_S sets it)"
+    )
+
+
+def run_guarded(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """`subprocess.run` under the hang guard: past `HANG_GUARD_S` the test fails, saying it hung."""
+    try:
+        return subprocess.run(cmd, timeout=HANG_GUARD_S, **kwargs)
+    except subprocess.TimeoutExpired:
+        pass  # failed outside the handler: the message, not Python's traceback of the timeout
+    pytest.fail(hang_message(" ".join(" ".join(str(c) for c in cmd).split())[:200]))
 
 
 def make_workload(arrivals, prompts, outputs, hash_ids=None, block_tokens: int = 16) -> Workload:

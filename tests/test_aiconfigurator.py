@@ -144,7 +144,7 @@ def test_unknown_system_backend_version_list_what_exists(aic, tmp_path, capsys, 
     argv = ["import", "--from-aiconfigurator", "--model", "llama-3.1-8b", "--out", str(tmp_path / "x.json")]
     assert main([*argv, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("calibrate: error: " + expect)
+    assert len(err) == 1 and err[0].startswith("kvsim: error: " + expect)
     assert not (tmp_path / "x.json").exists()
 
 
@@ -164,7 +164,7 @@ def test_not_installed_gives_the_install_line(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "calibrate: error: aiconfigurator-core is not installed: pip install 'kvsim[aiconfigurator]'"
+        "kvsim: error: aiconfigurator-core is not installed: pip install 'kvsim[aiconfigurator]'"
     ]
 
 

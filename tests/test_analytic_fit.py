@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -90,6 +91,30 @@ def test_a_bad_fit_file_is_one_line_naming_the_field():
     assert "gpus.l40s.source: expected the tables' provenance" in _bad(
         lambda d: d["gpus"]["l40s"].pop("source")
     )
+    assert "gpus.h100-sxm.fp8_kv.decode_speedup: expected a number in 0.25..4, got 9" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].update(decode_speedup=9)
+    )
+    assert "gpus.h100-sxm.fp8_kv.prefill_factor: expected a number in 0.25..4, got None" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].pop("prefill_factor")
+    )
+    assert "gpus.h100-sxm.fp8_kv: expected an object" in _bad(
+        lambda d: d["gpus"]["h100-sxm"].update(fp8_kv=1)
+    )
+
+
+def test_fp8_kv_uses_the_fitted_speed_up_and_prefill_factor_where_the_tables_have_them():
+    fit = shipped_fits()["h200-sxm"]
+    assert fit.fp8_decode_speedup is not None and fit.fp8_prefill_factor is not None
+    bf16 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}))
+    fp8 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}, kv={"format": "fp8"}))
+    assert fp8.speedup["fp8_e4m3"] == fit.fp8_decode_speedup
+    assert fp8.decode_attn_s_per_token == pytest.approx(bf16.decode_attn_s_per_token / fit.fp8_decode_speedup)
+    assert fp8._prefill_attn_time(2048, 0) == pytest.approx(
+        fit.fp8_prefill_factor * bf16._prefill_attn_time(2048, 0)
+    )
+    # Without tables (h100-pcie): the published 1.6x, no prefill factor.
+    pub = make_cost_model(small_scenario(cluster={"gpu": "h100-pcie"}, kv={"format": "fp8"}))
+    assert pub.speedup["fp8_e4m3"] == 1.6 and pub.prefill_format_factor == 1.0
 
 
 def _measured(op: str, **where: int) -> float:
@@ -171,38 +196,126 @@ def aic() -> None:
 
 def test_a_fit_on_a_third_of_the_points_lands_near_the_stored_parameters(aic):
     """Re-run the fit on every third point of the H200 tables: the parameters the predictions hang
-    on land within 10% of the stored ones, and the predictions within 5% at every point."""
-    from calibrate.fit_analytic import fit_op, load_gpu_data, predict
+    on land within 10% of the stored ones, and the predictions within 4% on average (each
+    third weighted as the fit weights it: by the traces' time shares), within 10% anywhere."""
+    from calibrate.fit_analytic import fit_op, fit_weights, load_gpu_data, predict
 
     stored: GpuFit = shipped_fits()["h200-sxm"]
     data = load_gpu_data("h200_sxm")
     for op, pts in data.ops.items():
-        refit = fit_op(op, pts.subset(3), data.peak, data.bw)
+        sub = pts.subset(3)
+        refit = fit_op(op, sub, data.peak, data.bw, fit_weights(op, sub))
         kept = getattr(stored.ops, op)
         for name in ("e_max", "t0_s"):
             assert getattr(refit, name) == pytest.approx(getattr(kept, name), rel=0.10), (op, name)
         ours, theirs = (predict(op, p, pts, data.peak, data.bw) for p in (refit, kept))
-        assert np.max(np.abs(ours / theirs - 1)) < 0.05, op
+        moved = np.abs(ours / theirs - 1)
+        # Within 4% where the traces spend their time (decode: 2.9%; the weights sit on the few
+        # batch x context cells the runs visit, and a third of the grid moves them), 10% anywhere
+        # (shapes no trace visits are looser: decode cells the runs never reach move up to 9%).
+        assert float(np.sum(fit_weights(op, pts) * moved)) < 0.04, op
+        assert np.max(moved) < 0.10, op
 
 
 def test_the_stored_fit_and_accuracy_page_are_what_the_command_writes(aic):
+    """On whatever numpy and scipy this install resolved: --check compares numbers within the
+    stated tolerance, so solver noise (l40s gemm t0_s, zero in effect, lands anywhere in
+    7e-24..1e-17 s) does not fail it."""
     from calibrate.fit_analytic import main
 
     assert main(["--check"]) == 0
 
 
-def test_a_fit_file_that_drifted_from_the_command_is_reported(aic, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def fresh_fit(aic):
+    """The measured points and one fresh fit of them, shared by the --check tests below."""
+    from calibrate.fit_analytic import fit_all, load_all
+
+    data = load_all()
+    return data, fit_all(data)
+
+
+def _check(fa, monkeypatch, tmp_path, fresh_fit, stored: dict, doc: str | None = None) -> int:
+    """`--check` against a temp copy of the fit file (``stored``) and of the page (``doc``; by
+    default the page the temp file renders), reusing ``fresh_fit`` instead of fitting again."""
+    data, content = fresh_fit
+    monkeypatch.setattr(fa, "ROOT", tmp_path)
+    monkeypatch.setattr(fa, "FIT_PATH", tmp_path / "analytic_fit.json")
+    monkeypatch.setattr(fa, "DOC_PATH", tmp_path / "cost-model-accuracy.md")
+    monkeypatch.setattr(fa, "load_all", lambda: data)
+    monkeypatch.setattr(fa, "fit_all", lambda d, every=1: copy.deepcopy(content))
+    fa.FIT_PATH.write_text(fa.dump(stored))
+    fa.DOC_PATH.write_text(fa.render_doc(stored, fa.accuracy_rows(stored, data)) if doc is None else doc)
+    return fa.main(["--check"])
+
+
+def test_a_coefficient_moved_beyond_the_tolerance_fails_the_check_naming_it(
+    fresh_fit, tmp_path, monkeypatch, capsys
+):
     import calibrate.fit_analytic as fa
 
-    data = copy.deepcopy(json.loads(FIT_TEXT))
-    data["gpus"]["h200-sxm"]["ops"]["gemm"]["e_max"] = 0.5
-    drifted = tmp_path / "analytic_fit.json"
-    drifted.write_text(json.dumps(data))
-    monkeypatch.setattr(fa, "FIT_PATH", drifted)
-    monkeypatch.setattr(fa, "ROOT", tmp_path)
-    monkeypatch.setattr(fa, "DOC_PATH", tmp_path / "cost-model-accuracy.md")
-    assert fa.main(["--check"]) == 1
-    assert "stale: analytic_fit.json, cost-model-accuracy.md" in capsys.readouterr().err
+    data = json.loads(FIT_TEXT)
+    gemm = data["gpus"]["h200-sxm"]["ops"]["gemm"]
+    fresh = gemm["e_max"]
+    gemm["e_max"] = round(fresh * (1 + 3 * fa.REL_TOL), 6)  # 0.3%: beyond the 0.1% tolerance
+    data["gpus"]["l40s"]["ops"]["gemm"]["t0_s"] = 2e-12  # above the 1 ps that is zero in effect
+    assert _check(fa, monkeypatch, tmp_path, fresh_fit, data) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"gpus.h200-sxm.ops.gemm.e_max: {gemm['e_max']:.4g} -> {fresh:.4g} (-0.30%)"
+    # (the fresh value is zero in effect, below 1e-12 s: its digits are solver noise)
+    assert re.fullmatch(r"gpus\.l40s\.ops\.gemm\.t0_s: 2e-12 -> [0-9.]+e-[0-9]+ \(-100\.00%\)", err[1]), err[
+        1
+    ]
+    assert err[2] == (f"analytic_fit.json: 2 value(s) moved beyond the tolerance ({fa.TOLERANCE})")
+    assert err[3:] == [f"stale: run {fa.COMMAND} to refit"]
+
+
+def test_a_change_within_the_tolerance_passes_the_check(fresh_fit, tmp_path, monkeypatch, capsys):
+    import calibrate.fit_analytic as fa
+
+    data = json.loads(FIT_TEXT)
+    gemm = data["gpus"]["h200-sxm"]["ops"]["gemm"]
+    gemm["e_max"] = gemm["e_max"] * (1 + 0.5 * fa.REL_TOL)
+    data["gpus"]["l40s"]["ops"]["gemm"]["t0_s"] = 5e-13  # zero in effect, like the stored 7.5e-24
+    data["gpus"]["b200"]["ops"]["prefill_attn"]["n_half"] *= 1 - 0.9 * fa.REL_TOL
+    assert _check(fa, monkeypatch, tmp_path, fresh_fit, data) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_page_that_is_not_what_the_stored_fit_renders_fails_the_check(
+    fresh_fit, tmp_path, monkeypatch, capsys
+):
+    """The page is rendered from the stored fit file (not from the fresh fit) and compared as
+    text: it follows the file deterministically, and a hand edit is caught."""
+    import calibrate.fit_analytic as fa
+
+    page = (ROOT / "docs" / "cost-model-accuracy.md").read_text()
+    assert "| l40s | gemm | t0_s = 7.515e-24," in page  # the stored value, whatever a refit gives
+    edited = page.replace("| l40s | gemm | t0_s = 7.515e-24,", "| l40s | gemm | t0_s = 7.7e-24,")
+    assert _check(fa, monkeypatch, tmp_path, fresh_fit, json.loads(FIT_TEXT), edited) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "cost-model-accuracy.md: not the page analytic_fit.json renders",
+        f"stale: run {fa.COMMAND} to refit",
+    ]
+
+
+def test_solver_noise_is_not_a_move_and_a_refit_keeps_the_stored_values():
+    from calibrate.fit_analytic import moved, settle
+
+    stored = {"gpus": {"l40s": {"ops": {"gemm": {"t0_s": 7.515e-24, "e_max": 0.6245, "points": 9}}}}}
+    noise = {"gpus": {"l40s": {"ops": {"gemm": {"t0_s": 7.743e-24, "e_max": 0.6246, "points": 9}}}}}
+    assert moved(stored, noise) == [] and settle(stored, noise) == stored
+    real = {"gpus": {"l40s": {"ops": {"gemm": {"t0_s": 3e-6, "e_max": 0.6245, "points": 10}}}}}
+    assert moved(stored, real) == [
+        "gpus.l40s.ops.gemm.t0_s: 7.515e-24 -> 3e-06 (by 3e-06)",
+        "gpus.l40s.ops.gemm.points: 9 -> 10",
+    ]
+    assert settle(stored, real) == real
+    assert moved({"e_max": 0.8}, {"e_max": 0.7}) == ["e_max: 0.8 -> 0.7 (-12.50%)"]
+    assert moved({"source": {"sha256": "ab"}}, {"source": {"sha256": "cd", "new": 1}}) == [
+        "source.sha256: 'ab' -> 'cd'",
+        "source.new: not stored (a fresh fit has 1)",
+    ]
 
 
 def test_the_fitting_command_without_the_tables_says_so_in_one_line(monkeypatch, capsys):

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from kvsim.cli import main
-from tests.helpers import CHROMIUM, chromium_args
+from tests.helpers import CHROMIUM, chromium_args, run_guarded
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="chromium is not installed (.ci/run installs it)"
@@ -34,7 +33,7 @@ def _chromium(page: Path, profile: Path) -> tuple[str, str]:
         ),
         page.resolve().as_uri(),
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+    r = run_guarded(cmd, capture_output=True, text=True, check=False)
     return r.stdout, r.stderr
 
 

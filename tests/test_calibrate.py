@@ -79,7 +79,7 @@ def test_bad_flags_give_one_line_and_exit_2(argv, tmp_path):
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("calibrate: error:")
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error:")
 
 
 PROMPTS, OUTPUTS = [300, 40, 900, 100], [20, 50, 5, 30]

@@ -58,3 +58,54 @@ def test_kv_size_shows_accuracy_estimates_for_lossy_formats(capsys):
     assert [a["format"] for a in acc] == ["int4/g64"]  # bf16 is not lossy
     assert acc[0]["estimate_only"] is True
     assert acc[0]["kernel_rel_rms"] > 0 and acc[0]["literature"]
+
+
+def test_kv_size_table_piped_is_not_cut(capsys):
+    """capsys is not a terminal: rich would assume 80 columns and cut the title and cells."""
+    assert main(["kv-size", "--model", "llama-3.1-70b", "--context", "1M"]) == 0
+    out = capsys.readouterr().out
+    assert "8 x h100-sxm = 684.17 GB" in out  # the end of the title, past column 80
+    assert "vs fp16" in out and "343.60 GB" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) > 80
+
+
+def test_version_from_package_metadata(capsys):
+    from kvsim import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvsim {__version__}"  # pyproject's version, the same
+
+
+def test_calibrate_help_lists_import():
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsim", "calibrate", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert "kvsim calibrate import --from-aiconfigurator" in proc.stdout
+    assert "import --help" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run"], "kvsim: error: run: the following arguments are required: scenario, --out"),
+        (["frobnicate"], "kvsim: error: argument command: invalid choice"),
+        (["plan", "s.yaml", "--out", "o", "--search", "x=1,2"], "kvsim: error: "),
+        (["sweep", "s.yaml", "--out", "o"], "kvsim: error: "),
+        (["stack", "nope.yaml"], "kvsim: error: nope.yaml: file not found"),
+        (["report", "nope"], "kvsim: error: nope: run directory not found"),
+        (["validate", "--device", "tpu", "--out", "o"], "kvsim: error: validate: argument --device"),
+        (["calibrate", "--device", "cpu"], "kvsim: error: calibrate: the following arguments are required"),
+        (["calibrate", "import", "--model", "x"], "kvsim: error: calibrate import: the following"),
+    ],
+)
+def test_every_subcommand_error_starts_with_one_kvsim_prefix(argv, needle, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsim", *argv], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "\n" not in err and err.startswith(needle), err
+    assert not err.removeprefix("kvsim: error: ").startswith("kvsim"), err  # one prefix, not doubled

@@ -9,9 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from plotly.offline import get_plotlyjs
 
 from kvsim.cli import main
-from kvsim.report.compare import METRICS, compare_page
+from kvsim.report.compare import METRICS, compare_page, compare_title, differences, run_labels
+from kvsim.report.outputs import is_kvsim_output
 from kvsim.report.tables import _get
 
 SCENARIO = """\
@@ -91,12 +93,23 @@ def test_trace_hash_or_not_found(runs: tuple[Path, Path], tmp_path: Path):
 
 @pytest.mark.parametrize(
     "case",
-    ["not_a_run", "twice", "out_is_summary", "out_is_report", "out_is_dir", "foreign", "not_html"],
+    [
+        "not_a_run",
+        "twice",
+        "out_is_summary",
+        "out_is_report",
+        "out_is_dir",
+        "foreign",
+        "foreign_plotly",
+        "not_html",
+    ],
 )
 def test_bad_inputs_exit_2_and_write_nothing(runs: tuple[Path, Path], tmp_path: Path, capsys, case: str):
     a, b = runs
     (tmp_path / "empty").mkdir()
     (tmp_path / "mine.html").write_text("<html>mine</html>")
+    (tmp_path / "js").mkdir()
+    (tmp_path / "js" / "plotly.min.js").write_text("/* someone else's plotly */\n")
     argv = {
         "not_a_run": [str(a), str(tmp_path / "empty"), "--out", str(tmp_path / "c.html")],
         "twice": [str(a), str(a) + "/", "--out", str(tmp_path / "c.html")],
@@ -104,6 +117,8 @@ def test_bad_inputs_exit_2_and_write_nothing(runs: tuple[Path, Path], tmp_path: 
         "out_is_report": [str(a), str(b), "--out", str(b / "report.html"), "--force"],
         "out_is_dir": [str(a), str(b), "--out", str(tmp_path / "empty")],
         "foreign": [str(a), str(b), "--out", str(tmp_path / "mine.html")],
+        # The page's plotly.js goes beside it: a file of that name kvsim did not write stays.
+        "foreign_plotly": [str(a), str(b), "--out", str(tmp_path / "js" / "c.html")],
         "not_html": [str(a), str(b), "--out", str(tmp_path / "c.txt")],
     }[case]
     before = {p: p.read_bytes() for d in (a, b, tmp_path) for p in d.rglob("*") if p.is_file()}
@@ -112,3 +127,41 @@ def test_bad_inputs_exit_2_and_write_nothing(runs: tuple[Path, Path], tmp_path: 
     assert len(err) == 1 and "error" in err[0]
     after = {p: p.read_bytes() for d in (a, b, tmp_path) for p in d.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_the_page_says_what_differs_and_labels_each_run_by_it(runs: tuple[Path, Path], tmp_path: Path):
+    a, b = runs
+    out = tmp_path / "c" / "cmp.html"
+    assert main(["report", str(a), str(b), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "<h2>What differs between the runs</h2>" in page
+    # The override and the config value it set, per run; the cost model shown though alike.
+    assert "<tr><td>--set kv.format</td><td>bf16</td><td>fp8</td></tr>" in page
+    assert "<td>kv_format</td><td>bf16</td><td>fp8_e4m3/per_tensor</td>" in page
+    assert "cost model (the same for every run)" in page
+    # Labelled by scenario (they differ) and the differing override, in the title and headline.
+    assert "<title>kvsim compare: bf16-run: kv.format=bf16 vs &lt;script&gt;" in page
+    assert "A: bf16-run: kv.format=bf16" in page
+    # One plotly.js beside the page, loaded from there.
+    assert '<script src="plotly.min.js"></script>' in page and is_kvsim_output(out.parent / "plotly.min.js")
+    assert get_plotlyjs()[:500] not in page
+
+
+def test_runs_of_one_scenario_are_labelled_by_their_overrides_not_its_name():
+    def summary(*overrides: str, **config: object) -> dict[str, object]:
+        return {"scenario": "chat", "config": {"overrides": list(overrides), "seed": 1, **config}}
+
+    runs = [
+        summary("kv.format=bf16", kv_format="bf16"),
+        summary("kv.format=fp8", "workload.rate_scale=4", kv_format="fp8", rate_scale=4.0),
+    ]
+    labels = run_labels(runs)
+    assert labels == ["kv.format=bf16", "kv.format=fp8, workload.rate_scale=4"]
+    assert compare_title(labels, runs) == "chat: kv.format=bf16 vs kv.format=fp8, workload.rate_scale=4"
+    rows = dict(differences(runs))
+    assert rows["--set workload.rate_scale"] == ["–", "4"] and rows["rate_scale"] == ["–", "4.0"]
+    assert "seed" not in rows and "--set kv.format" in rows
+    # No overrides at all: the config fields that differ name them.
+    plain = [summary(cost_model="analytic"), summary(cost_model="profile:p.json")]
+    assert run_labels(plain) == ["cost_model=analytic", "cost_model=profile:p.json"]
+    assert next(iter(differences(plain))) == ("cost model", ["analytic", "profile:p.json"])

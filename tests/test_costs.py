@@ -54,6 +54,16 @@ def test_a_short_chunk_over_a_long_prefix_pays_the_ramp_on_its_own_tokens():
     assert cm._prefill_attn_time(512, 0) == pytest.approx(at0, rel=1e-12)
 
 
+def test_the_analytic_model_counts_a_cached_prefix_as_extrapolated_only_with_tables():
+    cm = make_cost_model(small_scenario())  # H100: fitted to tables of prefix 0 only
+    assert cm.prefix_extrapolated_s(512, 0) == 0.0
+    extra = cm.prefix_extrapolated_s(512, 32768)
+    assert extra == pytest.approx(cm._prefill_attn_time(512, 32768) - cm._prefill_attn_time(512, 0))
+    assert extra > 0
+    published = make_cost_model(small_scenario(cluster={"gpu": "h100-pcie"}))  # no tables
+    assert published.prefix_extrapolated_s(512, 32768) == 0.0
+
+
 def test_a_decode_computes_exactly_one_token():
     with pytest.raises(AssertionError):  # checked where the batch is priced (the hot path reads it once)
         make_cost_model(small_scenario()).price(ForwardBatch((SeqKind.DECODE,), (2,), (10,), 1))
@@ -149,3 +159,40 @@ def test_analytic_transfers_use_the_topology_links():
 
 def test_step_price_defaults_to_no_flags():
     assert StepPrice(1.0).off_grid == frozenset()
+
+
+def _decode_s(cm: object, ctx: int, seqs: int = 64) -> float:
+    return float(cm._decode_attn_time(seqs, np.array([float(seqs * ctx)]))[0])  # type: ignore[attr-defined]
+
+
+def test_block_size_costs_decode_time_with_an_optimum_that_grows_with_context():
+    """A per-block term (block-table reads, gather setup) and the partial last block: the reference
+    block size (16) prices as before, smaller blocks cost more, very large ones too (wasted slots),
+    and the cheapest block size grows with the context, near sqrt(2 x 3.2 x context)."""
+    from kvsim.costs.work import BLOCK_OVERHEAD_TOKENS, REFERENCE_BLOCK_SIZE, block_extra_tokens
+
+    assert REFERENCE_BLOCK_SIZE == 16 and BLOCK_OVERHEAD_TOKENS == 3.2
+    assert block_extra_tokens(8, 4000.0, 16) == 0.0
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    models = {bs: make_cost_model(small_scenario(kv={"block_size": bs})) for bs in sizes}
+    base = make_cost_model(small_scenario())
+    assert _decode_s(models[16], 2000) == _decode_s(base, 2000)  # the default's price is unchanged
+    for ctx, best in ((80, 32), (500, 64), (2000, 128)):
+        times = {bs: _decode_s(m, ctx) for bs, m in models.items()}
+        assert min(times, key=times.__getitem__) == best, (ctx, times)
+        assert times[1] > times[16] and times[1024] > times[best]
+    # Prefill reads its prefix through the block table too: per-block term only.
+    assert models[4]._prefill_attn_time(8, 60000) > models[64]._prefill_attn_time(8, 60000)  # type: ignore[attr-defined]
+
+
+def test_a_profiles_decode_pays_the_block_term_beyond_its_block_size(tmp_path):
+    cm16 = _model(tmp_path)
+    (tmp_path / "b").mkdir()
+    from kvsim.costs.profile import load_profile_cost_model
+    from tests.test_profile import _synthetic, _write
+
+    p = _write(tmp_path / "b", _synthetic())
+    cm4 = load_profile_cost_model(
+        small_scenario(kv={"block_size": 4}, cost_model={"kind": "profile", "profile": str(p)})
+    )
+    assert _decode_s(cm4, 500, 8) > _decode_s(cm16, 500, 8)

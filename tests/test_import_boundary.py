@@ -31,7 +31,7 @@ def test_kvsim_never_imports_torch_triton_ray_kernels_calibrate_or_validate():
 # The layers of kvsim, lowest first (docs/architecture.md). A module may import its own layer and
 # the layers below it, never one above: the pure core knows no clock, the cost seam no engine.
 LAYERS = [
-    ("errors", "units"),
+    ("errors", "units", "progress"),
     ("spec",),
     ("core",),
     ("costs",),
@@ -40,7 +40,7 @@ LAYERS = [
     ("accuracy", "kvsize", "render", "run", "stack"),
     ("sweep",),
     ("report",),
-    ("validation", "validation_ops"),
+    ("validation", "validation_ops", "interop"),
     ("cli", "__main__", "__init__"),
 ]
 
@@ -80,3 +80,30 @@ def test_imports_point_one_way_and_core_has_no_clock():
                 if name.startswith("kvsim.") and _layer_of(name) > mine:
                     bad.append(f"{module} (layer {mine}) imports {name} (layer {_layer_of(name)})")
     assert not bad, "\n".join(bad)
+
+
+def test_import_kvsim_is_light_and_loads_the_api_on_use():
+    """``import kvsim`` reads no numpy, SimPy or YAML; the API names load on first use."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import kvsim
+        heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'simpy', 'yaml', 'rich'})
+        assert not heavy, heavy
+        assert [m for m in sys.modules if m.startswith('kvsim.')] == [], sorted(sys.modules)
+        from kvsim import load_scenario, run_scenario, RunSummary, RunResult, read_summary, write_run
+        from kvsim.results.record import RunSummary as R
+        assert RunSummary is R and kvsim.RunSummary is R
+        assert set(kvsim.__all__) <= set(dir(kvsim))
+        try:
+            kvsim.no_such_name
+        except AttributeError as exc:
+            assert 'no_such_name' in str(exc)
+        else:
+            raise AssertionError('kvsim.no_such_name did not raise')
+        print('ok')
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

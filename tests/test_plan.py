@@ -119,6 +119,91 @@ def test_the_cheapest_meeting_configuration_is_chosen_across_gpus(scenario: Path
     assert len(rows) == 1 + sum(ld["evaluated"] for e in configs for ld in e["loads"])
 
 
+TINY = """\
+model: llama-3.1-8b
+cluster: {gpu: h100-sxm, gpus_per_node: 1}
+workload:
+  synthetic: {num_requests: 4, rate: 4, input: {dist: constant, mean: 128}, output: {dist: constant, mean: 4}}
+"""
+
+
+def _tiny_plan(tmp_path: Path, pricing: str, gpus: str, capsys) -> tuple[dict[str, Any], str, str]:
+    """A one-load plan over `gpus` of TINY with `pricing` appended: (plan.json, page, terminal)."""
+    (tmp_path / "s.yaml").write_text(TINY + pricing)
+    out = tmp_path / "plan"
+    assert _plan(tmp_path / "s.yaml", out, "--slo", "e2e_p99=60s", "--search", f"cluster.gpu={gpus}") == 0
+    terminal = capsys.readouterr().out
+    page = (out / "plan.html").read_text().replace("&#39;", "'")
+    return _data(out), page, terminal
+
+
+def _by_gpu(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["overrides"][0].split("=", 1)[1]: e for e in data["configurations"]}
+
+
+def test_each_searched_gpu_is_priced_at_its_presets_sourced_rate(tmp_path: Path, capsys):
+    data, page, _ = _tiny_plan(tmp_path, "", "h100-sxm,a100-80gb", capsys)
+    rows = _by_gpu(data)
+    assert set(rows) == {"h100-sxm", "a100-80gb"}
+    for gpu, e in rows.items():
+        preset = load_gpu(gpu)
+        assert (e["gpu_hour_usd"], e["gpu_hour_basis"]) == (preset.usd_per_hour, "preset")
+        assert e["gpu_hour_source"] == f"{gpu} preset: {preset.price_source}"
+        assert e["gpu_hour_source"] in page
+        point = tmp_path / "plan" / "points" / e["loads"][0]["point"] / "summary.json"
+        summary = json.loads(point.read_text())  # the run prices as the plan does
+        assert summary["config"]["gpu_hour_usd"] == preset.usd_per_hour
+        assert summary["config"]["sources"]["price"].endswith(preset.price_source)
+    assert rows["h100-sxm"]["gpu_hour_usd"] != rows["a100-80gb"]["gpu_hour_usd"]
+    assert "public price surveys May 2026" in rows["h100-sxm"]["gpu_hour_source"]
+    assert "estimate: no listed source" in rows["a100-80gb"]["gpu_hour_source"]
+    assert data["warnings"] == []
+    rows_csv = (tmp_path / "plan" / "plan.csv").read_text().splitlines()
+    assert "gpu_hour_source" in rows_csv[0].split(",") and len(rows_csv) == 3
+
+
+def test_a_per_gpu_price_map_beats_the_scenario_wide_price_which_is_a_warning(tmp_path: Path, capsys):
+    pricing = 'pricing: {gpu_hour: 2.0, gpu_hour_by_gpu: {h200: "$4.50/h"}}\n'
+    data, page, terminal = _tiny_plan(tmp_path, pricing, "h100-sxm,h200-sxm,a100-80gb", capsys)
+    rows = _by_gpu(data)
+    h100, h200, a100 = rows["h100-sxm"], rows["h200-sxm"], rows["a100-80gb"]
+    assert (h200["gpu_hour_usd"], h200["gpu_hour_basis"]) == (4.5, "gpu_map")
+    assert (
+        h200["gpu_hour_source"] == "pricing.gpu_hour_by_gpu.h200 (s.yaml)" and h200["price_warning"] is None
+    )
+    # The scenario's own GPU takes the scenario-wide price silently; another GPU type, with a warning.
+    assert (h100["gpu_hour_usd"], h100["gpu_hour_basis"], h100["price_warning"]) == (2.0, "scenario", None)
+    assert (a100["gpu_hour_usd"], a100["gpu_hour_basis"]) == (2.0, "scenario")
+    warning = a100["price_warning"]
+    assert "given for the scenario's h100-sxm, also prices a100-80gb" in warning
+    assert data["warnings"] == [warning]
+    assert f"warning: {warning}" in terminal and warning in page
+    for e in rows.values():
+        assert e["usd_per_hour"] == pytest.approx(e["gpus"] * e["gpu_hour_usd"])
+        assert e["gpu_hour_source"] in page
+    point = tmp_path / "plan" / "points" / a100["loads"][0]["point"] / "summary.json"
+    assert warning in json.loads(point.read_text())["warnings"]  # kvsim run says so too
+
+
+def test_a_piped_plan_prints_a_line_per_point_run_with_a_bound_on_the_total(
+    scenario: Path, tmp_path: Path, capsys
+):
+    """capsys is not a terminal: one plain line per point run, on stderr; the total is a bound
+    (<=N) while bisection may stop early; --no-progress prints none."""
+    flags = ["--slo", "ttft_p99=300ms", "--search", "cluster.nodes=1..8", "--out", str(tmp_path / "p")]
+    assert main(["plan", str(scenario), *flags, "--jobs", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("point ")]
+    assert captured.err.splitlines() == lines and "point " not in captured.out
+    ran = len(list((tmp_path / "p" / "points").iterdir()))
+    assert len(lines) == ran and ran < 8
+    assert [ln.split(" ")[1].split("/")[0] for ln in lines] == [str(k) for k in range(1, ran + 1)]
+    assert lines[0].startswith("point 1/<=") and "(cluster.nodes=8, load 1x)" in lines[0]
+    assert all(" done (cluster.nodes=" in ln for ln in lines)
+    assert _plan(scenario, tmp_path / "q", "--slo", "ttft_p99=300ms", "--search", "cluster.nodes=1..8") == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_no_feasible_configuration_says_so_with_the_closest(scenario: Path, tmp_path: Path, capsys):
     out = tmp_path / "plan"
     code = _plan(scenario, out, "--slo", "ttft_p99=1ms", "--search", "cluster.nodes=1..4", "--load", "1x,2x")
@@ -213,3 +298,75 @@ def test_resume_reuses_runs_and_jobs_do_not_change_the_plan(scenario: Path, tmp_
     assert "plan of another scenario" in capsys.readouterr().err
     planner = prepare_plan(str(scenario), [parse_slo("ttft_p99=300ms")], [], (1.0,), 0.0)
     assert plan_resumable(planner, a, force=True) is False and not (a / "points").exists()
+
+
+def test_an_accuracy_budget_changes_the_answer_and_says_why(scenario: Path, tmp_path: Path, capsys):
+    flags = (
+        "--slo",
+        "ttft_p99=300ms",
+        "--search",
+        "kv.format=fp8,int4,bf16",
+        "--search",
+        "cluster.nodes=1..4",
+    )
+    assert _plan(scenario, tmp_path / "free", *flags) == 0
+    free = _data(tmp_path / "free")
+    capsys.readouterr()
+    assert _plan(scenario, tmp_path / "tight", *flags, "--max-accuracy-loss", "0.1%") == 0
+    text = capsys.readouterr().out
+    tight = _data(tmp_path / "tight")
+    assert free["max_accuracy_loss"] is None and tight["max_accuracy_loss"] == pytest.approx(0.001)
+    assert "kv.format=bf16" not in free["choice"]["label"]  # a lossy format is as cheap or cheaper
+    assert "kv.format=bf16" in tight["choice"]["label"]
+    assert tight["choice"]["usd_per_hour"] >= free["choice"]["usd_per_hour"]
+    # Every configuration carries its estimate and whether the budget excluded it.
+    by_format = {e["label"].split(",")[0]: e for e in tight["configurations"]}
+    assert by_format["kv.format=fp8"]["accuracy"]["loss"] == pytest.approx(0.005)
+    assert by_format["kv.format=int4"]["accuracy"]["loss"] == pytest.approx(0.005)  # at least FP8's
+    assert by_format["kv.format=bf16"]["accuracy"]["parts"] == []
+    assert all(
+        e["excluded_by_budget"] == (not e["label"].startswith("kv.format=bf16"))
+        for e in tight["configurations"]
+    )
+    assert not any(e["excluded_by_budget"] for e in free["configurations"])
+    # Why the answer differs: the cheapest excluded configuration, its estimate, cited not measured.
+    why = tight["budget_excluded"]
+    assert why["label"] == free["choice"]["label"] and "cited, not measured" in why["text"]
+    assert "exceeds the budget" in text and "within the accuracy budget 0.10%" in text
+    page = (tmp_path / "tight" / "plan.html").read_text()
+    assert "Why the answer differs" in page and "Accuracy estimates" in page and "losses add" in page
+    assert any("exceeds the budget" in e["why"] for e in tight["runners_up"])
+
+
+def test_a_budget_that_excludes_every_cheaper_meeting_config_says_so(scenario: Path, tmp_path: Path, capsys):
+    flags = ("--slo", "ttft_p99=300ms", "--search", "kv.format=fp8,int4", "--search", "cluster.nodes=1..4")
+    assert _plan(scenario, tmp_path / "p", *flags, "--max-accuracy-loss", "0%") == 3
+    data = _data(tmp_path / "p")
+    assert data["choice"] is None and data["budget_excluded"] is not None
+    assert "within the accuracy budget" in (tmp_path / "p" / "plan.html").read_text()
+    assert "within the accuracy budget 0.00%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("budget", "error"),
+    [
+        ("-1%", "--max-accuracy-loss: an accuracy budget below zero"),
+        ("one", "--max-accuracy-loss: expected a percentage such as 1%"),
+        ("150%", "--max-accuracy-loss: expected a loss below 100%"),
+    ],
+)
+def test_bad_accuracy_budgets_are_refused(scenario: Path, tmp_path: Path, capsys, budget, error):
+    out = tmp_path / "plan"
+    assert _plan(scenario, out, "--slo", "ttft_p99=2s", f"--max-accuracy-loss={budget}") == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and error in err[0], err
+    assert not out.exists()
+
+
+def test_a_budget_with_nothing_lossy_searched_is_refused(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "plan"
+    flags = ("--slo", "ttft_p99=2s", "--search", "cluster.nodes=1..2", "--max-accuracy-loss", "1%")
+    assert _plan(scenario, out, *flags) == 2
+    err = capsys.readouterr().err
+    assert "--max-accuracy-loss: no configuration searched uses a lossy technique" in err
+    assert not out.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -130,6 +131,54 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     assert ran == {"paged_decode"}
     assert cm.warnings() == []  # asking the flags records nothing either
     assert any("paged_decode extrapolated" in w for w in cm.warnings(ran))
+
+
+def test_a_prefix_beyond_the_grid_adds_its_pairs_at_the_best_rate_or_its_bytes(tmp_path):
+    cm = _model(tmp_path)  # prefill grid: chunk 32/256 x prefix 0/512
+    layers, pair = cm.model.num_layers, cm.attn_flops_per_pair_layer
+    edge = cm._prefill_attn_time(32, 512)
+    assert cm.prefix_extrapolated_s(32, 512) == 0.0  # on the grid: nothing extrapolated
+    far = 512 + 100_000
+    extra = cm.prefix_extrapolated_s(32, far)
+    assert cm._prefill_attn_time(32, far) == pytest.approx(edge + extra, rel=1e-12)
+    best = max(pt["flops"] / pt["t_p50"] for pt in _synthetic()["ops"]["chunked_prefill"]["points"])
+    pairs = layers * pair * (causal_pairs(32, far) - causal_pairs(32, 512)) / best
+    # the further prefix: its pairs at the best measured rate, or its bytes at batch-1 decode speed
+    dec_rate = 4096.0 * 1024 / (1e-6 * 1024**0.9)  # held at the decode grid's longest context
+    nbytes = layers * 100_000 * cm.kv_bytes_per_token_layer / dec_rate
+    assert extra == pytest.approx(max(pairs, nbytes), rel=1e-9)
+    # Not the short chunk's rate held over the whole prefix (the rule before issue 29).
+    held = layers * pair * causal_pairs(32, far) / (pair * causal_pairs(32, 512) / (1e-5 * 32))
+    assert cm._prefill_attn_time(32, far) < held
+    assert cm._prefill_attn_time(32, far + 1000) > cm._prefill_attn_time(32, far)
+
+
+def test_the_run_warns_the_share_of_busy_time_priced_beyond_the_measured_prefixes(tmp_path):
+    from kvsim.run import run_scenario
+
+    p = _write(tmp_path, _synthetic())
+    sc = small_scenario(
+        cost_model={"kind": "profile", "profile": str(p)},
+        scheduler={"max_batched_tokens": 256, "chunked_prefill": True},
+        workload={
+            "synthetic": {
+                "num_requests": 2,
+                "rate": 1,
+                "input": {"dist": "constant", "mean": 4096},
+                "output": {"dist": "constant", "mean": 4},
+            }
+        },
+    )
+    res = run_scenario(sc)
+    extra = sum(s.prefix_extrapolated_s for s in res.stats)
+    busy = sum(s.busy_s for s in res.stats)
+    assert 0 < extra < busy
+    lines = [w for w in res.summary["warnings"] if "cached prefixes longer than its tables hold" in w]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"cost model: {extra / busy:.1%} of the replicas' busy time")
+    # Stepping one by one sums the same seconds as the fast-forward windows did.
+    step = run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=False)))
+    assert sum(s.prefix_extrapolated_s for s in step.stats) == pytest.approx(extra, rel=1e-9)
 
 
 def test_decode_step_times_agree_with_step_time(tmp_path):

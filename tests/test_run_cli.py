@@ -38,7 +38,13 @@ def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     assert sum(x.requests for x in s.replicas) == r.total - r.rejected
     assert (out / "requests.csv").read_text().count("\n") == 61
     assert (out / "report.html").stat().st_size > 10_000
-    assert "TTFT" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    # the SLO verdicts come first, each met or missed, with the latency at the SLO percentile
+    verdict = {True: "met", False: "MISSED"}
+    assert lines[0].startswith("SLO TTFT p99 <= 2,000.0 ms: ") and verdict[s.slo.ttft_met] in lines[0]
+    assert lines[1].startswith("SLO TPOT p99 <= 100.0 ms: ") and verdict[s.slo.tpot_met] in lines[1]
+    assert f"{s.slo.ttft_at_percentile_s * 1e3:,.1f} ms" in lines[0]
+    assert any("TTFT" in x and "TPOT" not in x for x in lines[3:])  # the table after them
 
 
 def test_report_rebuilds_without_rerunning(scenario, tmp_path, capsys):
@@ -142,3 +148,13 @@ def test_a_run_where_every_request_is_rejected_still_reports(tmp_path, capsys):
     assert s.requests.rejected == 2 and s.cost_per_mtok_usd is None
     assert "cost -/M tokens" in capsys.readouterr().out
     assert (tmp_path / "o" / "report.html").exists()
+
+
+def test_piped_run_prints_a_progress_line_per_quarter(scenario, tmp_path, capsys):
+    """capsys is not a terminal: no bar, four plain lines on stderr; --no-progress: none."""
+    assert main(["run", str(scenario), "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split("(")[1].split(")")[0] for line in err] == ["25%", "50%", "75%", "100%"], err
+    assert all(line.startswith("simulated ") and " s of arrivals " in line for line in err)
+    assert main(["run", str(scenario), "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -105,11 +105,12 @@ def test_offload_with_verify_steps_writes_and_loads_as_plain_decoding(write, ff)
         runs.append(krun.run_scenario(sc, workload=ABA))
     on, off = runs
     o = on.summary["offload"]
-    assert (
-        o["written_bytes"]
-        == off.summary["offload"]["written_bytes"]
-        == (362 if write == "back" else 383) * BLOCK
-    )
+    asked = [
+        r.summary["offload"]["written_bytes"] + r.summary["offload"]["write_backlog_bytes"] for r in runs
+    ]
+    assert asked[0] == asked[1] == (362 if write == "back" else 383) * BLOCK
+    # (write-through: the last step's registrations are still in flight when the run ends)
+    assert o["written_bytes"] == off.summary["offload"]["written_bytes"] <= asked[0]
     assert o["loads"] == 1 and o["loaded_tokens"] == FULL - 9 * 16  # 9 of its blocks still in HBM
     assert [s.num_cached_tokens for s in on.seqs] == [0, 0, FULL]
     assert on.summary["steps"] == 24 and off.summary["steps"] == 150

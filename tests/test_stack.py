@@ -36,7 +36,11 @@ def test_rows_shrink_the_sequence_as_each_technique_is_added():
     assert all(r.completed == 40 for r in rows)
     # Sharing the 1,024-token prefix cuts time to first token; H2O cuts per-token time.
     assert rows[3].ttft_p99_s < rows[2].ttft_p99_s
-    assert rows[0].tpot_p99_s > rows[1].tpot_p99_s > rows[2].tpot_p99_s
+    assert rows[0].tpot_p99_s > rows[1].tpot_p99_s
+    # FP8 on an H100 with the factors fitted to NVIDIA's tables (decode attention 1.26x faster,
+    # prefill attention 1.18x slower; kvsim/data/analytic_fit.json): at this prefill-heavy load its
+    # per-token time moves by under 5% either way (it was 1.6x faster by assumption before the fit).
+    assert abs(rows[2].tpot_p99_s / rows[1].tpot_p99_s - 1) < 0.05
     assert rows[0].claimed_memory == "~435 GB" and rows[4].claimed_cost == "~$5"
 
 
@@ -69,12 +73,28 @@ def test_cli_writes_json_and_html(tmp_path, capsys):
         "output: {dist: constant, mean: 20}}}\n"
     )
     assert main(["stack", str(sc), "--out", str(tmp_path / "out"), "--json"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)  # progress goes to stderr: stdout is the JSON alone
+    # Piped (capsys is not a terminal): one line per simulated row, each naming it.
+    lines = captured.err.splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == [f"point {k}/6 done" for k in range(1, 7)]
+    assert "(+ FP8 KV)" in lines[2] and "ETA" in lines[0]
     saved = json.loads((tmp_path / "out" / "stack.json").read_text())
     assert printed == saved and saved["schema"] == "kvsim-stack" and len(saved["rows"]) == 6
     assert "rate_scale" in saved["cost_basis"]
     page = (tmp_path / "out" / "stack.html").read_text()
     assert "kvsim stack" in page and "~4 GB (GPU) + 2 GB (DRAM)" in page and "+ H2O (20% kept)" in page
+
+
+def test_stack_no_progress_prints_nothing_on_stderr(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100-sxm, gpus_per_node: 1}\n"
+        "workload: {synthetic: {num_requests: 2, rate: 1, input: {dist: constant, mean: 100}, "
+        "output: {dist: constant, mean: 4}}}\n"
+    )
+    assert main(["stack", str(sc), "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_gpu_memory_counts_weights_reserve_and_referenced_blocks():

@@ -51,9 +51,28 @@ def test_a_summary_from_before_the_version_field_reads_as_version_1_with_a_note(
     assert "read_notes" not in rec.to_dict()
 
 
+def test_a_summary_from_before_itl_and_chosen_percentiles_reads_unchanged(run_dir, tmp_path):
+    """ITL and --percentiles added defaulted fields (the version stays 1, as the record's rule says)."""
+
+    def old(d):  # type: ignore[no-untyped-def]
+        d.pop("itl_s"), d.pop("percentiles")
+        for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
+            d[key].pop("by_percentile")
+
+    rec = read_summary(_edit(run_dir, tmp_path, old))
+    assert rec.itl_s is None and rec.percentiles == () and rec.ttft_s.by_percentile == {}
+    new = read_summary(run_dir)
+    assert new.itl_s is not None and new.itl_s.p50 is not None
+    assert dataclasses.replace(new, itl_s=None).ttft_s == rec.ttft_s
+
+
 @pytest.mark.parametrize(
     "change,expected",
     [
+        (
+            lambda d: d["itl_s"].update(by_percentile={"p95": "x"}),
+            "itl_s.by_percentile.p95: expected a number",
+        ),
         (lambda d: d.update(version=2), "version: summary version 2 is newer than this kvsim reads (1)"),
         (lambda d: d.update(schema="vidur-metrics"), "schema: not a kvsim summary: expected 'kvsim-summary'"),
         (lambda d: d.update(version="1"), "version: expected a positive integer, got '1'"),

@@ -4,9 +4,11 @@ runs, failures recorded per point, resumable, and one seed giving one results.cs
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 
 import pytest
+from plotly.offline import get_plotlyjs
 
 from kvsim.cli import main
 from kvsim.report.sweep import write_sweep_report
@@ -14,8 +16,8 @@ from kvsim.spec.scenario import load_scenario
 from kvsim.sweep.define import expand, grid_factor, load_sweep_file, parse_axis, zip_factor
 from kvsim.sweep.local import PointRunner, PointTask
 from kvsim.sweep.runner import prepare_sweep, resumable, run_sweep
-from kvsim.sweep.table import metrics_of, pareto_front
-from tests.helpers import CHROMIUM, chromium_args
+from kvsim.sweep.table import PARETO_REL_TOL, metrics_of, pareto_front
+from tests.helpers import CHROMIUM, chromium_args, run_guarded
 
 SCENARIO = """\
 model: llama-3.1-8b
@@ -196,6 +198,32 @@ def test_pareto_front_on_a_hand_made_table():
     assert pareto_front([]) == []
 
 
+def test_pareto_front_ignores_differences_below_its_tolerance():
+    # 0.4% dearer at the same latency, or 0.02% slower at the same cost: ties, both on the front;
+    # 0.8% dearer at the same latency is dominated. Without the tolerance, only the first is on.
+    table = [(1.0, 5.0), (1.004, 5.0), (1.0, 5.001), (1.008, 5.0)]
+    assert PARETO_REL_TOL == 0.005
+    assert pareto_front(table) == [True, True, True, False]
+    assert pareto_front(table, rel_tol=0.0) == [True, False, False, False]
+
+
+def test_pareto_front_in_three_objectives():
+    # (cost, latency, accuracy loss): 1 is cheaper and faster than 0 but loses more accuracy, so
+    # both are on the front; 2 is beaten by 0 in all three.
+    table = [(1.0, 5.0, 0.0), (0.8, 4.0, 0.005), (1.2, 6.0, 0.005)]
+    assert pareto_front(table) == [True, True, False]
+    assert pareto_front([(c, t) for c, t, _ in table]) == [False, True, False]
+
+
+def test_sweep_results_and_page_carry_the_accuracy_estimate(scenario: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8,int4") == 0
+    est = [float(r["accuracy_loss_est"]) for r in _rows(out / "results.csv")]
+    assert est == [0.0, 0.005, 0.005]  # a 4-bit format counts at least FP8's loss
+    page = (out / "sweep.html").read_text()
+    assert "accuracy loss (est.)" in page and "cited, not measured" in page and "Pareto (+ accuracy)" in page
+
+
 def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
@@ -204,7 +232,16 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
         assert (out / "points" / r["id"] / "report.html").is_file()
         assert f'href="points/{r["id"]}/report.html"' in page
     assert "Heatmap" in page or "heatmap" in page
-    assert "Pareto front" in page and "<script src=" not in page
+    assert "Pareto front" in page and "than 0.5% (relative)" in page
+    # One plotly.js for the folder: the sweep page and every point's page load it, none inlines it.
+    assert page.count("<script src=") == 1 and '<script src="plotly.min.js"></script>' in page
+    js = (out / "plotly.min.js").read_text()
+    assert js.endswith(get_plotlyjs())
+    for r in _rows(out / "results.csv"):
+        point = (out / "points" / r["id"] / "report.html").read_text()
+        assert '<script src="../../plotly.min.js"></script>' in point and get_plotlyjs()[:500] not in point
+        assert not (out / "points" / r["id"] / "plotly.min.js").exists()
+    assert page.count("texttemplate") == 2  # both heatmaps show their values in the cells
     before = page
     write_sweep_report(out)
     assert (out / "sweep.html").read_text() == before  # rebuilt from the files: same bytes
@@ -214,15 +251,13 @@ def test_sweep_page_links_every_point(scenario: Path, tmp_path: Path):
 def test_sweep_page_draws_its_charts_in_headless_chromium(scenario: Path, tmp_path: Path):
     # In a real browser, offline: plotly (inlined) must draw the two heatmaps and the Pareto chart,
     # and every point's link must be in the rendered page.
-    import subprocess
-
     out = tmp_path / "out"
     assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8", "--grid", "scheduler.max_num_seqs=4,64") == 0
     cmd = [
         *chromium_args(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom"),
         (out / "sweep.html").resolve().as_uri(),
     ]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
+    dom = run_guarded(cmd, capture_output=True, text=True, check=False).stdout
     assert dom.count('class="main-svg"') >= 2  # plotly drew both figures (axes grid, Pareto)
     assert dom.count('class="hm"') == 2  # the two heatmaps (p99 TTFT, cost) hold drawn cells
     assert 'class="scatterlayer' in dom  # the Pareto chart's points
@@ -292,7 +327,6 @@ def test_ray_address_without_the_ray_executor_is_refused(scenario: Path, tmp_pat
 
 
 def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_path: Path):
-    import subprocess
     import sys
     import textwrap
 
@@ -309,8 +343,83 @@ def test_the_ray_executor_without_ray_installed_is_one_line(scenario: Path, tmp_
                        {str(tmp_path / "o")!r}, "--executor", "ray", "--no-progress"]))
         """
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = run_guarded([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert "--executor ray: needs Ray, which is not installed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_points_report_rebuilt_keeps_loading_the_sweeps_plotly(scenario: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=bf16,fp8") == 0
+    point = out / "points" / _rows(out / "results.csv")[0]["id"]
+    before = (point / "report.html").read_bytes()
+    assert main(["report", str(point)]) == 0
+    assert (point / "report.html").read_bytes() == before  # ../../plotly.min.js, as the sweep wrote it
+    assert not (point / "plotly.min.js").exists()
+
+
+def test_a_piped_sweep_prints_a_line_per_finished_point_on_stderr(scenario: Path, tmp_path: Path, capsys):
+    """capsys is not a terminal: no bar, one plain line per point run (stderr, so that stdout holds
+    only the summary); a re-run that reuses every point prints none, and so does --no-progress."""
+    out = tmp_path / "o"
+    argv = ["sweep", str(scenario), "--grid", "kv.format=bf16,fp8", "--grid", "kv.block_size=16,32"]
+    assert main([*argv, "--out", str(out), "--jobs", "2"]) == 0
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("point ")]
+    assert len(lines) == 4 and captured.err.splitlines() == lines
+    assert sorted(ln.split(" ")[1] for ln in lines) == ["1/4", "2/4", "3/4", "4/4"]
+    assert all(" done (kv.format=" in ln and ", kv.block_size=" in ln and "after " in ln for ln in lines)
+    assert all("ETA" in ln for ln in lines[:-1]) and "ETA" not in lines[-1]
+    assert "point " not in captured.out
+    assert main([*argv, "--out", str(out), "--jobs", "1"]) == 0  # every point reused
+    assert "point " not in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "quiet"), "--jobs", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_lines_when_piped():
+    import io
+
+    from kvsim.progress import PointProgress
+
+    for tty in (True, False):
+        buf = io.StringIO()
+        bar = PointProgress(3, tty=tty, stream=buf)
+        bar.start()
+        for k in range(3):
+            bar.finished(f"kv.block_size={16 << k}", ok=k != 1)
+        bar.stop()
+        lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("point ")]
+        assert (bar.done, bar.failed) == (3, 1)
+        if tty:
+            assert lines == []  # the bar, drawn and removed (transient)
+        else:
+            assert [ln.split(":")[0] for ln in lines] == [
+                "point 1/3 done (kv.block_size=16)",
+                "point 2/3 failed (kv.block_size=32)",
+                "point 3/3 done (kv.block_size=64)",
+            ]
+    quiet = io.StringIO()
+    off = PointProgress(2, enabled=False, stream=quiet, tty=False)
+    off.start()
+    off.finished("x", True)
+    off.stop()
+    assert quiet.getvalue() == ""
+
+
+def test_a_points_csvs_are_compressed_and_hold_what_kvsim_run_writes(scenario: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert _sweep(scenario, out, "--grid", "kv.format=fp8") == 0
+    point = out / "points" / _rows(out / "results.csv")[0]["id"]
+    assert not (point / "requests.csv").exists() and not (point / "timeseries.csv").exists()
+    run = tmp_path / "run"
+    assert main(["run", str(scenario), "--set", "kv.format=fp8", "--out", str(run), "--no-progress"]) == 0
+    for name in ("requests.csv", "timeseries.csv"):
+        assert gzip.decompress((point / f"{name}.gz").read_bytes()) == (run / name).read_bytes()
+    # A comparison of two points reads them; `kvsim run` into a point leaves one form of each CSV.
+    assert main(["report", str(point), str(run), "--out", str(tmp_path / "cmp.html")]) == 0
+    assert "no usable requests.csv" not in (tmp_path / "cmp.html").read_text(encoding="utf-8")
+    assert main(["run", str(scenario), "--set", "kv.format=fp8", "--out", str(point), "--no-progress"]) == 0
+    assert (point / "requests.csv").is_file() and not (point / "requests.csv.gz").exists()

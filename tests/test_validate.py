@@ -22,7 +22,7 @@ import pytest
 from kvsim.results.record import read_summary
 from kvsim.spec.models import load_model
 from kvsim.validation import scaled_config
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_guarded
 
 torch = pytest.importorskip("torch")
 
@@ -30,13 +30,12 @@ WIDE = 4.0  # simulated / measured within [1/4, 4] on a shared, noisy CPU
 
 
 def _run(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_guarded(
         [sys.executable, "-m", "kvsim", "validate", "--device", "cpu", "--quick", *extra],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=300,
     )
 
 
@@ -104,13 +103,12 @@ def test_validate_cpu_quick_end_to_end(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
-    proc = subprocess.run(
+    proc = run_guarded(
         [sys.executable, "-m", "kvsim", "validate", "--device", "cuda", "--quick", "--out", "o"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
@@ -209,12 +207,11 @@ def test_triton_launch_path_samples_the_tokens_of_the_torch_references(tmp_path)
         "max_position_embeddings": 4096,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    proc = subprocess.run(
+    proc = run_guarded(
         [sys.executable, "-c", TRITON_VS_TORCH, str(tmp_path / "config.json")],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(ROOT), "PATH": "", "TRITON_INTERPRET": "1"},
-        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     torch_run, triton_run = json.loads(proc.stdout)

@@ -12,10 +12,19 @@ Ties go to the lowest index.
 
 The router reads each replica's state at the arrival instant through `ReplicaView`, which a replica
 in the middle of a fast-forward window answers in closed form.
+
+Loads are kept in heaps, so an arrival costs O(log replicas) per replica it reads, not a scan: a
+replica tells the router (`touch`) whenever its load may have changed, and the next arrival reads
+again those, and, of those whose reading has expired (`ReplicaView.outstanding_tokens_until`:
+inside a fast-forward window the load falls after each step's end), only those whose floor (the
+load after the window's last step) could beat the best. Choices equal a scan's, ties to the lowest
+index (tests/test_router_index.py checks every arrival against one).
 """
 
 from __future__ import annotations
 
+import math
+from heapq import heapify, heappop, heappush
 from typing import Protocol, TypeVar
 
 from kvsim.core.request import Request
@@ -29,6 +38,11 @@ class ReplicaView(Protocol):
 
     def outstanding_tokens_at(self, t: float) -> int: ...
 
+    def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
+        """`outstanding_tokens_at(t)`, the last instant that reading holds (inf: until the replica
+        next calls `Router.touch`), and the least the load falls to before that touch."""
+        ...
+
     @property
     def num_requests(self) -> int: ...
 
@@ -40,6 +54,9 @@ class ReplicaView(Protocol):
 R = TypeVar("R", bound=ReplicaView)
 
 
+_BY_LOAD = ("least_outstanding_tokens", "prefix_affinity")
+
+
 class Router:
     """Chooses a replica for each arriving request."""
 
@@ -49,6 +66,93 @@ class Router:
         self.policy = policy
         self.replicas: list[ReplicaView] = list(replicas)
         self._rr = 0
+        n = len(self.replicas)
+        # The heap of (key, index, stamp): the load (by tokens) or the request count at the last read;
+        # an entry whose stamp is not its replica's latest is stale and skipped.
+        self.indexed = n > 1 and (policy in _BY_LOAD or policy == "least_outstanding_requests")
+        self._heap: list[tuple[int, int, int]] = []
+        self._stamp = [0] * n
+        self._dirty: set[int] = set(range(n)) if self.indexed else set()
+        # By tokens, the load read at an arrival holds until the instant the replica's view says
+        # (its window's next step end); a heap of those instants says whom to read again.
+        self._until: list[tuple[float, int, int]] = []
+        self._last = -math.inf  # the latest arrival instant the keys were read at
+        # A reading expired (a step ended since) stays in the heap as an upper bound, its floor
+        # (the load after the window's last step) in `_floors`: read again only where it could win.
+        self._expired = [False] * n
+        self._floor = [0] * n
+        self._floors: list[tuple[int, int, int]] = []
+        self._reads = [r.outstanding_tokens_until for r in self.replicas] if policy in _BY_LOAD else None
+
+    def touch(self, index: int) -> None:
+        """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
+        the next arrival re-reads it. Wired only where `indexed`."""
+        self._dirty.add(index)
+
+    def _push(self, i: int, now: float) -> None:
+        """Read replica `i` again at `now`: its key, and (by tokens) how long it holds."""
+        self._stamp[i] = st = self._stamp[i] + 1
+        if self._reads is None:
+            heappush(self._heap, (self.replicas[i].num_requests, i, st))
+            return
+        load, until, floor = self._reads[i](now)
+        heappush(self._heap, (load, i, st))
+        self._expired[i] = False
+        if until != math.inf:
+            heappush(self._until, (until, i, st))
+            self._floor[i] = floor
+
+    def _refresh(self, now: float = 0.0) -> list[tuple[int, int, int]]:
+        """The heap of keys as of `now`: the touched replicas read again; those whose reading
+        expired before `now` (a window's step ended: the load falls just after it) marked, with
+        their floor in `_floors`, to be read again only where they could win (`_least_tokens`)."""
+        heap, stamp, until = self._heap, self._stamp, self._until
+        for i in self._dirty:
+            self._push(i, now)
+        self._dirty.clear()
+        while until and until[0][0] < now:
+            _, i, st = heappop(until)
+            if st == stamp[i]:
+                self._expired[i] = True
+                heappush(self._floors, (self._floor[i], i, st))
+        self._last = now
+        if len(heap) > 4 * len(self.replicas) + 64:  # drop the stale entries
+            heap[:] = [e for e in heap if e[2] == stamp[e[1]]]
+            until[:] = [e for e in until if e[2] == stamp[e[1]]]
+            self._floors[:] = [e for e in self._floors if e[2] == stamp[e[1]]]
+            heapify(heap)
+            heapify(until)
+            heapify(self._floors)
+        return heap
+
+    def _least_requests(self) -> ReplicaView:
+        heap, stamp = self._refresh(), self._stamp
+        while heap[0][2] != stamp[heap[0][1]]:  # the latest entries are never popped: one per replica
+            heappop(heap)
+        return self.replicas[heap[0][1]]
+
+    def _least_tokens(self, now: float) -> ReplicaView:
+        """The least load at `now`, the lowest index among equals: the heap's top, every key read
+        at or after the replica's last change and holding through `now`."""
+        reps = self.replicas
+        if now < self._last:  # an arrival earlier than the last read (rounding of a sum): a scan
+            load = [r.outstanding_tokens_at(now) for r in reps]
+            return reps[load.index(min(load))]
+        heap, stamp = self._refresh(now), self._stamp
+        floors, expired = self._floors, self._expired
+        while True:
+            while heap[0][2] != stamp[heap[0][1]]:
+                heappop(heap)
+            key, i, _ = heap[0]
+            if expired[i]:  # its reading is older than a step's end: read it again
+                self._push(i, now)
+                continue
+            while floors and floors[0][2] != stamp[floors[0][1]]:  # read again since
+                heappop(floors)
+            if floors and (floors[0][0], floors[0][1]) < (key, i):  # an expired one may be lower
+                self._push(heappop(floors)[1], now)
+                continue
+            return reps[i]
 
     def choose(self, req: Request, now: float) -> ReplicaView:
         reps = self.replicas
@@ -60,7 +164,7 @@ class Router:
             self._rr += 1
             return r
         if policy == "least_outstanding_requests":
-            return min(reps, key=lambda r: (r.num_requests, r.index))
+            return self._least_requests()
         if policy == "prefix_affinity" and req.keys:
             # The most hits; among equals the least loaded, then the lowest index (loads are read
             # only where they decide: a single best needs none).
@@ -72,8 +176,8 @@ class Router:
                     return reps[tied[0]]
                 loads = [reps[i].outstanding_tokens_at(now) for i in tied]
                 return reps[tied[loads.index(min(loads))]]
-        load = [r.outstanding_tokens_at(now) for r in reps]
         if policy == "cache_aware":
+            load = [r.outstanding_tokens_at(now) for r in reps]
             score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
             return reps[score.index(min(score))]  # the lowest index among equals
-        return reps[load.index(min(load))]  # the least loaded, the lowest index among equals
+        return self._least_tokens(now)  # the least loaded, the lowest index among equals

@@ -32,7 +32,8 @@ Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 
 On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
-  on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
+  on H100; GPUs with tables use their fitted fp8 speed-up and an fp8 prefill-attention factor,
+  ``fp8_kv`` in the fit file: 1.26x and 1.18x slower prefill on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
 - quantize-on-write of new tokens (lossy formats): 50% of HBM peak for its bytes (estimate: a
   short elementwise kernel over a few MB per step, no measurement on file), its vector operations
@@ -55,7 +56,19 @@ On every GPU (not fitted: the tables hold no such data):
   FLOPs per logit (`kvsim.costs.work.ENTROPY_FLOPS_PER_LOGIT`) at the quantize-on-write vector rate;
   a prompt's statistics as those 4 FLOPs per pair of its prefill attention at the same rate; a
   trim's selection as H2O's top-k.
-- per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine).
+- block size (``kv.block_size``): paged decode reads 3.2 tokens more per block and a partial last
+  block's (bs - 1) / 2 slots per sequence, a prefill's prefix reads the per-block term, each only
+  as its difference from block size 16, at which the rates above are taken to be measured
+  (`kvsim.costs.work.block_extra_tokens`; vLLM paper, sections 7.1-7.2; an estimate).
+- per-step overhead 1 ms (estimate of scheduling + input preparation in a vLLM-V1-style engine;
+  no per-GPU measurement on file. Published figures span the choice of engine loop: vLLM V1 with
+  synchronous scheduling left a 5-6 ms gap between decode steps at batch 256 (Llama-2-7B,
+  vllm-project/vllm#10634), async scheduling 150-170 us with CUDA graphs (vllm#11133); vLLM
+  V0 4 ms of GPU bubble per decode step (vllm#6854); SGLang's overlap scheduler hides it behind
+  the GPU's work. The imported-table profiles take the same 1 ms).
+- a prefill chunk over a cached prefix on a GPU with tables (which hold prefix 0 only): the
+  prefix's pairs at the long-chunk efficiency, the ramp on the chunk's own pairs; each run warns
+  the share of busy time so priced (`prefix_extrapolated_s`).
 - all-reduce latency 10 us per call (estimate for NCCL small messages over NVLink).
 """
 
@@ -69,7 +82,10 @@ from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import (
+    REFERENCE_BLOCK_SIZE,
     ModelWork,
+    block_extra_tokens,
+    block_gather_factor,
     decode_tokens_read,
     format_parts,
     kv_bytes_per_token_gpu,
@@ -125,8 +141,10 @@ class AnalyticCostModel(StepCostModel):
         mix: FormatMix | None = None,
         eviction: Eviction | None = None,
         switch: FormatSwitch | None = None,
+        block_size: int = REFERENCE_BLOCK_SIZE,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.block_size = block_size
         self.switch = switch
         self.mix = mix
         self.eff = eff or Efficiencies()
@@ -134,6 +152,18 @@ class AnalyticCostModel(StepCostModel):
         self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
         self.name = self.fit.label if self.fit else PUBLISHED_LABEL
         self.overhead_s = self.eff.step_overhead_s
+        # fp8 KV: the fitted speed-up and prefill factor where the GPU's tables measured them.
+        self.speedup = dict(self.eff.format_decode_speedup)
+        fp8_prefill = 1.0
+        if self.fit is not None and self.fit.fp8_decode_speedup is not None:
+            self.speedup["fp8_e4m3"] = self.fit.fp8_decode_speedup
+        if self.fit is not None and self.fit.fp8_prefill_factor is not None:
+            fp8_prefill = self.fit.fp8_prefill_factor
+        # Prefill attention's time factor: each part of the cache's formats at its share.
+        self.prefill_format_factor = sum(
+            share * (fp8_prefill if f.kind.value == "fp8_e4m3" else 1.0)
+            for f, share in format_parts(fmt, mix)
+        )
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
@@ -152,12 +182,7 @@ class AnalyticCostModel(StepCostModel):
         # measured speed-up (so fp8 is not assumed to gain the full 2x its bytes suggest); a mix of
         # formats runs each part at its own speed-up.
         self.decode_attn_s_per_token = sum(
-            share
-            * (
-                w.kv_bytes_per_token_bf16
-                / (self.bw * d.e_max)
-                / self.eff.format_decode_speedup.get(f.kind.value, 1.0)
-            )
+            share * (w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / self.speedup.get(f.kind.value, 1.0))
             for f, share in format_parts(fmt, mix)
         )
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
@@ -190,7 +215,7 @@ class AnalyticCostModel(StepCostModel):
         if switch is not None:
             f2 = switch.format
             slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
-            speed = self.eff.format_decode_speedup.get(f2.kind.value, 1.0)
+            speed = self.speedup.get(f2.kind.value, 1.0)
             self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speed
             self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
             qb, qf = quant_write_work_per_token(m, f2, tp, None)
@@ -201,6 +226,7 @@ class AnalyticCostModel(StepCostModel):
             self.requant_bytes_per_token, self.requant_flops_per_token = requant_work_per_token(
                 m, fmt, f2, tp
             )
+        self.gather = block_gather_factor(block_size)  # a prefill's paged KV reads, per token
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
@@ -230,7 +256,7 @@ class AnalyticCostModel(StepCostModel):
         # ones' slots at the second's (no H2O: eviction and a switch are refused together).
         tokens = decode_tokens_read(num_seqs, sum_ctx)
         sw = decode_tokens_read(num_switched, switched_ctx)
-        rest = tokens - sw
+        rest = tokens - sw + block_extra_tokens(num_seqs, tokens, self.block_size)
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
         out: np.ndarray = fixed + np.maximum(
             rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot,
@@ -238,8 +264,14 @@ class AnalyticCostModel(StepCostModel):
         )
         return out
 
+    def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` read by a paged decode of ``num_seqs`` sequences, plus the per-block and
+        partial-block reads of this block size beyond the reference one (`block_extra_tokens`)."""
+        out: np.ndarray = tokens + block_extra_tokens(num_seqs, tokens, self.block_size)
+        return out
+
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
-        tokens = decode_tokens_read(num_seqs, sum_ctx)
+        tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
         if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
             per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
@@ -254,7 +286,7 @@ class AnalyticCostModel(StepCostModel):
         # arithmetic intensity stays below the ridge point): decode attention's bytes, or its FLOPs
         # for n queries if larger, plus its per-sequence time. Estimate: the prefill fit's ramp
         # (n_half) is fitted to chunks of hundreds of tokens and would price 5 queries like 1,000.
-        tokens = ctx + n
+        tokens = ctx + n + float(block_extra_tokens(1, ctx + n, self.block_size))
         return self.decode_per_seq_s + max(
             tokens * self.decode_attn_s_per_token, n * tokens * self.decode_attn_flops_s_per_token
         )
@@ -303,15 +335,26 @@ class AnalyticCostModel(StepCostModel):
         # The efficiency ramp of short chunks on the chunk's own causal pairs (`PrefillAttnEff`):
         # the tables measure prefix 0 only, where the two are the same.
         ramp = (self.work.prefill_attn_flops(n, 0) if ctx else flops) * (p.n_half / n)
-        t = float(
+        t = self.prefill_format_factor * float(
             max(
                 (flops + ramp) / (self.gpu.bf16_flops * p.e_max),
-                self.work.prefill_kv_bytes(n, ctx) / (self.bw * p.e_kv),
+                self.work.prefill_kv_bytes(n, ctx) * self.gather / (self.bw * p.e_kv),
             )
         )
         if self.prefill_score:
             t += self.prefill_score_time(n, ctx)
         return t
+
+    prefix_rule = (
+        "the prefix's pairs at the fitted long-chunk efficiency, the short-chunk ramp on the chunk's "
+        "own pairs only"
+    )
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        """With fitted tables (prefix 0 only): what a cached prefix adds to the chunk's attention."""
+        if self.fit is None or ctx <= 0:
+            return 0.0
+        return self._prefill_attn_time(n, ctx) - self._prefill_attn_time(n, 0)
 
     # ---- interface --------------------------------------------------------------------------------
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:

@@ -144,6 +144,9 @@ class GpuFit:
     source: dict[str, Any]  # provenance of the tables: package, version, backend, dtypes, hashes
     peaks: tuple[float, float]  # the preset's bf16 FLOP/s and HBM bytes/s the efficiencies divide
     reused_from: str | None = None  # a preset of the same architecture whose fit this one reuses
+    # fp8 KV over the bf16 forms (``fp8_kv``; None: the published speed-up, no prefill factor):
+    fp8_decode_speedup: float | None = None  # decode's bf16-equivalent bytes divided by it
+    fp8_prefill_factor: float | None = None  # prefill attention's time multiplied by it
 
     @property
     def label(self) -> str:
@@ -225,7 +228,21 @@ def parse_fits(data: object, source: str) -> dict[str, GpuFit]:
         if reused is not None and not isinstance(reused, str):
             raise KvsimError("expected a GPU preset name or null", source=source, path=f"{where}.reused_from")
         pk = (float(peaks["bf16_flops"]), float(peaks["hbm_bw_bytes_per_s"]))
-        out[gpu] = GpuFit(gpu, OpFits(**parsed), system, prov, pk, reused)
+        fp8: list[float | None] = [None, None]
+        raw8 = entry.get("fp8_kv")
+        if raw8 is not None:
+            if not isinstance(raw8, dict):
+                raise KvsimError("expected an object", source=source, path=f"{where}.fp8_kv")
+            for i, key in enumerate(("decode_speedup", "prefill_factor")):
+                v = raw8.get(key)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0.25 <= v <= 4.0:
+                    raise KvsimError(
+                        f"expected a number in 0.25..4, got {v!r}",
+                        source=source,
+                        path=f"{where}.fp8_kv.{key}",
+                    )
+                fp8[i] = float(v)
+        out[gpu] = GpuFit(gpu, OpFits(**parsed), system, prov, pk, reused, fp8[0], fp8[1])
     return out
 
 

@@ -74,6 +74,7 @@ class StepPrice:
 
 class CostModel(Protocol):
     name: str
+    prefix_rule: str  # how a prefill chunk's attention over a prefix beyond the measured is priced
 
     def price(self, batch: ForwardBatch) -> StepPrice:
         """Seconds one step takes and its off-grid flags; no side effects."""
@@ -144,6 +145,13 @@ class CostModel(Protocol):
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         """The model's notes, and one line per off-grid flag in ``ran`` (what the engine ran)."""
+        ...
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        """Seconds of a prefill chunk's attention (``n`` new tokens over ``ctx`` cached ones) that
+        its data did not measure: the part over a cached prefix longer than its tables' longest
+        (`prefix_rule` says how that part is priced); 0 for a model without tables. The engine
+        sums it over the steps that ran, for the run's warning of its share."""
         ...
 
 
@@ -353,3 +361,8 @@ class StepCostModel:
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
         return []
+
+    prefix_rule = ""  # how the attention over a cached prefix beyond the measured ones is priced
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        return 0.0

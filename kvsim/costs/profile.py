@@ -14,7 +14,11 @@ splits a step exactly as `AnalyticCostModel` does (overhead + GEMMs + all-reduce
 the measured point: FLOP/s for GEMM and prefill, bytes/s for decode and copies) is interpolated
 linearly in log(rate) over log(size), so time is exact on grid points and a power law, hence
 monotone, between neighbours. Outside the grid the nearest measured rate is held (the time scales
-with the work) and the price flags the op; `warnings(ran)` names the flagged ops of the steps the engine
+with the work) and the price flags the op; but a prefill chunk over a cached prefix longer than the
+grid's longest (imported tables hold prefix 0 only) is priced at that prefix, plus the further
+prefix tokens' pairs at the table's best measured rate or their KV bytes at the decode table's rate
+at batch 1, whichever is longer (`prefix_rule`; holding the short chunk's rate priced a 16-token
+chunk over a 60K prefix like 16,000 queries), and the run warns of that part's share of busy time; `warnings(ran)` names the flagged ops of the steps the engine
 ran (pricing itself records nothing). Because work is computed for the scenario's own shapes,
 a profile forced onto another model scales by FLOPs or bytes.
 
@@ -51,7 +55,9 @@ the calibrator measures dense GQA layers only.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,7 @@ from kvsim.costs.profile_schema import (
 )
 from kvsim.costs.work import (
     attended_pairs,
+    attended_prefix,
     attn_flops_per_pair_layer,
     compact_bytes_per_token_layer,
     decode_tokens_read,
@@ -146,6 +153,42 @@ class RateTable:
             acc = acc + weight * self.log_rate[tuple(idx)]
         return np.exp(acc), outside
 
+    def at(self, *sizes: float) -> tuple[float, bool]:
+        """`__call__` at one point, without arrays: the same float operations in the same order
+        (numpy's log and exp on scalars, which equal its array loops), for the per-step look-ups."""
+        grids = self._grids
+        acc = 0.0
+        cells = []
+        outside = False
+        for grid, s in zip(grids, sizes, strict=True):
+            x = float(np.log(np.float64(s)))
+            lo, hi = grid[0], grid[-1]
+            outside = outside or x < lo or x > hi
+            if len(grid) == 1:
+                cells.append((0, 0.0))
+                continue
+            xc = lo if x < lo else hi if x > hi else x
+            i = min(max(bisect_right(grid, xc) - 1, 0), len(grid) - 2)
+            cells.append((i, (xc - grid[i]) / (grid[i + 1] - grid[i])))
+        table = self._table
+        for corner in range(1 << len(cells)):
+            weight = 1.0
+            node: Any = table
+            for d, (i, w) in enumerate(cells):
+                upper = (corner >> d) & 1
+                weight = weight * (w if upper else 1.0 - w)
+                node = node[min(i + upper, len(grids[d]) - 1)]
+            acc = acc + weight * node
+        return float(np.exp(np.float64(acc))), outside
+
+    @cached_property
+    def _grids(self) -> tuple[list[float], ...]:
+        return tuple(a.tolist() for a in self.axes)
+
+    @cached_property
+    def _table(self) -> Any:
+        return self.log_rate.tolist()
+
 
 def _rate(pt: dict[str, Any], work_key: str) -> float:
     return float(pt[work_key]) / float(pt["t_p50"])
@@ -181,7 +224,10 @@ class ProfileCostModel(StepCostModel):
         self.overhead_s = Efficiencies().step_overhead_s
         self._notes: list[str] = []  # about the profile itself, known at construction
         self._gemm_cache: dict[tuple[int, int], tuple[float, int]] = {}
+        self._gemm_layers_cache: dict[int, tuple[float, int]] = {}  # the layers' sum, per tokens
+        self._lm_head_cache: dict[int, tuple[float, int]] = {}  # per rows sampled
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
+        self._extra_cache: dict[tuple[int, int], float] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
         ops = profile["ops"]
         for op in ("gemm", "paged_decode", "chunked_prefill"):
@@ -214,6 +260,9 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        self._best_prefill_rate = [float(np.exp(tab.log_rate.max())) for tab in self._prefills]
+        # Bytes per cached token and layer of each part's format, at share 1 (`_prefill_part`).
+        self._bytes_layer = [kv_bytes_per_token_layer_gpu(m, f, tp) for f, _ in parts]
         # A format switch: switched sequences decode at the second format's measured rates (a
         # profile without that format is refused unless forced, as for kv.format).
         sw = analytic.switch
@@ -497,19 +546,29 @@ class ProfileCostModel(StepCostModel):
         return self._gemm_entry(num_tokens, num_sampling)[0]
 
     def _gemm_time_uncached(self, num_tokens: int, num_sampling: int) -> tuple[float, int]:
-        t = 0.0
-        outside = 0
-        m = np.array([max(num_tokens, 1)], dtype=np.float64)
-        for layer in GEMM_LAYERS:
-            n, k = self._gemm_nk[layer]
-            rate, out = self._gemm[layer](m)
-            outside += int(np.count_nonzero(out))
-            t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
+        # The layers' sum depends on the tokens alone (memoised apart: the sampled rows vary more),
+        # the LM head's added after it, as one sum would.
+        hit = self._gemm_layers_cache.get(num_tokens)
+        if hit is None:
+            t = 0.0
+            outside = 0
+            m = np.array([max(num_tokens, 1)], dtype=np.float64)
+            for layer in GEMM_LAYERS:
+                n, k = self._gemm_nk[layer]
+                rate, out = self._gemm[layer](m)
+                outside += int(np.count_nonzero(out))
+                t += self.model.num_layers * gemm_flops(num_tokens, n, k) / float(rate[0])
+            hit = self._gemm_layers_cache[num_tokens] = (t, outside)
+        t, outside = hit
         if num_sampling:
-            n, k = self._gemm_nk["lm_head"]
-            rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
-            outside += int(np.count_nonzero(out))
-            t += gemm_flops(num_sampling, n, k) / float(rate[0])
+            head = self._lm_head_cache.get(num_sampling)
+            if head is None:
+                n, k = self._gemm_nk["lm_head"]
+                rate, out = self._gemm["lm_head"](np.array([num_sampling], dtype=np.float64))
+                head = (gemm_flops(num_sampling, n, k) / float(rate[0]), int(np.count_nonzero(out)))
+                self._lm_head_cache[num_sampling] = head
+            t += head[0]
+            outside += head[1]
         return t, outside
 
     def _decode_row(self, num_seqs: int, part: int = 0) -> tuple[np.ndarray, bool]:
@@ -528,8 +587,11 @@ class ProfileCostModel(StepCostModel):
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = decode_tokens_read(num_seqs, sum_ctx)
         x = np.log(tokens / num_seqs)
+        # Measured at calibrate's block size (16; the profile does not record it): another block
+        # size reads the analytic per-block and partial-block tokens more (or fewer) at the same rate.
+        paged = self.analytic.paged_tokens(num_seqs, tokens)
         if len(self._decodes) == 1:
-            nbytes = tokens * self.kv_bytes_per_token_layer
+            nbytes = paged * self.kv_bytes_per_token_layer
             row, _ = self._decode_row(num_seqs)
             rate = np.exp(np.interp(x, self._decode.axes[1], row))
             out: np.ndarray = self.model.num_layers * nbytes / rate
@@ -539,7 +601,7 @@ class ProfileCostModel(StepCostModel):
         t = np.zeros(tokens.shape)
         for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
             row, _ = self._decode_row(num_seqs, part)
-            t = t + self.model.num_layers * (tokens * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
+            t = t + self.model.num_layers * (paged * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
         if self.analytic.score_s_per_token:
             t = t + self._score_time(num_seqs, tokens, x)
         return t
@@ -637,21 +699,54 @@ class ProfileCostModel(StepCostModel):
                 return True
         return False
 
+    prefix_rule = (
+        "the chunk at the longest measured prefix plus the further prefix's pairs at the best measured "
+        "prefill rate, or its KV bytes at the batch-1 decode rate if longer"
+    )
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        key = (n, ctx)
+        hit = self._extra_cache.get(key)
+        if hit is None:
+            hit = 0.0
+            for part, share in enumerate(self._shares):
+                hit += self.model.num_layers * share * self._prefill_part(part, n, ctx)[2]
+            self._extra_cache[key] = hit
+        return hit
+
+    def _prefill_part(self, part: int, n: int, ctx: int) -> tuple[float, bool, float]:
+        """One layer's prefill attention of part ``part`` (all of it at share 1): the grid's price
+        up to its longest measured prefix, and beyond it (`PREFIX_RULE`) the further cached tokens'
+        pairs at the table's best measured rate, or their bytes read at the decode table's rate at
+        batch 1 over that context, whichever is longer."""
+        tab = self._prefills[part]
+        edge = round(math.exp(float(tab.axes[1][-1]))) - 1  # the longest measured prefix
+        c = min(ctx, edge)
+        flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, c)
+        rate, out = tab.at(float(n), float(c) + 1.0)  # the same floats as the array call, faster
+        t = flops / rate
+        if ctx <= edge:
+            return t, out, 0.0
+        extra = self.attn_flops_per_pair_layer * (
+            attended_pairs(self.model, n, ctx) - attended_pairs(self.model, n, c)
+        )
+        dec = self._decodes[part]
+        row, _ = self._decode_row(1, part)
+        dec_rate = float(np.exp(np.interp(math.log(max(ctx, 1)), dec.axes[1], row)))
+        nbytes = (attended_prefix(self.model, ctx) - attended_prefix(self.model, c)) * self._bytes_layer[part]
+        beyond = max(extra / self._best_prefill_rate[part], nbytes / dec_rate)
+        return t + beyond, True, beyond
+
     def _prefill_entry(self, n: int, ctx: int) -> tuple[float, bool]:
         key = (n, ctx)
         hit = self._prefill_cache.get(key)
         if hit is None:
-            flops = self.attn_flops_per_pair_layer * attended_pairs(self.model, n, ctx)
-            if len(self._prefills) == 1:
-                rate, out = self._prefill(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-                hit = (self.model.num_layers * flops / float(rate[0]), bool(out[0]))
-            else:  # each part's share of the heads at its own measured rate
-                t, outside = 0.0, False
-                for tab, share in zip(self._prefills, self._shares, strict=True):
-                    rate, out = tab(np.array([float(n)]), np.array([float(ctx) + 1.0]))
-                    t += self.model.num_layers * share * flops / float(rate[0])
-                    outside = outside or bool(out[0])
-                hit = (t, outside)
+            t, outside = 0.0, False
+            for part, share in enumerate(self._shares):  # each part's share at its own rates
+                tp, out, _ = self._prefill_part(part, n, ctx)
+                t += self.model.num_layers * share * tp
+                outside = outside or out
+            hit = (t, outside)
             if self.analytic.prefill_score:
                 hit = (hit[0] + self.analytic.prefill_score_time(n, ctx), hit[1])
             self._prefill_cache[key] = hit
@@ -820,9 +915,10 @@ class ProfileCostModel(StepCostModel):
             if flag.startswith("link:"):
                 out.append(f"profile: link {flag[5:]} not measured; analytic transfer time used")
             else:
-                out.append(
-                    f"profile: {flag} extrapolated beyond the measured grid (nearest measured rate held)"
-                )
+                how = "nearest measured rate held"
+                if flag == "chunked_prefill":
+                    how += "; a prefix beyond the longest measured: its share is warned below"
+                out.append(f"profile: {flag} extrapolated beyond the measured grid ({how})")
         return out
 
 
@@ -871,6 +967,7 @@ def load_profile_cost_model(sc: Any) -> ProfileCostModel:
         mix=mix,
         eviction=eviction_from_config(sc.kv.eviction),
         switch=sc.kv.format_switch,
+        block_size=sc.kv.block_size,
     )
     model = ProfileCostModel(
         prof, sc.model, tp, sc.kv.format, analytic, source=src, label=path.name, mix=mix, force=force

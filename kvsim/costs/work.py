@@ -115,6 +115,36 @@ def decode_tokens_read(num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
     return sum_ctx + num_seqs
 
 
+# Paged attention pays per block (block-table reads, per-block gather setup): vLLM's PagedAttention
+# kernel ran 20-26% slower than FasterTransformer's contiguous one at block size 16 (Kwon et al.,
+# SOSP 2023, section 7.1), about 0.2 x 16 = 3.2 token reads per block (the low end). The kernels
+# also step through whole blocks, so a sequence's partial last block costs (bs - 1) / 2 token slots
+# on average. Measured rates (the fitted tables, `kvsim calibrate`'s kernels) already hold both at
+# the block size they ran at, taken as 16 (calibrate's and bench's; an assumption for the NVIDIA
+# tables, whose page size is not recorded): only the difference from it is added.
+BLOCK_OVERHEAD_TOKENS = 3.2
+REFERENCE_BLOCK_SIZE = 16
+
+
+def block_extra_tokens(num_seqs: Size, tokens: Size, block_size: int) -> Size:
+    """Token reads a paged decode over ``tokens`` tokens of ``num_seqs`` sequences costs beyond
+    those at `REFERENCE_BLOCK_SIZE` (negative for larger blocks: fewer block-table reads): the
+    per-block term over the blocks plus the partial last block's wasted slots. Its minimum is near
+    block_size = sqrt(2 x 3.2 x tokens per sequence): 23 at 80 tokens, 57 at 500, 113 at 2,000,
+    as the vLLM paper's ablation found 16-32 best on Alpaca's short sequences and 16-128 on
+    ShareGPT's (section 7.2)."""
+    if block_size == REFERENCE_BLOCK_SIZE:
+        return tokens * 0.0
+    per_block = tokens * BLOCK_OVERHEAD_TOKENS * (1.0 / block_size - 1.0 / REFERENCE_BLOCK_SIZE)
+    return per_block + num_seqs * (block_size - REFERENCE_BLOCK_SIZE) / 2.0
+
+
+def block_gather_factor(block_size: int) -> float:
+    """A paged read's cost per token relative to `REFERENCE_BLOCK_SIZE`, per-block term only (a
+    prefill chunk's prefix read: one partial block per sequence is small beside its chunk)."""
+    return 1.0 + BLOCK_OVERHEAD_TOKENS * (1.0 / block_size - 1.0 / REFERENCE_BLOCK_SIZE)
+
+
 def kv_bytes_per_token_gpu(model: ModelSpec, fmt: KVFormat, tp: int, mix: FormatMix | None = None) -> float:
     """Bytes one token adds to one GPU's cache, all layers."""
     return model.kv_bytes_per_token(fmt, mix) * model.kv_share(tp)

@@ -1,7 +1,7 @@
-"""One self-contained HTML report rebuilt from a run directory, without re-running the simulation.
+"""One HTML report rebuilt from a run directory, without re-running the simulation.
 
 Reads what ``kvsim run`` wrote: ``summary.json`` (required, through `kvsim.results.record.read_summary`), ``requests.csv`` and ``timeseries.csv``
-(each optional; a missing one leaves a note where its charts would be). Shows the scenario and its
+(each optional, plain or as a point's ``.csv.gz``; a missing one leaves a note where its charts would be). Shows the scenario and its
 config; a headline table (request accounting, TTFT/TPOT/E2E/queueing percentiles, throughput,
 goodput against the SLO, cost, HBM peak vs capacity, prefix hits, preemptions, simulated vs wall
 time); charts (TTFT and TPOT CDFs, E2E vs arrival, KV-block occupancy, running/waiting queues,
@@ -14,19 +14,20 @@ accuracy estimate, labelled as cited rather than measured.
 
 Leaves out: per-request tables (the CSV is the place for those), any recomputation of the headline
 percentiles (they are the simulator's numbers from ``summary.json``), and generation timestamps, so
-that the same run directory always yields the same bytes. plotly.js is embedded once, inline, so
-the file opens offline. This package (data, tables, charts) is the only part of kvsim that plots.
+that the same run directory always yields the same bytes. Charts plot thinned data by stated rules
+(`kvsim.report.charts`); the tables hold the exact numbers. plotly.js is loaded from
+``plotly.min.js`` beside the page (or, for a sweep's or plan's point, in the sweep's folder), so
+the page opens offline. This package (data, tables, charts) is the only part of kvsim that plots.
 """
 
 from __future__ import annotations
 
-import html
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from plotly.offline import get_plotlyjs
-
 from kvsim.errors import KvsimError
+from kvsim.report import html as h
 from kvsim.report.charts import _charts_section
 from kvsim.report.data import _load_csv, _load_summary
 from kvsim.report.outputs import check_output_dir
@@ -48,20 +49,12 @@ from kvsim.report.tables import (
 )
 from kvsim.results.record import RunSummary
 
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #fff; }
-main { max-width: 1150px; margin: 0 auto; padding: 16px 24px 48px; }
-h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 8px 0 12px; font-size: 0.92em; }
-th, td { border: 1px solid #ddd; padding: 3px 8px; vertical-align: top; } th { background: #f4f4f4; }
-table.num td:not(:first-child) { text-align: right; font-variant-numeric: tabular-nums; }
-table.kv td:first-child { color: #555; white-space: nowrap; }
-.note { color: #666; font-style: italic; } .warn { color: #8a5300; }
-.ok { color: #1a7f37; font-weight: 600; } .bad { color: #c62828; font-weight: 600; }
-"""
+# A sweep's or plan's point reports lie in DIR/points/<id>/ and share DIR/plotly.min.js.
+POINT_PLOTLY_SRC = f"../../{h.PLOTLY_JS}"
 
 
-def _page(record: RunSummary, run_dir: Path) -> str:
+def _page(record: RunSummary, run_dir: Path, plotly_src: str) -> tuple[str, bool]:
+    """The page and whether it has charts (so needs plotly.js, loaded from `plotly_src`)."""
     s = record.to_dict()  # the sections below index the JSON form; new ones read the record
     scenario = str(s.get("scenario") or run_dir.name)
     requests = _load_csv(run_dir / "requests.csv")
@@ -75,8 +68,8 @@ def _page(record: RunSummary, run_dir: Path) -> str:
     )
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")
-    sub = " · ".join(
-        html.escape(str(x))
+    sub = [
+        str(x)
         for x in (
             model,
             f"{n_gpu} x {gpu}" if gpu is not None and n_gpu is not None else gpu,
@@ -84,12 +77,8 @@ def _page(record: RunSummary, run_dir: Path) -> str:
             _get(s, "config", "kv_format"),
         )
         if x is not None
-    )
-    head_js = f"<script>{get_plotlyjs()}</script>" if any_fig else ""
-    body = [
-        f"<h1>kvsim report: {html.escape(scenario)}</h1>",
-        f'<p class="sub">{sub}</p>' if sub else "",
-        "".join(f'<p class="note">summary.json: {html.escape(n)}</p>' for n in record.read_notes),
+    ]
+    sections = [
         _headline_section(s, requests),
         _warnings_section(s),
         _replicas_section(record),
@@ -104,28 +93,53 @@ def _page(record: RunSummary, run_dir: Path) -> str:
         _config_section(s),
         _extras_section(s),
     ]
-    return (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>kvsim: {html.escape(scenario)}</title>\n<style>{_CSS}</style>\n{head_js}\n</head>\n"
-        "<body><main>\n" + "\n".join(b for b in body if b) + "\n</main></body>\n</html>\n"
+    page = h.render(
+        "report.html.j2",
+        scenario=scenario,
+        sub=sub,
+        read_notes=record.read_notes,
+        sections=sections,
+        plotly_src=plotly_src if any_fig else None,
     )
+    return page, any_fig
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write one self-contained HTML report for ``run_dir`` to ``out`` (default run_dir/report.html).
+def write_report(run_dir: Path, out: Path | None = None, *, plotly_src: str | None = None) -> Path:
+    """Write the HTML report for ``run_dir`` to ``out`` (default run_dir/report.html).
 
-    Reads summary.json (required; `KvsimError` when missing or malformed), requests.csv and
-    timeseries.csv (optional). The same inputs give byte-identical output. Returns the path written.
+    Its charts load plotly.js from `plotly_src`, relative to the page; by default from
+    ``plotly.min.js`` beside it, written here when the page has charts. A caller passing
+    `plotly_src` writes that file itself (`point_reports`). Reads summary.json (required;
+    `KvsimError` when missing or malformed), requests.csv and timeseries.csv (optional). The same
+    inputs give byte-identical output. Returns the path written.
     """
     run_dir = Path(run_dir)
     summary = _load_summary(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
-    page = _page(summary, run_dir)
+    page, any_fig = _page(summary, run_dir, plotly_src or h.PLOTLY_JS)
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise KvsimError(f"cannot write the report: {exc.strerror or exc}", source=str(out)) from None
+    if any_fig and plotly_src is None:
+        h.write_plotly_js(out.parent)
     return out
+
+
+def point_reports(root: Path) -> partial[Path]:
+    """What writes a sweep's or plan's point reports (``root/points/<id>/report.html``): each
+    loads the one ``root/plotly.min.js``, written here, before any point runs."""
+    h.write_plotly_js(root)
+    return partial(write_report, plotly_src=POINT_PLOTLY_SRC)
+
+
+def _plotly_src_for(run_dir: Path) -> str | None:
+    """A point of a sweep or plan (``DIR/points/<id>``, DIR holding kvsim's plotly.min.js) shares
+    that file; any other run directory gets its own (None)."""
+    up = run_dir.resolve().parent
+    if up.name == "points" and h.is_plotly_js(up.parent / h.PLOTLY_JS):
+        return POINT_PLOTLY_SRC
+    return None
 
 
 def report_command(run_dir: str, *, force: bool = False) -> int:
@@ -138,8 +152,11 @@ def report_command(run_dir: str, *, force: bool = False) -> int:
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "not found"
         raise KvsimError(f"run directory {what}", source=run_dir)
-    reads = tuple((name, root / name) for name in ("summary.json", "requests.csv", "timeseries.csv"))
-    check_output_dir(run_dir, reads=reads, force=force, files=("report.html",), flag="kvsim report")
-    path = write_report(root)
+    names = ("summary.json", "requests.csv", "requests.csv.gz", "timeseries.csv", "timeseries.csv.gz")
+    reads = tuple((name, root / name) for name in names)
+    shared = _plotly_src_for(root)
+    files = ("report.html",) if shared else ("report.html", h.PLOTLY_JS)
+    check_output_dir(run_dir, reads=reads, force=force, files=files, flag="kvsim report")
+    path = write_report(root, plotly_src=shared)
     print(f"wrote {path}")
     return 0

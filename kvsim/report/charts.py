@@ -1,25 +1,43 @@
-"""The report's plotly figures from requests.csv and timeseries.csv (the only plotting code in kvsim)."""
+"""The report's plotly figures from requests.csv and timeseries.csv (the only plotting code in kvsim).
+
+What is plotted is thinned by stated rules (docs/architecture.md, "report"); the tables and the
+headline keep the exact numbers. A CDF is drawn at most `MAX_CDF_POINTS` samples evenly spaced in
+rank (first and last kept); the E2E scatter shows at most `MAX_POINTS` requests evenly spaced in
+arrival order plus the `SLOWEST_KEPT` slowest; a series over time keeps all its samples up to
+`MAX_SERIES_POINTS` (`MAX_REPLICA_POINTS` for one replica's view in the occupancy selector),
+beyond that an envelope (`_envelope`). Times and latencies are plotted as float32 (7 significant
+digits), counts as integers, so plotly stores them in fewer bytes.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+from markupsafe import Markup
 from plotly.subplots import make_subplots
 
+from kvsim.report import html as h
 from kvsim.report.data import _Csv
 from kvsim.report.tables import _is_num, _note, _plural
 
-# A scatter of more points than this makes the file and the browser slow for no visible gain.
-MAX_POINTS = 5_000
-# Time-series lines need far fewer points than a 1,200 px wide chart has pixels.
-MAX_SERIES_POINTS = 2_000
-# The occupancy selector shows the sum and at most this many individual replicas.
+# A CDF drawn with every sample of thousands looks the same as one at this many quantiles (each
+# step at most 1/1,000 of the requests, under a pixel of the chart's height).
+MAX_CDF_POINTS = 1_000
+# The E2E scatter: at most this many requests, of which the slowest `SLOWEST_KEPT` always.
+MAX_POINTS = 2_000
+SLOWEST_KEPT = 100
+# A series over time: at most this many samples per trace (an envelope beyond), about one per
+# pixel of a page-wide chart.
+MAX_SERIES_POINTS = 1_000
+# The occupancy selector shows the sum and at most this many individual replicas, each at most
+# this many samples per layer (a second look, beside the replicas table's exact peaks and means).
 MAX_REPLICA_VIEWS = 8
+MAX_REPLICA_POINTS = 500
 # (div id suffix, figure) pairs and notes on what was left out.
 _Figures = tuple[list[tuple[str, go.Figure]], list[str]]
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
@@ -33,11 +51,65 @@ def _stride(n: int, k: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
 
 
+def _envelope(t: np.ndarray, series: Sequence[np.ndarray], cap: int = MAX_SERIES_POINTS) -> np.ndarray:
+    """Which samples of step-held series to plot: indices into ``t`` (sorted), at most `cap`.
+
+    Every sample when there are `cap` or fewer. Otherwise the time span is cut into equal buckets
+    and each keeps, for every one of `series`, the sample where it is lowest and the one where it
+    is highest (the first and last samples are kept too). The bucket count starts at
+    ``(cap - 2) // (2 * len(series))``, which always fits, and doubles while the result still
+    fits in `cap` (a flat series adds no samples). So every spike and dip is drawn at its height;
+    a level between a bucket's extremes may be drawn up to one bucket (a few pixels) too wide.
+    """
+    n = t.size
+    if n <= cap:
+        return np.arange(n)
+    flat = [np.nan_to_num(np.asarray(s, dtype=np.float64)) for s in series]  # a gap plots as 0
+    buckets = max(1, (cap - 2) // (2 * max(len(flat), 1)))
+    keep = _extremes(t, flat, buckets)
+    while buckets < n:
+        finer = _extremes(t, flat, buckets * 2)
+        if finer.size > cap:
+            break
+        keep, buckets = finer, buckets * 2
+    return keep
+
+
+def _extremes(t: np.ndarray, series: Sequence[np.ndarray], buckets: int) -> np.ndarray:
+    """`_envelope`'s samples for `buckets` equal time buckets."""
+    n = t.size
+    edges = np.searchsorted(t, np.linspace(t[0], t[-1], buckets + 1)[1:-1], side="left")
+    starts = np.concatenate(([0], edges))
+    ends = np.concatenate((edges, [n]))
+    nonempty = ends > starts
+    starts, ends = starts[nonempty], ends[nonempty]
+    keep = [np.array([0, n - 1])]
+    for s in series:
+        for reduce in (np.minimum, np.maximum):
+            extreme = reduce.reduceat(s, starts)  # per bucket; then the first sample reaching it
+            hit = np.flatnonzero(s == np.repeat(extreme, ends - starts))
+            keep.append(hit[np.searchsorted(hit, starts)])
+    return np.unique(np.concatenate(keep))
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    """Float data for a chart: float32 is 7 significant digits, more than a chart can show."""
+    return np.asarray(x, dtype=np.float32)
+
+
+def _counts(x: np.ndarray) -> np.ndarray:
+    """Counts for a chart as integers (plotly stores them in the fewest bytes), floats if any is not."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size and np.all(np.isfinite(x)) and np.all(x == np.round(x)) and np.abs(x).max() < 2**31:
+        return x.astype(np.int64)
+    return x
+
+
 def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     v = np.sort(values[np.isfinite(values) & (values > 0)])  # log x: zero durations cannot show
     y = np.arange(1, v.size + 1) / max(v.size, 1)
-    idx = _stride(v.size, MAX_POINTS)
-    return v[idx], y[idx]
+    idx = _stride(v.size, MAX_CDF_POINTS)
+    return _f32(v[idx]), _f32(y[idx])
 
 
 def _latency_figures(r: _Csv, slo: dict[str, Any]) -> _Figures:
@@ -75,13 +147,13 @@ def _latency_figures(r: _Csv, slo: dict[str, Any]) -> _Figures:
     a, e = arrival[ok], (finish - arrival)[ok]
     order = np.argsort(a, kind="stable")
     a, e = a[order], e[order]
-    keep = _stride(a.size, MAX_POINTS - 100)
-    if a.size > keep.size:  # evenly spaced points hide the tail; keep the 100 slowest as well
-        keep = np.union1d(keep, np.argsort(-e, kind="stable")[:100])
+    keep = _stride(a.size, MAX_POINTS - SLOWEST_KEPT)
+    if a.size > keep.size:  # evenly spaced points hide the tail; keep the slowest as well
+        keep = np.union1d(keep, np.argsort(-e, kind="stable")[:SLOWEST_KEPT])
     title = "E2E latency vs arrival time (completed requests"
     title += f"; {keep.size:,} of {a.size:,} shown)" if keep.size < a.size else ")"
     scatter = go.Figure(
-        go.Scattergl(x=a[keep], y=e[keep], mode="markers", marker={"size": 4, "opacity": 0.6})
+        go.Scattergl(x=_f32(a[keep]), y=_f32(e[keep]), mode="markers", marker={"size": 4, "opacity": 0.6})
     )
     scatter.update_layout(title=title, height=380, xaxis_title="arrival (s)", yaxis_title="E2E latency (s)")
     figs.append(("e2e", scatter))
@@ -92,7 +164,9 @@ def _latency_figures(r: _Csv, slo: dict[str, Any]) -> _Figures:
         edges = np.linspace(0.0, max(t_end, 1e-9), nbins + 1)
         tok, _ = np.histogram(finish[ok], bins=edges, weights=out_tok[ok])
         width = edges[1] - edges[0]
-        tput = go.Figure(go.Bar(x=edges[:-1] + width / 2, y=tok / width, width=width, marker_line_width=0))
+        tput = go.Figure(
+            go.Bar(x=_f32(edges[:-1] + width / 2), y=_f32(tok / width), width=width, marker_line_width=0)
+        )
         tput.update_layout(
             title="Output throughput (tokens of completed requests, counted when each finishes)",
             height=340,
@@ -121,33 +195,42 @@ def _timeseries_figures(ts: _Csv) -> _Figures:
     ok = np.isfinite(t) & np.isfinite(replica)
     if not ok.any():
         return [], ["timeseries.csv has no samples; occupancy charts left out."]
-    grid = np.unique(t[ok])
-    grid = grid[_stride(grid.size, MAX_SERIES_POINTS)]
+    grid = np.unique(t[ok])  # every replica's sample times: the sum steps at each
     replicas = [int(x) for x in np.unique(replica[ok])]
-    per: dict[int, dict[str, np.ndarray]] = {}
+    total = {c: np.zeros(grid.size) for c in cols}
+    own: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # a replica on its own samples
     for rep in replicas:
         m = ok & (replica == rep)
         order = np.argsort(t[m], kind="stable")
-        per[rep] = {
-            c: _series_on_grid(t[m][order], np.nan_to_num(v[m][order]), grid) for c, v in cols.items()
-        }
-    total = {c: sum(per[r][c] for r in replicas) for c in cols}
+        tr = t[m][order]
+        vals = {c: np.nan_to_num(v[m][order]) for c, v in cols.items()}
+        for c in cols:
+            total[c] += _series_on_grid(tr, vals[c], grid)
+        if len(replicas) > 1 and len(own) < MAX_REPLICA_VIEWS:
+            own[rep] = (tr, vals)
 
-    views: list[tuple[str, dict[str, np.ndarray]]] = [(f"sum of {_plural(len(replicas), 'replica')}", total)]
-    if len(replicas) > 1:
-        views += [(f"replica {r}", per[r]) for r in replicas[:MAX_REPLICA_VIEWS]]
-    occ = go.Figure()
+    def view(
+        tv: np.ndarray, series: dict[str, np.ndarray], cap: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The KV stack's samples drawn: `_envelope` of its two edges (its top is the pool)."""
+        used, cached = series["kv_used_blocks"], series["kv_cached_blocks"]
+        keep = _envelope(tv, (used, used + cached), cap)
+        return _f32(tv[keep]), {c: _counts(series[c][keep]) for c, _ in layers}
+
     layers = (
         ("kv_used_blocks", "KV used"),
         ("kv_cached_blocks", "cached, free to evict"),
         ("kv_free_blocks", "free"),
     )
+    views = [(f"sum of {_plural(len(replicas), 'replica')}", view(grid, total, MAX_SERIES_POINTS))]
+    views += [(f"replica {r}", view(*own[r], MAX_REPLICA_POINTS)) for r in own]
+    occ = go.Figure()
     colors = ("#d62728", "#ff7f0e", "#2ca02c")
-    for vi, (_, series) in enumerate(views):
+    for vi, (_, (x, series)) in enumerate(views):
         for (col, label), color in zip(layers, colors, strict=True):
             occ.add_trace(
                 go.Scatter(
-                    x=grid,
+                    x=x,
                     y=series[col],
                     name=label,
                     stackgroup="kv",
@@ -173,8 +256,13 @@ def _timeseries_figures(ts: _Csv) -> _Figures:
     occ.update_layout(title=title, height=380, xaxis_title="simulated time (s)", yaxis_title="blocks")
 
     queue = go.Figure()
+    keep = _envelope(grid, (total["running"], total["waiting"]))
     for col, label in (("running", "running"), ("waiting", "waiting")):
-        queue.add_trace(go.Scatter(x=grid, y=total[col], name=label, mode="lines", line_shape="hv"))
+        queue.add_trace(
+            go.Scatter(
+                x=_f32(grid[keep]), y=_counts(total[col][keep]), name=label, mode="lines", line_shape="hv"
+            )
+        )
     queue.update_layout(
         title=f"Running and waiting requests (sum over {_plural(len(replicas), 'replica')})",
         height=340,
@@ -192,9 +280,10 @@ def _tiers_figures(tc: _Csv) -> _Figures:
     fig = go.Figure()
     for name in sorted(set(tier.tolist())):
         m = (tier == name) & np.isfinite(t)
-        idx = _stride(int(m.sum()), MAX_SERIES_POINTS)
+        tt, gib = t[m], used[m] / 2**30
+        idx = _envelope(tt, (gib,))
         fig.add_trace(
-            go.Scatter(x=t[m][idx], y=used[m][idx] / 2**30, name=str(name), mode="lines", line_shape="hv")
+            go.Scatter(x=_f32(tt[idx]), y=_f32(gib[idx]), name=str(name), mode="lines", line_shape="hv")
         )
     fig.update_layout(
         title="Tiers below HBM: occupancy over time",
@@ -218,8 +307,10 @@ def _links_figures(lc: _Csv) -> _Figures:
             continue
         dt = np.diff(tt)
         util = np.divide(np.diff(bb), dt, out=np.zeros_like(dt), where=dt > 0)
-        idx = _stride(util.size, MAX_SERIES_POINTS)
-        fig.add_trace(go.Scatter(x=tt[1:][idx], y=util[idx], name=str(name), mode="lines", line_shape="hv"))
+        idx = _envelope(tt[1:], (util,))
+        fig.add_trace(
+            go.Scatter(x=_f32(tt[1:][idx]), y=_f32(util[idx]), name=str(name), mode="lines", line_shape="hv")
+        )
     if not fig.data:
         return [], ["links.csv has too few samples for a utilisation chart."]
     fig.update_layout(
@@ -231,15 +322,27 @@ def _links_figures(lc: _Csv) -> _Figures:
     return [("links", fig)], []
 
 
-def _figure_html(div_id: str, fig: go.Figure) -> str:
-    fig.update_layout(template=_TEMPLATE, margin={"l": 60, "r": 20, "t": 60, "b": 50})
-    return pio.to_html(
-        fig,
-        include_plotlyjs=False,
-        full_html=False,
-        div_id=f"kvsim-{div_id}",
-        config=_PLOT_CONFIG,
-        default_height=f"{fig.layout.height or 380}px",
+def _template_for(fig: go.Figure) -> go.layout.Template:
+    """`_TEMPLATE` with trace defaults for only the trace types `fig` has: the same look, without
+    7 KB of defaults for heatmaps, contours and the rest in every figure."""
+    base = pio.templates[_TEMPLATE]
+    types = sorted({str(trace.type) for trace in fig.data})
+    return go.layout.Template(layout=base.layout, data={t: base.data[t] for t in types if base.data[t]})
+
+
+def _figure_html(div_id: str, fig: go.Figure) -> Markup:
+    """The figure's div and the script drawing it (plotly's own HTML; its JSON is escaped for a
+    script element, so user text in labels cannot close it)."""
+    fig.update_layout(template=_template_for(fig), margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    return Markup(
+        pio.to_html(
+            fig,
+            include_plotlyjs=False,
+            full_html=False,
+            div_id=f"kvsim-{div_id}",
+            config=_PLOT_CONFIG,
+            default_height=f"{fig.layout.height or 380}px",
+        )
     )
 
 
@@ -249,10 +352,10 @@ def _charts_section(
     slo: dict[str, Any],
     tiers: _Csv | None = None,
     links: _Csv | None = None,
-) -> tuple[str, bool]:
+) -> tuple[Markup, bool]:
     """HTML for the charts and whether any figure needs plotly.js (``tiers.csv`` only where the run
     wrote one: memory tiers on)."""
-    out = ["<h2>Charts</h2>"]
+    out: list[Markup] = []
     any_fig = False
     sources: tuple[tuple[str, _Csv | None, Callable[[_Csv], _Figures]], ...] = (
         ("requests.csv", requests, lambda r: _latency_figures(r, slo)),
@@ -274,7 +377,7 @@ def _charts_section(
         for div_id, fig in figs:
             out.append(_figure_html(div_id, fig))
             any_fig = True
-    return "\n".join(out), any_fig
+    return h.section("Charts", *out), any_fig
 
 
 # ------------------------------------------------------------------------------------------ page

@@ -1,7 +1,10 @@
-"""Several runs side by side in one self-contained HTML page: ``kvsim report A B ... --out FILE.html``.
+"""Several runs side by side in one HTML page: ``kvsim report A B ... --out FILE.html``.
 
 Reads each run directory as the run report does (``summary.json`` through
-`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional). Shows a
+`kvsim.results.record.read_summary`; ``requests.csv`` and ``timeseries.csv`` optional, either plain or
+as a point's ``.csv.gz``). Shows what
+differs between the runs (their ``--set`` overrides, every recorded config field not shared by
+all, the cost model), labels each run by it (the title too), a
 headline table with every run's delta against the first (absolute and relative), the TTFT and TPOT
 CDFs of all runs overlaid, KV blocks in use and queue length over time, each run's warnings, and
 where each run came from: scenario name, trace and profile, SHA-256 of ``summary.json`` (and of the
@@ -9,15 +12,16 @@ trace/profile files when they are still at the recorded paths), and the kvsim ve
 page, so that a comparison can be reproduced.
 
 Leaves out: per-replica detail (each run's own report has it) and any recomputation of the
-summary's percentiles. Everything user-supplied (names, paths, warnings) is escaped; the page holds
-no generation time, so the same inputs give the same bytes.
+summary's percentiles. Everything user-supplied (names, paths, warnings) is escaped (the page is
+a template); plotly.js is loaded from ``plotly.min.js`` beside the page; the page holds no
+generation time, so the same inputs give the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
 import importlib.metadata
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,17 +30,25 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
+from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from kvsim.errors import KvsimError
-from kvsim.report.charts import MAX_SERIES_POINTS, _cdf, _figure_html, _series_on_grid, _stride
+from kvsim.report import html as h
+from kvsim.report.charts import _cdf, _counts, _envelope, _f32, _figure_html, _series_on_grid
 from kvsim.report.data import _Csv, _load_csv
 from kvsim.report.outputs import check_output_dir
 from kvsim.report.tables import _dur, _float, _get, _gib, _int, _is_num, _note, _pct, _table, _usd
 from kvsim.results.record import read_summary
 
-_READS = ("summary.json", "requests.csv", "timeseries.csv", "report.html")
+_READS = (
+    "summary.json",
+    "requests.csv",
+    "requests.csv.gz",
+    "timeseries.csv",
+    "timeseries.csv.gz",
+    "report.html",
+)
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 # (label, path into summary.json, formatter); a delta is shown with the same formatter.
@@ -132,7 +144,8 @@ def check_inputs(run_dirs: Sequence[str], out: str, *, force: bool) -> Path:
             )
         if target.exists() and p.parent.exists() and _same(target, p.parent):
             raise KvsimError(f"{out} is a run directory this command reads", source="--out")
-    check_output_dir(str(target.parent), reads=reads, force=force, files=(target.name,), flag="--out")
+    files = (target.name, h.PLOTLY_JS)  # the page and the plotly.js beside it
+    check_output_dir(str(target.parent), reads=reads, force=force, files=files, flag="--out")
     return target
 
 
@@ -150,9 +163,114 @@ def _load(run_dirs: Sequence[str]) -> list[_Run]:
                 _load_csv(p / "timeseries.csv"),
             )
         )
-    names = [r.label for r in runs]
-    # Two runs of one scenario would read alike: name them by their directories as well.
-    return [replace(r, label=f"{r.label} ({r.path.name})") if names.count(r.label) > 1 else r for r in runs]
+    labels = run_labels([r.summary for r in runs])
+    # Runs that still read alike (nothing recorded differs) are named by their directories too.
+    return [
+        replace(r, label=f"{lab} ({r.path.name})" if labels.count(lab) > 1 else lab)
+        for r, lab in zip(runs, labels, strict=True)
+    ]
+
+
+# Config fields that differ between any two runs without saying how they were run.
+_NOT_A_SETTING = frozenset({"overrides", "scenario_path"})
+_LABEL_WIDTH = 80
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return ", ".join(_value(x) for x in v) if v else "none"
+    return json.dumps(v, sort_keys=True)
+
+
+def _settings(s: dict[str, Any]) -> dict[str, str]:
+    """A run's recorded settings as "path": "value" text: the config (one level of nesting
+    flattened with dots) and the scenario's name."""
+    out = {"scenario": str(s.get("scenario") or "–")}
+    cfg = s.get("config")
+    for k, v in (cfg if isinstance(cfg, dict) else {}).items():
+        if k in _NOT_A_SETTING:
+            continue
+        if isinstance(v, dict):
+            out.update({f"{k}.{k2}": _value(v2) for k2, v2 in v.items()})
+        else:
+            out[str(k)] = _value(v)
+    return out
+
+
+def _overrides(s: dict[str, Any]) -> dict[str, str]:
+    """The run's ``--set`` overrides, path to value, in the order given."""
+    got = _get(s, "config", "overrides")
+    out: dict[str, str] = {}
+    for o in got if isinstance(got, list) else []:
+        path, _, value = str(o).partition("=")
+        out[path] = value
+    return out
+
+
+def differences(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """What differs between the runs: ("--set PATH", each run's value) for every override not given
+    alike to all, then (config field, values) for every recorded setting that differs, the scenario
+    file included; "–" where a run has none. The cost model comes first, differing or not."""
+    rows: list[tuple[str, list[str]]] = []
+    overrides = [_overrides(s) for s in summaries]
+    for path in dict.fromkeys(p for o in overrides for p in o):
+        values = [o.get(path, "–") for o in overrides]
+        if len(set(values)) > 1:
+            rows.append((f"--set {path}", values))
+    settings = [_settings(s) for s in summaries]
+    for key in dict.fromkeys(k for st in settings for k in st):
+        values = [st.get(key, "–") for st in settings]
+        if len(set(values)) > 1:
+            rows.append((key, values))
+    paths = [str(_get(s, "config", "scenario_path") or "–") for s in summaries]
+    if len(set(paths)) > 1:
+        rows.append(("scenario file", paths))
+    cost = [_cost_model(s) for s in summaries]
+    if len(set(cost)) == 1:
+        rows.insert(0, ("cost model (the same for every run)", cost))
+    else:
+        rows = [r for r in rows if r[0] not in ("cost_model", "profile")]
+        rows.insert(0, ("cost model", cost))
+    return rows
+
+
+def _cost_model(s: dict[str, Any]) -> str:
+    cm = str(_get(s, "config", "cost_model") or "–")
+    prof = _profile(s)
+    return f"{cm}, profile {prof}" if prof and prof not in cm else cm
+
+
+def run_labels(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Each run named by what sets it apart: its overrides that differ from the other runs'
+    ("kv.format=fp8, workload.rate_scale=4"), else the config fields that differ, led by the
+    scenario's name where the runs are of different scenarios; a lone run by its scenario."""
+    names = [str(s.get("scenario") or "–") for s in summaries]
+    if len(summaries) < 2:
+        return names
+    overrides = [_overrides(s) for s in summaries]
+    differing = [
+        p for p in dict.fromkeys(p for o in overrides for p in o) if len({o.get(p) for o in overrides}) > 1
+    ]
+    settings = [_settings(s) for s in summaries]
+    fields = [
+        k
+        for k in dict.fromkeys(k for st in settings for k in st)
+        if k != "scenario" and "." not in k and len({st.get(k) for st in settings}) > 1
+    ]
+    labels = []
+    for name, o, st in zip(names, overrides, settings, strict=True):
+        parts = [f"{p}={o[p]}" for p in differing if p in o]
+        if not parts:
+            parts = [f"{k}={st[k]}" for k in fields[:3] if k in st]
+        text = ", ".join(parts)
+        if len(text) > _LABEL_WIDTH:
+            text = text[: _LABEL_WIDTH - 3] + "..."
+        if len(set(names)) > 1:
+            text = f"{name}: {text}" if text else name
+        labels.append(text or name)
+    return labels
 
 
 def deltas(
@@ -175,24 +293,43 @@ def _signed(fmt: Callable[[Any], str], d: float) -> str:
     return ("+" if d > 0 else "−" if d < 0 else "±") + fmt(abs(d))
 
 
-def _headline(runs: list[_Run]) -> str:
-    header = ["metric", f"A: {html.escape(runs[0].label)}"]
+def _tag(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else str(i)
+
+
+def _differences(runs: list[_Run]) -> Markup:
+    rows = differences([r.summary for r in runs])
+    header = ["", *(f"{_tag(i)}: {r.label}" for i, r in enumerate(runs))]
+    body = [[key, *values] for key, values in rows]
+    only_cost = len(rows) == 1
+    return h.section(
+        "What differs between the runs",
+        _table(body, header, cls="kv"),
+        _note("Nothing else recorded in the runs' summary.json differs: the same config and overrides.")
+        if only_cost
+        else _note(
+            "From each run's summary.json: its --set overrides and every config field with a value "
+            "not shared by all runs (each run is labelled by them)."
+        ),
+    )
+
+
+def _headline(runs: list[_Run]) -> Markup:
+    header = ["metric", f"A: {runs[0].label}"]
     for i, r in enumerate(runs[1:], start=1):
-        tag = chr(ord("A") + i) if i < 26 else str(i)
-        header += [f"{tag}: {html.escape(r.label)}", f"Δ {tag} − A", f"Δ {tag} / A"]
+        tag = _tag(i)
+        header += [f"{tag}: {r.label}", f"Δ {tag} − A", f"Δ {tag} / A"]
     rows = []
     per = [deltas(runs[0].summary, r.summary) for r in runs[1:]]
     for m, (label, keys, fmt) in enumerate(METRICS):
-        row = [html.escape(label), fmt(_get(runs[0].summary, *keys))]
+        row: list[Any] = [label, fmt(_get(runs[0].summary, *keys))]
         for d in per:
             _, _, b, diff, rel = d[m]
             row.append(fmt(b))
-            row.append(
-                f'<span data-delta="{diff!r}">{_signed(fmt, diff)}</span>' if diff is not None else "–"
-            )
-            row.append(f'<span data-rel="{rel!r}">{rel:+.1%}</span>' if rel is not None else "–")
+            row.append(h.span(_signed(fmt, diff), delta=repr(diff)) if diff is not None else "–")
+            row.append(h.span(f"{rel:+.1%}", rel=repr(rel)) if rel is not None else "–")
         rows.append(row)
-    return "<h2>Headline, each run against the first (A)</h2>\n" + _table(rows, header, cls="num")
+    return h.section("Headline, each run against the first (A)", _table(rows, header, cls="num"))
 
 
 def _ttft_tpot(r: _Csv) -> tuple[np.ndarray, np.ndarray] | None:
@@ -206,7 +343,8 @@ def _ttft_tpot(r: _Csv) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _totals(ts: _Csv) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-    """KV used blocks, running and waiting summed over replicas, on the run's own time grid."""
+    """KV used blocks, running and waiting summed over replicas, on the run's own time grid (thinned
+    as the report's are, `_envelope`)."""
     cols = ("kv_used_blocks", "running", "waiting")
     if not ts.has("t_s", "replica", *cols) or ts.rows == 0:
         return None
@@ -215,19 +353,20 @@ def _totals(ts: _Csv) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     if not ok.any():
         return None
     grid = np.unique(t[ok])
-    grid = grid[_stride(grid.size, MAX_SERIES_POINTS)]
     total = {c: np.zeros(grid.size) for c in cols}
     for r in np.unique(rep[ok]):
         m = ok & (rep == r)
         order = np.argsort(t[m], kind="stable")
         for c in cols:
             total[c] += _series_on_grid(t[m][order], np.nan_to_num(ts.num(c)[m][order]), grid)
-    return grid, total
+    keep = _envelope(grid, tuple(total.values()))  # the report's rule for series over time
+    return _f32(grid[keep]), {c: _counts(v[keep]) for c, v in total.items()}
 
 
-def _charts(runs: list[_Run]) -> tuple[str, int]:
+def _charts(runs: list[_Run]) -> tuple[Markup, int]:
     """The charts' HTML and how many plotly figures it holds."""
-    out, n = ["<h2>Charts</h2>"], 0
+    out: list[Markup] = []
+    n = 0
     cdf = make_subplots(rows=1, cols=2, subplot_titles=("TTFT", "TPOT"), horizontal_spacing=0.08)
     kv, queue = go.Figure(), go.Figure()
     any_cdf = any_ts = False
@@ -303,14 +442,14 @@ def _charts(runs: list[_Run]) -> tuple[str, int]:
         )
         out += [_figure_html("cmp-kv", kv), _figure_html("cmp-queue", queue)]
         n += 2
-    return "\n".join(out), n
+    return h.section("Charts", *out), n
 
 
-def _file_hash(recorded: Any) -> str:
+def _file_hash(recorded: Any) -> Markup | str:
     if not isinstance(recorded, str) or not recorded or recorded == "synthetic":
         return "–"
     digest = _sha256(Path(recorded))
-    return f"<code>{digest}</code>" if digest else "not found"
+    return h.code(digest) if digest else "not found"
 
 
 def _profile(s: dict[str, Any]) -> str | None:
@@ -323,7 +462,7 @@ def _profile(s: dict[str, Any]) -> str | None:
     return None
 
 
-def _provenance(runs: list[_Run], version: str) -> str:
+def _provenance(runs: list[_Run], version: str) -> Markup:
     rows = []
     for i, r in enumerate(runs):
         s = r.summary
@@ -332,17 +471,17 @@ def _provenance(runs: list[_Run], version: str) -> str:
         digest = _sha256(r.path / "summary.json") or "not found"
         rows.append(
             [
-                chr(ord("A") + i) if i < 26 else str(i),
-                html.escape(str(s.get("scenario") or "–")),
-                html.escape(str(scenario_path)) if scenario_path else "–",
-                html.escape(str(r.path)),
-                f"<code>{digest}</code>",
-                html.escape(str(trace)) if trace is not None else "–",
+                _tag(i),
+                str(s.get("scenario") or "–"),
+                str(scenario_path) if scenario_path else "–",
+                str(r.path),
+                h.code(digest),
+                str(trace) if trace is not None else "–",
                 _file_hash(trace),
-                html.escape(profile) if profile else "none (analytic cost model)",
+                profile if profile else "none (analytic cost model)",
                 _file_hash(profile) if profile else "–",
-                html.escape(str(_get(s, "config", "kv_format") or "–")),
-                html.escape(str(_get(s, "config", "seed") if _get(s, "config", "seed") is not None else "–")),
+                str(_get(s, "config", "kv_format") or "–"),
+                str(_get(s, "config", "seed") if _get(s, "config", "seed") is not None else "–"),
             ]
         )
     header = [
@@ -358,44 +497,46 @@ def _provenance(runs: list[_Run], version: str) -> str:
         "KV format",
         "seed",
     ]
-    return (
-        "<h2>Where each run came from</h2>\n"
-        + _table(rows, header)
-        + f"\n<p>Compared by kvsim {html.escape(version)}; each summary.json was written by schema "
-        + ", ".join(html.escape(f"{s.summary.get('schema')} v{s.summary.get('version')}") for s in runs)
-        + ".</p>"
+    schemas = ", ".join(f"{s.summary.get('schema')} v{s.summary.get('version')}" for s in runs)
+    return h.section(
+        "Where each run came from",
+        _table(rows, header),
+        h.para(f"Compared by kvsim {version}; each summary.json was written by schema {schemas}."),
     )
 
 
-def _warnings(runs: list[_Run]) -> str:
-    parts = ["<h2>Warnings</h2>"]
+def _warnings(runs: list[_Run]) -> Markup | str:
+    parts = []
     for r in runs:
         w = r.summary.get("warnings") or []
         if w:
-            items = "".join(f"<li>{html.escape(str(x))}</li>" for x in w)
-            parts.append(f"<p>{html.escape(r.label)}:</p><ul>{items}</ul>")
-    return "\n".join(parts) if len(parts) > 1 else ""
+            parts += [h.para(f"{r.label}:"), h.items(str(x) for x in w)]
+    return h.section("Warnings", *parts) if parts else ""
 
 
-def compare_page(run_dirs: Sequence[str]) -> tuple[str, int]:
-    """The comparison page's HTML for `run_dirs` (the first is the baseline) and its number of figures."""
-    from kvsim.report import _CSS  # the run report's look
+def compare_title(labels: Sequence[str], summaries: Sequence[dict[str, Any]]) -> str:
+    """ "A vs B", led by the scenario's name when every run is of the one scenario (their labels
+    then say what sets them apart)."""
+    names = {str(s.get("scenario") or "") for s in summaries}
+    title = " vs ".join(labels)
+    return f"{names.pop()}: {title}" if len(names) == 1 and len(summaries) > 1 else title
 
+
+def compare_page(run_dirs: Sequence[str], plotly_src: str = h.PLOTLY_JS) -> tuple[str, int]:
+    """The comparison page's HTML for `run_dirs` (the first is the baseline) and its number of
+    figures; its charts load plotly.js from `plotly_src` (the caller writes it: `h.write_plotly_js`)."""
     runs = _load(run_dirs)
     charts, n_figs = _charts(runs)
-    title = " vs ".join(r.label for r in runs)
-    body = [
-        f"<h1>kvsim comparison: {html.escape(title)}</h1>",
+    title = compare_title([r.label for r in runs], [r.summary for r in runs])
+    sections = [
+        _differences(runs),
         _headline(runs),
         charts,
         _warnings(runs),
         _provenance(runs, kvsim_version()),
     ]
-    head_js = f"<script>{get_plotlyjs()}</script>" if n_figs else ""
-    page = (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>kvsim compare: {html.escape(title)}</title>\n<style>{_CSS}</style>\n{head_js}\n</head>\n"
-        "<body><main>\n" + "\n".join(b for b in body if b) + "\n</main></body>\n</html>\n"
+    page = h.render(
+        "compare.html.j2", title=title, sections=sections, plotly_src=plotly_src if n_figs else None
     )
     return page, n_figs
 
@@ -403,9 +544,11 @@ def compare_page(run_dirs: Sequence[str]) -> tuple[str, int]:
 def compare_command(run_dirs: Sequence[str], out: str, *, force: bool = False) -> int:
     """``kvsim report A B ... --out FILE.html``: write the comparison page; exit code 0."""
     target = check_inputs(run_dirs, out, force=force)
-    page, _ = compare_page(run_dirs)
+    page, n_figs = compare_page(run_dirs)
     try:
         target.write_text(page, encoding="utf-8")
+        if n_figs:
+            h.write_plotly_js(target.parent)
     except OSError as exc:
         raise KvsimError(f"cannot write the report: {exc.strerror or exc}", source=out) from None
     print(f"wrote {target}")

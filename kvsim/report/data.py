@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import csv
+import gzip
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.io import GZ
 from kvsim.results.record import RunSummary, read_summary
 from kvsim.spec.schema import shorten
 
@@ -54,17 +57,33 @@ def _load_summary(run_dir: Path) -> RunSummary:
     return read_summary(run_dir / "summary.json")
 
 
+def csv_path(path: Path) -> Path | None:
+    """The file holding CSV `path` (``DIR/requests.csv``): itself, else its compressed form
+    ``DIR/requests.csv.gz`` (a sweep's or plan's point), else None."""
+    for p in (path, path.with_name(path.name + GZ)):
+        if p.exists():
+            return p
+    return None
+
+
 def _load_csv(path: Path) -> _Csv | None:
-    if not path.exists():
+    """CSV `path` or its ``.gz`` form (`csv_path`); None when neither exists."""
+    found = csv_path(path)
+    if found is None:
         return None
     try:
-        return _read_csv(path)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(path)) from None
+        return _read_csv(found)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, csv.Error) as exc:
+        raise KvsimError(f"cannot read: {shorten(str(exc), 120)}", source=str(found)) from None
 
 
 def _read_csv(path: Path) -> _Csv:
-    with path.open(newline="", encoding="utf-8") as f:
+    opened = (
+        gzip.open(path, "rt", newline="", encoding="utf-8")
+        if path.suffix == GZ
+        else path.open(newline="", encoding="utf-8")
+    )
+    with opened as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:

@@ -9,23 +9,33 @@ reports those).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.results.io import LINK_COLUMNS, REQUEST_COLUMNS, TIER_COLUMNS
+from kvsim.report.html import PLOTLY_JS, is_plotly_js
+from kvsim.results.io import GZ, LINK_COLUMNS, REQUEST_COLUMNS, TIER_COLUMNS
 from kvsim.sweep.plan import is_plan_csv, read_plan
 from kvsim.sweep.table import is_results_csv, is_results_parquet, read_manifest
 
-RUN_FILES = ("summary.json", "requests.csv", "timeseries.csv", "tiers.csv", "links.csv", "report.html")
 _HEADERS = {
     "links.csv": ",".join(LINK_COLUMNS),
     "tiers.csv": ",".join(TIER_COLUMNS),
     "requests.csv": ",".join(REQUEST_COLUMNS),
     "timeseries.csv": "t_s,replica,kv_used_blocks,kv_cached_blocks,kv_free_blocks,running,waiting",
 }
+# What a run directory may hold: each CSV plain (`kvsim run`) or as NAME.csv.gz (a point's), and
+# `write_run` removes the form it does not write, so both are checked.
+RUN_FILES = (
+    "summary.json",
+    *(name + form for name in _HEADERS for form in ("", GZ)),
+    "report.html",
+    PLOTLY_JS,
+)
 _MAX_SUMMARY_BYTES = 64 << 20
 
 
@@ -37,6 +47,12 @@ def is_kvsim_output(path: Path) -> bool:
             head = f.read(4096)
         if path.name in _HEADERS:
             return head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8") == _HEADERS[path.name]
+        if path.suffix == GZ and path.stem in _HEADERS:  # a point's CSV: its first line, unpacked
+            with gzip.open(path, "rb") as gz:
+                first = gz.readline(4096)
+            return first.rstrip(b"\r\n").decode("utf-8") == _HEADERS[path.stem]
+        if path.name == PLOTLY_JS:
+            return is_plotly_js(path)
         if path.name == "report.html":
             return head.startswith(b"<!doctype html>") and b"<title>kvsim: " in head
         if path.name == "sweep.html":
@@ -55,12 +71,14 @@ def is_kvsim_output(path: Path) -> bool:
             return is_plan_csv(path)
         if path.suffix == ".html" and head.startswith(b"<!doctype html>"):  # a comparison, any name
             return b"<title>kvsim compare: " in head
+        if path.name in ("vllm_bench.json", "against.json"):  # kvsim.interop's: marked as kvsim's own
+            return b'"backend": "kvsim"' in head or b'"schema": "kvsim-against"' in head
         if path.name == "summary.json":
             if path.stat().st_size > _MAX_SUMMARY_BYTES:
                 return False
             data = json.loads(path.read_text(encoding="utf-8"))
             return isinstance(data, dict) and {"requests", "config", "warnings"} <= data.keys()
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON: not ours
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):  # unreadable, not gzip/UTF-8/JSON
         return False
     return False
 

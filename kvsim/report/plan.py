@@ -1,20 +1,23 @@
-"""A plan's self-contained HTML page (``DIR/plan.html``), rebuilt from ``plan.json``.
+"""A plan's HTML page (``DIR/plan.html``), rebuilt from ``plan.json``.
 
 Shows the choice (or, when nothing in the search meets the SLOs, that fact and the closest
 configuration with what it misses by), the runner-up configurations with why each lost (the SLO
-missed and by how much, or the extra cost), and every point run, each linking to its own
+missed and by how much, or the extra cost), each $/GPU-hour used with where it comes from, and
+every point run, each linking to its own
 ``points/<id>/report.html``. No script and no network: the same plan.json gives the same bytes.
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from markupsafe import Markup
+
+from kvsim.accuracy import loss_text
 from kvsim.errors import KvsimError
-from kvsim.report import _CSS
+from kvsim.report import html as h
 from kvsim.report.tables import _table
 from kvsim.sweep.plan import read_plan
 
@@ -29,61 +32,115 @@ _SHOWN = (  # column, header, format
 )
 
 
-def _e(v: Any) -> str:
-    return html.escape(str(v))
-
-
-def _config_line(e: dict[str, Any]) -> str:
+def _config_line(e: dict[str, Any]) -> Markup:
     # A configuration's $/h includes its dedicated pool nodes (absent in plans written before them).
     pool = e.get("pool_nodes_usd_per_hour") or 0.0
-    return (
-        f"<b>{_e(e['label'])}</b>: {e['gpus']} GPU{'s' if e['gpus'] != 1 else ''} x "
-        f"${e['gpu_hour_usd']:.2f}/GPU-h"
-        + (f" + ${pool:.2f}/h of pool nodes" if pool else "")
-        + f" = <b>${e['usd_per_hour']:.2f}/h</b>"
+    return h.join(
+        (
+            h.bold(e["label"]),
+            f": {e['gpus']} GPU{'s' if e['gpus'] != 1 else ''} x ${e['gpu_hour_usd']:.2f}/GPU-h"
+            + (f" + ${pool:.2f}/h of pool nodes" if pool else "")
+            + " = ",
+            h.bold(f"${e['usd_per_hour']:.2f}/h"),
+            f" ($/GPU-h: {e['gpu_hour_source']})" if e.get("gpu_hour_source") else "",
+        )
     )
+
+
+def _prices(configs: list[dict[str, Any]]) -> Markup | None:
+    """One row per $/GPU-hour and source used, with the configurations priced at it (None for a
+    plan written before rows carried their price's source)."""
+    by: dict[tuple[float, str], list[str]] = {}
+    for e in configs:
+        if e.get("gpu_hour_source") is None:
+            return None
+        by.setdefault((e["gpu_hour_usd"], e["gpu_hour_source"]), []).append(e["label"])
+    body = [
+        [
+            f"${usd:.2f}",
+            source,
+            f"{len(labels)}: " + "; ".join(labels[:3]) + ("; ..." if len(labels) > 3 else ""),
+        ]
+        for (usd, source), labels in by.items()
+    ]
+    return _table(body, ["$/GPU-h", "where it comes from", "configurations"], cls="num")
 
 
 def _mtok(e: dict[str, Any]) -> str:
     parts = [
-        f"{_e(ld['load'])}: ${ld['cost_per_mtok_usd']:.4g}/M tok"
+        f"{ld['load']}: ${ld['cost_per_mtok_usd']:.4g}/M tok"
         for ld in e["loads"]
         if ld.get("evaluated") and ld.get("cost_per_mtok_usd") is not None
     ]
     return "; ".join(parts)
 
 
-def _runners(rows: list[dict[str, Any]]) -> str:
-    body = [[_e(e["label"]), f"{e['gpus']}", f"${e['usd_per_hour']:.2f}", _e(e["why"])] for e in rows]
-    return _table(body, ["configuration", "GPUs", "$/hour", "why it lost"], cls="num")
+def _acc(e: dict[str, Any]) -> str:
+    """A configuration's accuracy estimate cell (– in plans written before estimates), marked as
+    excluded where the budget excluded it."""
+    if "accuracy" not in e:
+        return "–"
+    return loss_text(e["accuracy"]) + (" (over budget)" if e.get("excluded_by_budget") else "")
 
 
-def _points(configs: list[dict[str, Any]]) -> str:
+def _runners(rows: list[dict[str, Any]]) -> Markup:
+    body = [[e["label"], f"{e['gpus']}", f"${e['usd_per_hour']:.2f}", _acc(e), e["why"]] for e in rows]
+    return _table(body, ["configuration", "GPUs", "$/hour", "accuracy loss (est.)", "why it lost"], cls="num")
+
+
+def _estimates(configs: list[dict[str, Any]]) -> Markup | None:
+    """One row per distinct lossy part among the configurations: its estimate, basis and source
+    (None when nothing searched is lossy, or a plan written before estimates)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for e in configs:
+        for part in (e.get("accuracy") or {}).get("parts", []):
+            seen.setdefault(part["technique"], part)
+    if not seen:
+        return None
+    body = [
+        [
+            t,
+            ("more than " if p.get("lower_bound") else "") + f"{p['loss']:.2%}",
+            p["basis"],
+            p["source"],
+        ]
+        for t, p in seen.items()
+    ]
+    return _table(body, ["technique", "loss (est.)", "basis", "source"], cls="num")
+
+
+def _points(configs: list[dict[str, Any]]) -> Markup:
     body = []
     for e in configs:
         for ld in e["loads"]:
             if not ld.get("evaluated"):
                 continue
-            pid = _e(ld["point"])
+            pid = ld["point"]
             link = (
-                f'<a href="points/{html.escape(quote(ld["point"], safe="=,+"))}/report.html">{pid}</a>'
-                if ld["status"] == "ok"
-                else pid
+                h.link(f"points/{quote(pid, safe='=,+')}/report.html", pid) if ld["status"] == "ok" else pid
             )
             verdict = (
-                '<span class="ok">meets</span>'
+                h.span("meets", "ok")
                 if ld["meets"]
-                else '<span class="bad">misses</span>: ' + _e("; ".join(m["text"] for m in ld["misses"]))
+                else h.join((h.span("misses", "bad"), ": ", "; ".join(m["text"] for m in ld["misses"])))
             )
             if ld["status"] != "ok":
-                verdict += f" ({_e(ld['error'])})"
+                verdict = h.join((verdict, f" ({ld['error']})"))
             cells = []
             for column, _, fmt in _SHOWN:
                 v = ld["metrics"].get(column)
                 cells.append("–" if v is None else format(v, fmt))
-            body.append([link, _e(e["label"]), _e(ld["load"]), f"${e['usd_per_hour']:.2f}", verdict, *cells])
-    header = ["point", "configuration", "load", "$/hour", "verdict", *(h for _, h, _ in _SHOWN)]
-    return _table(body, [_e(h) for h in header], cls="num")
+            body.append([link, e["label"], ld["load"], f"${e['usd_per_hour']:.2f}", _acc(e), verdict, *cells])
+    header = [
+        "point",
+        "configuration",
+        "load",
+        "$/hour",
+        "accuracy loss (est.)",
+        "verdict",
+        *(t for _, t, _ in _SHOWN),
+    ]
+    return _table(body, header, cls="num")
 
 
 def _page(plan_dir: Path) -> str:
@@ -103,37 +160,36 @@ def _page(plan_dir: Path) -> str:
         else f"{s['path']}={','.join(s['values'])}"
         for s in data["search"]
     )
-    body = [
-        f"<h1>kvsim plan: {_e(name)}</h1>",
-        f'<p class="sub">SLOs {_e(slos)} and {_e(unserved)}, at loads {_e(", ".join(data["loads"]))} · '
-        f"search {_e(search or '(none)')} · scenario {_e(data['scenario'])} · sha256 "
-        f"{_e(str(data.get('scenario_sha256', ''))[:12])}</p>",
-        f'<p class="note">Cheapest by {_e(data["cost_basis"])}.</p>',
-    ]
-    choice = data.get("choice")
-    if choice is not None:
-        body += [
-            "<h2>Choice</h2>",
-            f"<p>{_config_line(choice)}; meets every SLO at every load. {_e(_mtok(choice))}</p>",
-            "<h2>Runners-up</h2>",
-            _runners(data["runners_up"])
-            if data["runners_up"]
-            else '<p class="note">No other configuration was evaluated.</p>',
-        ]
-    else:
-        closest = data.get("closest")
-        body += [
-            "<h2>No configuration meets the SLOs</h2>",
-            f'<p class="bad">Nothing in the search range meets {_e(slos)} at every load.</p>',
-        ]
-        if closest is not None:
-            body.append(f"<p>Closest: {_config_line(closest)}; {_e(closest['why'])}.</p>")
-    body += [f'<p class="warn">{_e(n)}</p>' for n in data.get("notes", [])]
-    body += ["<h2>Points run</h2>", _points(data["configurations"])]
-    return (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>kvsim plan: {_e(name)}</title>\n<style>{_CSS}</style>\n</head>\n"
-        "<body><main>\n" + "\n".join(body) + "\n</main></body>\n</html>\n"
+    choice, closest = data.get("choice"), data.get("closest")
+    budget = data.get("max_accuracy_loss")
+    excluded = data.get("budget_excluded")
+    return h.render(
+        "plan.html.j2",
+        name=name,
+        slos=slos,
+        unserved=unserved,
+        loads=", ".join(data["loads"]),
+        search=search or "(none)",
+        scenario=data["scenario"],
+        sha=str(data.get("scenario_sha256", ""))[:12],
+        cost_basis=data["cost_basis"],
+        choice=None if choice is None else _config_line(choice),
+        choice_mtok="" if choice is None else _mtok(choice),
+        choice_acc=None if choice is None or "accuracy" not in choice else loss_text(choice["accuracy"]),
+        budget=None if budget is None else f"{budget:.2%}",
+        budget_why=None if excluded is None else excluded["text"],
+        accuracy_rule=data.get("accuracy_rule"),
+        accuracy_basis=data.get("accuracy_basis"),
+        estimates=_estimates(data["configurations"]),
+        runners_up=_runners(data["runners_up"]) if choice is not None and data["runners_up"] else None,
+        closest=None if choice is not None or closest is None else _config_line(closest),
+        closest_why="" if closest is None else closest["why"],
+        notes=data.get("notes", []),
+        warnings=data.get("warnings", []),
+        price_rule=data.get("price_rule", ""),
+        prices=_prices(data["configurations"]),
+        points=_points(data["configurations"]),
+        plotly_src=None,
     )
 
 

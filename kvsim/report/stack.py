@@ -3,16 +3,11 @@ design documents' claimed row; built from ``stack.json``."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
-from kvsim.report import _CSS
+from kvsim.report import html as h
 from kvsim.report.tables import _table
-
-
-def _e(v: Any) -> str:
-    return html.escape(str(v))
 
 
 def _gb(v: Any) -> str:
@@ -54,23 +49,17 @@ HEADER = (
 
 
 def write_stack_report(out_dir: Path, data: dict[str, Any]) -> Path:
-    rows = [[_e(c) for c in stack_cells(r)] for r in data["rows"]]
-    body = [
-        f"<h1>kvsim stack: {_e(data['scenario'])}</h1>",
-        f'<p class="sub">{_e(data["model"])} on {_e(data["gpu"])}, trace {_e(data["trace"])}; every row '
-        "simulated with the techniques above it on</p>",
-        _table(rows, header=HEADER),
-        f'<p class="note">Claimed column: {_e(data["claimed_source"])}. KV bytes are exact for the '
-        "model (window caps applied, H2O's kept share); paging and sharing do not change one "
-        "sequence's bytes. Accuracy effects of FP8 and H2O are cited estimates (see a run's "
-        "report), not simulated.</p>",
-        f'<p class="note">Cost column: {_e(data.get("cost_basis", ""))}.</p>',
-    ]
-    page = (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>kvsim stack: {_e(data['scenario'])}</title>\n<style>{_CSS}</style>\n</head>\n"
-        "<body><main>\n" + "\n".join(body) + "\n</main></body>\n</html>\n"
+    page = h.render(
+        "stack.html.j2",
+        scenario=data["scenario"],
+        model=data["model"],
+        gpu=data["gpu"],
+        trace=data["trace"],
+        table=_table([stack_cells(r) for r in data["rows"]], header=HEADER),
+        claimed_source=data["claimed_source"],
+        cost_basis=data.get("cost_basis", ""),
+        plotly_src=None,
     )
     path = Path(out_dir) / "stack.html"
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")
     return path

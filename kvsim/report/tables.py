@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Iterable
 from typing import Any
 
+from markupsafe import Markup
+
+from kvsim.report import html as h
 from kvsim.report.data import _Csv
 from kvsim.results.record import RunSummary
 
@@ -63,16 +65,16 @@ def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _met(v: Any) -> str:
+def _met(v: Any) -> Markup | str:
     if v is True:
-        return '<span class="ok">met</span>'
+        return h.span("met", "ok")
     if v is False:
-        return '<span class="bad">missed</span>'
+        return h.span("missed", "bad")
     return "–"
 
 
-def _plain(v: Any, depth: int = 0) -> str:
-    """Any JSON value as short escaped text (config and unknown summary fields)."""
+def _plain(v: Any, depth: int = 0) -> Markup | str:
+    """Any JSON value as short text (config and unknown summary fields); a dict as lines."""
     if v is None:
         return "–"
     if isinstance(v, bool):
@@ -80,29 +82,24 @@ def _plain(v: Any, depth: int = 0) -> str:
     if isinstance(v, int | float):
         return _float(v, ",.6g")
     if isinstance(v, str):
-        return html.escape(v)
+        return v
     if isinstance(v, dict) and v and depth == 0:  # one level of nesting reads better as lines
-        return "<br>".join(f"{html.escape(str(k))}: {_plain(x, depth + 1)}" for k, x in v.items())
+        return h.lines(h.join((str(k), ": ", _plain(x, depth + 1))) for k, x in v.items())
     if isinstance(v, list) and not v:
         return "none"
     text = json.dumps(v, sort_keys=True, separators=(",", ": "))
     if len(text) > 300:
         text = text[:297] + "..."
-    return html.escape(text)
+    return text
 
 
-def _table(rows: Iterable[Iterable[str]], header: Iterable[str] | None = None, cls: str = "") -> str:
-    """Cells are already-escaped HTML."""
-    parts = [f'<table class="{cls}">' if cls else "<table>"]
-    if header is not None:
-        parts.append("<tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
-    parts.extend("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    parts.append("</table>")
-    return "\n".join(parts)
+def _table(rows: Iterable[Iterable[Any]], header: Iterable[Any] | None = None, cls: str = "") -> Markup:
+    """Cells are text (escaped) or Markup."""
+    return h.table(rows, header, cls)
 
 
-def _note(text: str) -> str:
-    return f'<p class="note">{html.escape(text)}</p>'
+def _note(text: Any) -> Markup:
+    return h.note(text)
 
 
 # -------------------------------------------------------------------------------------- sections
@@ -116,12 +113,12 @@ _KNOWN_KEYS = frozenset(
 )
 
 
-def _config_section(s: dict[str, Any]) -> str:
+def _config_section(s: dict[str, Any]) -> Markup | str:
     cfg = s.get("config")
     if not isinstance(cfg, dict) or not cfg:
-        return "<h2>Config</h2>" + _note("summary.json carries no config.")
-    rows = [(html.escape(str(k)), _plain(v)) for k, v in cfg.items()]
-    return "<h2>Config</h2>\n" + _table(rows, cls="kv")
+        return h.section("Config", _note("summary.json carries no config."))
+    rows = [(str(k), _plain(v)) for k, v in cfg.items()]
+    return h.section("Config", _table(rows, cls="kv"))
 
 
 def _accounting(s: dict[str, Any], requests: _Csv | None) -> tuple[str, list[str]]:
@@ -142,7 +139,35 @@ def _accounting(s: dict[str, Any], requests: _Csv | None) -> tuple[str, list[str
     return text, notes
 
 
-def _headline_section(s: dict[str, Any], requests: _Csv | None) -> str:
+def _hbm_parts(s: dict[str, Any]) -> str:
+    """How the HBM peak adds up: weights + activation reserve + the KV blocks held at the peak,
+    which counts blocks cached for prefix reuse (free to evict) as well as blocks in use; empty
+    when the summary lacks a part."""
+    parts: tuple[Any, ...] = (
+        s.get("hbm_peak_bytes"),
+        s.get("weight_bytes_per_gpu"),
+        s.get("kv_block_bytes"),
+        _get(s, "memory_plan", "activation_reserve_bytes"),
+        s.get("kv_blocks_per_replica"),
+    )
+    if not all(_is_num(v) for v in parts):
+        return ""
+    peak, weights, block, reserve, pool = (float(v) for v in parts)
+    blocks = round((peak - weights - reserve) / block) if block > 0 else -1
+    if not 0 <= blocks <= pool:  # the parts do not add up: say nothing rather than something wrong
+        return ""
+    text = (
+        f"weights {_gib(weights)} + activation reserve {_gib(reserve)} + {blocks:,} KV blocks held "
+        f"({_gib(blocks * block)}). Blocks held count those cached for prefix reuse (free to evict) "
+        "as well as those in use"
+    )
+    used = s.get("kv_peak_used_blocks")
+    if _is_num(used):
+        text += f", so the peak can exceed the {_int(used)} blocks ever in use at once (KV pool row)"
+    return text + "."
+
+
+def _headline_section(s: dict[str, Any], requests: _Csv | None) -> Markup | str:
     accounted, notes = _accounting(s, requests)
     slo = s.get("slo") if isinstance(s.get("slo"), dict) else {}
     pct = _percentile_label(slo.get("percentile"))
@@ -150,10 +175,13 @@ def _headline_section(s: dict[str, Any], requests: _Csv | None) -> str:
     lat_rows = []
     for key, label in (
         ("ttft_s", "TTFT"),
-        ("tpot_s", "TPOT"),
+        ("tpot_s", "TPOT (per request)"),
+        ("itl_s", "ITL (per token)"),
         ("e2e_s", "E2E latency"),
         ("queue_s", "queueing"),
     ):
+        if key == "itl_s" and not isinstance(s.get(key), dict):
+            continue  # a summary written before ITL was recorded
         d = s.get(key) if isinstance(s.get(key), dict) else {}
         lat_rows.append((label, *(_dur(d.get(q)) for q in ("mean", "p50", "p90", "p99", "p999"))))
     latency = _table(lat_rows, header=("", "mean", "p50", "p90", "p99", "p99.9"), cls="num")
@@ -167,17 +195,34 @@ def _headline_section(s: dict[str, Any], requests: _Csv | None) -> str:
     kv_pool = f"{_int(s.get('kv_blocks_per_replica'))} blocks per replica"
     if _is_num(s.get("kv_block_bytes")):
         kv_pool += f" x {s['kv_block_bytes'] / 2**20:,.2f} MiB"
+    if _is_num(s.get("kv_peak_used_blocks")):
+        kv_pool += f"; at most {_int(s['kv_peak_used_blocks'])} in use by requests at once"
+    held = _hbm_parts(s)
     sim, wall = s.get("simulated_s"), s.get("wall_s")
     timing = f"{_float(sim, ',.1f', ' s')} simulated in {_float(wall, ',.2f', ' s')} wall"
     if _is_num(sim) and _is_num(wall) and wall > 0:
         timing += f" ({sim / wall:,.0f}x real time)"
-    slo_text = "; ".join(
-        f"{name} {pct}"
-        + (f" {_dur(slo[f'{key}_at_percentile_s'])}" if _is_num(slo.get(f"{key}_at_percentile_s")) else "")
-        + f" ≤ {_dur(slo.get(f'{key}_s'))}: {_met(slo.get(f'{key}_met'))}"
-        for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
+    slo_text = h.join(
+        (
+            *(
+                h.join(
+                    (
+                        f"{name} {pct}"
+                        + (
+                            f" {_dur(slo[f'{key}_at_percentile_s'])}"
+                            if _is_num(slo.get(f"{key}_at_percentile_s"))
+                            else ""
+                        )
+                        + f" ≤ {_dur(slo.get(f'{key}_s'))}: ",
+                        _met(slo.get(f"{key}_met")),
+                        "; ",
+                    )
+                )
+                for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
+            ),
+            f"{_pct(slo.get('good_fraction'))} of requests met both",
+        )
     )
-    slo_text += f"; {_pct(slo.get('good_fraction'))} of requests met both"
     gpu_hours = s.get("gpu_hours")
     tput = (
         f"{_float(s.get('throughput_tok_s'), ',.0f', ' tok/s')} "
@@ -199,25 +244,23 @@ def _headline_section(s: dict[str, Any], requests: _Csv | None) -> str:
         ("SLO targets", slo_text),
         ("cost per million tokens", cost),
         ("HBM peak vs capacity (per GPU)", hbm),
+        *((("HBM peak, what it holds", held),) if held else ()),
         ("KV pool", kv_pool),
         ("prefix-cache hit rate", _pct(s.get("prefix_hit_rate"))),
         ("preemptions", _int(s.get("preemptions"))),
         ("simulated vs wall time", timing),
     ]
-    out = ["<h2>Headline</h2>", _table(rows, cls="kv"), latency]
-    out.extend(f'<p class="warn">{html.escape(n)}</p>' for n in notes)
-    return "\n".join(out)
+    return h.section("Headline", _table(rows, cls="kv"), latency, *(h.para(n, "warn") for n in notes))
 
 
-def _warnings_section(s: dict[str, Any]) -> str:
+def _warnings_section(s: dict[str, Any]) -> Markup | str:
     warnings = s.get("warnings")
     if not isinstance(warnings, list) or not warnings:
-        return "<h2>Warnings</h2>\n" + _note("None.")
-    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
-    return f'<h2>Warnings</h2>\n<ul class="warn">{items}</ul>'
+        return h.section("Warnings", _note("None."))
+    return h.section("Warnings", h.items((str(w) for w in warnings), "warn"))
 
 
-def _replicas_section(rec: RunSummary) -> str:
+def _replicas_section(rec: RunSummary) -> Markup | str:
     """One row per replica; KV use as blocks and as a share of the replica's pool."""
     if not rec.replicas:
         return ""
@@ -239,19 +282,19 @@ def _replicas_section(rec: RunSummary) -> str:
         for r in rec.replicas
     ]
     header = ("replica", "requests", "steps", "busy", "KV blocks peak", "KV blocks mean", "preemptions")
-    return (
-        "<h2>Replicas</h2>\n"
-        + _table(rows, header=header, cls="num")
-        + _note("busy: share of simulated time running steps; KV mean: time-weighted blocks in use.")
+    return h.section(
+        "Replicas",
+        _table(rows, header=header, cls="num"),
+        _note("busy: share of simulated time running steps; KV mean: time-weighted blocks in use."),
     )
 
 
-def _tiers_section(rec: RunSummary) -> str:
+def _tiers_section(rec: RunSummary) -> Markup | str:
     """The memory hierarchy, when any of it is on: hit rate per tier, what moved, waits, links."""
     off, swap, pool = rec.offload, rec.swap, rec.global_pool
     if off is None and swap is None and pool is None and not rec.links:
         return ""
-    parts = ["<h2>Memory tiers and links</h2>"]
+    parts: list[Markup] = []
     total = rec.prefix_hit_rate
     lower = (off.hit_rate_dram if off else 0.0) + (pool.hit_rate_global if pool else 0.0)
     rows: list[tuple[str, str]] = []
@@ -268,7 +311,7 @@ def _tiers_section(rec: RunSummary) -> str:
     kv: list[tuple[str, str]] = []
     if off is not None:
         kv += [
-            ("offload", html.escape(f"preset {off.preset}, write {off.write}, copy {off.copy}")),
+            ("offload", f"preset {off.preset}, write {off.write}, copy {off.copy}"),
             ("host tier per node", f"{_gib(off.host_capacity_bytes)} (peak {_gib(off.host_peak_bytes)})"),
             ("loads from DRAM", f"{_int(off.loads)} ({_int(off.loaded_tokens)} tokens)"),
             (
@@ -287,7 +330,7 @@ def _tiers_section(rec: RunSummary) -> str:
         kv += [
             (
                 "global pool",
-                f"{_gib(pool.capacity_bytes)} (peak {_gib(pool.peak_bytes)}), fetch {html.escape(pool.fetch)}",
+                f"{_gib(pool.capacity_bytes)} (peak {_gib(pool.peak_bytes)}), fetch {pool.fetch}",
             ),
             (
                 "fetched from the pool",
@@ -313,7 +356,7 @@ def _tiers_section(rec: RunSummary) -> str:
             ]
     if swap is not None:
         kv += [
-            ("preemption", html.escape(swap.mode)),
+            ("preemption", swap.mode),
             ("swapped / recomputed victims", f"{_int(swap.swaps)} / {_int(swap.recomputes)}"),
             ("swapped out (per GPU)", _gib(swap.swapped_bytes)),
             ("swap space per node", f"{_gib(swap.swap_space_bytes)} (peak {_gib(swap.peak_bytes)})"),
@@ -323,7 +366,7 @@ def _tiers_section(rec: RunSummary) -> str:
     if rec.links:
         rows2 = [
             (
-                html.escape(lk.name),
+                lk.name,
                 _int(lk.transfers),
                 _gib(lk.bytes),
                 _dur(lk.busy_s),
@@ -340,10 +383,10 @@ def _tiers_section(rec: RunSummary) -> str:
                 "node's NICs together); transfers queue first come, first served."
             )
         )
-    return "\n".join(parts)
+    return h.section("Memory tiers and links", *parts)
 
 
-def _sessions_section(rec: RunSummary) -> str:
+def _sessions_section(rec: RunSummary) -> Markup | str:
     """Agent sessions: completion, durations, and the prompt by segment (workload.agent)."""
     ses = rec.sessions
     if ses is None:
@@ -361,35 +404,36 @@ def _sessions_section(rec: RunSummary) -> str:
         ("pinned blocks, peak per replica", _int(ses.pinned_blocks_peak)),
     ]
     seg = [
-        (html.escape(k), _int(v), _pct(ses.prompt_share_by_segment.get(k)))
+        (k, _int(v), _pct(ses.prompt_share_by_segment.get(k)))
         for k, v in ses.prompt_tokens_by_segment.items()
     ]
-    return (
-        "<h2>Agent sessions</h2>\n"
-        + _table(rows, cls="kv")
-        + _table(seg, header=("prompt segment", "tokens", "share"), cls="num")
-        + _note("prompt tokens of the turns sent, by segment, after the history and tool-output policies.")
+    return h.section(
+        "Agent sessions",
+        _table(rows, cls="kv"),
+        _table(seg, header=("prompt segment", "tokens", "share"), cls="num"),
+        _note("prompt tokens of the turns sent, by segment, after the history and tool-output policies."),
     )
 
 
-def _rejections_section(s: dict[str, Any]) -> str:
+def _rejections_section(s: dict[str, Any]) -> Markup | str:
     reasons = _get(s, "requests", "rejected_reasons")
     if not isinstance(reasons, dict) or not reasons:
-        return "<h2>Rejection reasons</h2>\n" + _note("No requests were rejected.")
+        return h.section("Rejection reasons", _note("No requests were rejected."))
     items = sorted(reasons.items(), key=lambda kv: (-(kv[1] if _is_num(kv[1]) else 0), str(kv[0])))
-    rows = [(html.escape(str(k)), _int(v)) for k, v in items]
-    return "<h2>Rejection reasons</h2>\n" + _table(rows, header=("reason", "requests"), cls="num")
+    rows = [(str(k), _int(v)) for k, v in items]
+    return h.section("Rejection reasons", _table(rows, header=("reason", "requests"), cls="num"))
 
 
-def _accuracy_section(s: dict[str, Any]) -> str:
+def _accuracy_section(s: dict[str, Any]) -> Markup | str:
     acc = s.get("accuracy")
     if not isinstance(acc, dict):
         return ""
     out = [
-        "<h2>Accuracy (estimate, not measured by the simulator)</h2>",
-        '<p class="note">The simulator does not run the model. These are cited estimates for the KV '
-        "format, plus the numerical error of kvsim's own kernels for it on synthetic K/V; they say "
-        "nothing about this trace's outputs.</p>",
+        _note(
+            "The simulator does not run the model. These are cited estimates for the KV "
+            "format, plus the numerical error of kvsim's own kernels for it on synthetic K/V; they say "
+            "nothing about this trace's outputs."
+        )
     ]
     rows = [("KV format", _plain(acc.get("format")))]
     rms = acc.get("kernel_rel_rms")
@@ -405,10 +449,10 @@ def _accuracy_section(s: dict[str, Any]) -> str:
     if isinstance(lit, list) and lit:
         cited = [(_plain(_get(x, "claim")), _plain(_get(x, "source"))) for x in lit if isinstance(x, dict)]
         out.append(_table(cited, header=("claim (cited)", "source")))
-    return "\n".join(out)
+    return h.section("Accuracy (estimate, not measured by the simulator)", *out)
 
 
-def _eviction_section(s: dict[str, Any]) -> str:
+def _eviction_section(s: dict[str, Any]) -> Markup | str:
     ev = s.get("eviction")
     if not isinstance(ev, dict):
         return ""
@@ -431,7 +475,7 @@ def _eviction_section(s: dict[str, Any]) -> str:
     return _part_section("Token eviction", ev, keys)
 
 
-def _window_section(s: dict[str, Any]) -> str:
+def _window_section(s: dict[str, Any]) -> Markup | str:
     sw = s.get("sliding_window")
     if not isinstance(sw, dict):
         return ""
@@ -448,7 +492,7 @@ def _window_section(s: dict[str, Any]) -> str:
     return _part_section("Sliding-window layers", sw, keys)
 
 
-def _switch_section(s: dict[str, Any]) -> str:
+def _switch_section(s: dict[str, Any]) -> Markup | str:
     fs = s.get("format_switch")
     if not isinstance(fs, dict):
         return ""
@@ -466,31 +510,31 @@ def _switch_section(s: dict[str, Any]) -> str:
     return _part_section("Format switch", fs, keys)
 
 
-def _part_section(title: str, part: dict[str, Any], keys: tuple[tuple[str, str], ...]) -> str:
+def _part_section(title: str, part: dict[str, Any], keys: tuple[tuple[str, str], ...]) -> Markup | str:
     """One optional summary part as a table, and its cited accuracy estimate if it has one."""
     rows = [(label, _plain(part.get(k))) for k, label in keys if k in part]
-    out = [f"<h2>{html.escape(title)}</h2>", _table(rows, cls="kv")]
+    out = [_table(rows, cls="kv")]
     acc = part.get("accuracy")
     if isinstance(acc, dict):
-        out.append(
-            f'<p class="note">Accuracy (estimate, not measured by the simulator) for {_plain(acc.get("format"))}'
-            + (f": {_plain(acc.get('note'))}" if acc.get("note") else "")
-            + "</p>"
+        why = (": ", _plain(acc.get("note"))) if acc.get("note") else ()
+        text = h.join(
+            ("Accuracy (estimate, not measured by the simulator) for ", _plain(acc.get("format")), *why)
         )
+        out.append(_note(text))
         lit = acc.get("literature")
         if isinstance(lit, list) and lit:
             cited = [
                 (_plain(_get(x, "claim")), _plain(_get(x, "source"))) for x in lit if isinstance(x, dict)
             ]
             out.append(_table(cited, header=("claim (cited)", "source")))
-    return "\n".join(out)
+    return h.section(title, *out)
 
 
-def _extras_section(s: dict[str, Any]) -> str:
-    extra = [(html.escape(str(k)), _plain(v)) for k, v in s.items() if k not in _KNOWN_KEYS]
+def _extras_section(s: dict[str, Any]) -> Markup | str:
+    extra = [(str(k), _plain(v)) for k, v in s.items() if k not in _KNOWN_KEYS]
     if not extra:
         return ""
-    return "<h2>Other summary fields</h2>\n" + _table(extra, cls="kv")
+    return h.section("Other summary fields", _table(extra, cls="kv"))
 
 
 # ---------------------------------------------------------------------------------------- charts

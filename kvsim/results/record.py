@@ -61,6 +61,8 @@ class Distribution:
     p90: float | None
     p99: float | None
     p999: float | None
+    # The percentiles a user chose (``kvsim run --percentiles``), keyed p50, p99.9; empty by default.
+    by_percentile: dict[str, float | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,9 +120,10 @@ class LinkRecord:
     name: str  # node/link/index, e.g. "node0/host_h2d/0" (index: the PCIe group of shared_by GPUs)
     transfers: int
     bytes: float
-    busy_s: float  # simulated seconds the link was occupied
-    utilization: float  # busy_s / simulated seconds
+    busy_s: float  # simulated seconds the link was occupied within the run (<= simulated seconds)
+    utilization: float  # busy_s / simulated seconds (<= 1)
     queued_s: float  # seconds transfers waited for the link, all together
+    backlog_s: float = 0.0  # occupancy asked for that the run's end left undone (an overloaded link)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -133,22 +136,23 @@ class OffloadRecord:
     copy: str  # batched | per_block
     host_capacity_bytes: int  # per node
     host_peak_bytes: int  # the fullest node at its fullest
-    host_end_bytes: int  # all nodes together at the end
+    host_end_bytes: int  # all nodes together at the end, readable (writes still in flight left out)
     hit_rate_hbm: float  # prompt tokens skipped at first admission thanks to HBM / prompt tokens admitted
     hit_rate_dram: float  # the same, loaded from DRAM (+ hit_rate_hbm + the pool's = prefix_hit_rate)
     loads: int  # DRAM -> HBM transfers (one per admission that loads)
     loaded_tokens: int  # tokens those loads let requests skip, every admission
     loaded_bytes: float  # DRAM -> HBM, per GPU (each GPU of a replica moves its share)
-    written_bytes: float  # HBM -> DRAM, per GPU
+    written_bytes: float  # HBM -> DRAM, per GPU, arrived by the end
     dropped_bytes: float  # dropped from DRAM to make room (LRU or LFU), per GPU
     requests_waited: int  # requests that waited for a load at least once
     kv_wait_s: Distribution  # per request that waited: seconds waiting for KV (loads and swap-ins)
     hit_rate_ssd: float = 0.0  # the same, loaded from the node's SSD (kv.offload.ssd)
     ssd_capacity_bytes: int = 0  # per node (0: no SSD tier)
-    ssd_written_bytes: float = 0.0  # demoted DRAM -> SSD, whole replica blocks
+    ssd_written_bytes: float = 0.0  # demoted DRAM -> SSD, whole replica blocks, arrived by the end
     ssd_loaded_bytes: float = 0.0  # SSD -> HBM, whole replica blocks
     cold_demoted_bytes: float = 0.0  # HBM entries moved down for going cold (cold_after_steps), per GPU
     eviction: str = "lru"  # lru | lfu, in DRAM and the SSD (kv.offload.eviction)
+    write_backlog_bytes: float = 0.0  # HBM -> DRAM asked for, still in flight at the end, per GPU
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -222,6 +226,31 @@ class AccuracyNote:
     kernel_rel_rms: float | None
     kernel_method: str | None
     literature: tuple[Citation, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossPartRecord:
+    """One lossy technique's estimated accuracy loss (`kvsim.accuracy.LossPart`)."""
+
+    technique: str
+    loss: float  # a fraction: 0.005 is 0.5 points
+    basis: str  # cited | assumption
+    source: str
+    lower_bound: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccuracyEstimate:
+    """The run's combined accuracy-loss estimate (`kvsim.accuracy.accuracy_estimate`): cited, never
+    measured; ``loss`` 0 with no parts when nothing in the cache is lossy."""
+
+    loss: float
+    lower_bound: bool
+    parts: tuple[LossPartRecord, ...]
+    rule: str
+    basis: str
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -389,6 +418,8 @@ class RunSummary:
     tpot_s: Distribution
     e2e_s: Distribution
     queue_s: Distribution
+    itl_s: Distribution | None = None  # inter-token gaps, per token (None in files written before it)
+    percentiles: tuple[float, ...] = ()  # chosen with --percentiles (the table's columns); () default
     # throughput and goodput (tokens or requests per simulated second)
     throughput_tok_s: float
     output_throughput_tok_s: float
@@ -422,6 +453,7 @@ class RunSummary:
     wall_s: float
     warnings: tuple[str, ...] = ()
     accuracy: AccuracyNote | None = None
+    accuracy_estimate: AccuracyEstimate | None = None  # None in files written before it existed
     config: RunConfig
     workload: WorkloadRecord = field(default_factory=lambda: WorkloadRecord(skipped_lines=0, dropped={}))
     sim_speed_x: float

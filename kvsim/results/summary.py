@@ -2,7 +2,9 @@
 
 Definitions (also in scenarios/README.md):
 - TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1), per request,
-  requests with one output token have none; E2E = finish - arrival; queueing = first scheduled -
+  requests with one output token have none; ITL = the gap before each output token after the first,
+  pooled over the tokens of completed requests (vLLM bench's ITL; its mean weighs long answers more
+  than TPOT's, and a request's gaps average to its TPOT); E2E = finish - arrival; queueing = first scheduled -
   arrival. Percentiles are numpy's linear interpolation over completed requests.
 - Prefix hit rate (token-weighted) = sum of prompt tokens served from the prefix cache at each
   request's first admission / sum of prompt tokens of requests admitted at least once.
@@ -26,11 +28,64 @@ from kvsim.results.record import Distribution, RequestCounts, SloResult, TokenCo
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 
 
-def dist(values: np.ndarray) -> Distribution:
+def percentile_key(q: float) -> str:
+    """``Distribution.by_percentile``'s key of percentile `q`: p50, p99.9."""
+    return f"p{q:g}"
+
+
+def dist(values: np.ndarray, percentiles: tuple[float, ...] = ()) -> Distribution:
+    """The fixed p50..p99.9, and `percentiles` (a user's choice) in ``by_percentile``."""
     if values.size == 0:
-        return Distribution(mean=None, p50=None, p90=None, p99=None, p999=None)
+        return Distribution(
+            mean=None,
+            p50=None,
+            p90=None,
+            p99=None,
+            p999=None,
+            by_percentile=dict.fromkeys(map(percentile_key, percentiles)),
+        )
     p50, p90, p99, p999 = (float(np.percentile(values, q)) for q in QUANTILES.values())
-    return Distribution(mean=float(values.mean()), p50=p50, p90=p90, p99=p99, p999=p999)
+    chosen = {percentile_key(q): float(np.percentile(values, q)) for q in percentiles}
+    return Distribution(mean=float(values.mean()), p50=p50, p90=p90, p99=p99, p999=p999, by_percentile=chosen)
+
+
+def weighted_percentile(v: np.ndarray, cum: np.ndarray, q: float) -> float:
+    """``np.percentile(x, q)`` (linear) of the sorted values `v` each repeated as `cum`'s steps say
+    (`cum`: cumulative counts), float for float, without building x: the order statistics around
+    (N - 1) q / 100 found in `cum`, then numpy's interpolation (`_lerp`: from the far end when the
+    fraction is >= 0.5)."""
+    n = int(cum[-1])
+    virtual = (n - 1) * np.true_divide(q, 100)
+    if virtual >= n - 1:
+        return float(v[-1])
+    lo = np.floor(virtual)
+    a = v[np.searchsorted(cum, int(lo), side="right")]
+    b = v[np.searchsorted(cum, int(lo) + 1, side="right")]
+    t = virtual - lo
+    diff = b - a
+    return float(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+
+
+def weighted_dist(
+    values: np.ndarray, counts: np.ndarray, percentiles: tuple[float, ...] = (), mean: float | None = None
+) -> Distribution:
+    """`dist` of each value repeated its count of times (inter-token gaps a window shares); `mean`
+    given: that one (ITL's, from the requests' spans, is the same however the gaps were grouped)."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if values.size == 0:
+        return dist(values, percentiles)
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(counts[order])
+    p50, p90, p99, p999 = (weighted_percentile(v, cum, q) for q in QUANTILES.values())
+    return Distribution(
+        mean=float(np.dot(values, counts) / cum[-1]) if mean is None else mean,
+        p50=p50,
+        p90=p90,
+        p99=p99,
+        p999=p999,
+        by_percentile={percentile_key(q): weighted_percentile(v, cum, q) for q in percentiles},
+    )
 
 
 def status_of(seq: Request) -> str:
@@ -52,6 +107,7 @@ def summarize(
     percentile: float,
     not_arrived: int = 0,
     other_usd_per_hour: float = 0.0,
+    percentiles: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """The fields of `RunSummary` that derive from the requests alone, by field name.
     `other_usd_per_hour`: what the run's machines besides its GPUs cost (dedicated pool nodes),
@@ -93,10 +149,10 @@ def summarize(
             rejected_reasons=dict(sorted(Counter(s.reason for s in rejected).items())),
             not_arrived=not_arrived,
         ),
-        "ttft_s": dist(ttft),
-        "tpot_s": dist(tpot),
-        "e2e_s": dist(e2e),
-        "queue_s": dist(queue),
+        "ttft_s": dist(ttft, percentiles),
+        "tpot_s": dist(tpot, percentiles),
+        "e2e_s": dist(e2e, percentiles),
+        "queue_s": dist(queue, percentiles),
         "throughput_tok_s": tokens / span,
         "output_throughput_tok_s": out_tokens / span,
         "goodput_req_s": float(good.sum()) / span,

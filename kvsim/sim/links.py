@@ -35,6 +35,7 @@ two links), NUMA.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from kvsim.spec.topology import Link
 class LinkStats:
     transfers: int = 0
     bytes: float = 0.0
-    busy_s: float = 0.0  # seconds the link was occupied (latency excluded: it does not hold the link)
+    busy_s: float = 0.0  # seconds of occupancy asked for (latency excluded: it does not hold the link)
     queued_s: float = 0.0  # seconds transfers waited for the link before starting
 
 
@@ -64,6 +65,41 @@ class LinkQueue:
         self.label = label  # e.g. "node0/host_h2d/0"
         self.busy_until = 0.0
         self.stats = LinkStats()
+        # The link's occupied intervals, disjoint and in order (touching ones merged): starts, ends,
+        # and the occupancy before each (`busy_within`).
+        self._iv_s: list[float] = []
+        self._iv_e: list[float] = []
+        self._iv_cum: list[float] = []
+
+    def _occupy(self, a: float, b: float) -> None:
+        """The link is occupied over [a, b] (never before the end of what it held already)."""
+        ends = self._iv_e
+        if ends:
+            a = max(a, ends[-1])
+        if b <= a:
+            return
+        if ends and a == ends[-1]:
+            ends[-1] = b
+        else:
+            self._iv_cum.append(self._iv_cum[-1] + ends[-1] - self._iv_s[-1] if ends else 0.0)
+            self._iv_s.append(a)
+            ends.append(b)
+
+    def work_asked_s(self) -> float:
+        """Seconds of occupancy every transfer asked for needs, done or not."""
+        return self.stats.busy_s
+
+    def settle(self, t: float) -> None:
+        """Bring the occupancy to `t` (the run's end), for `busy_within`: FIFO links know it already."""
+
+    def busy_within(self, t: float) -> float:
+        """Seconds the link was occupied in [0, t]: at most `t` by construction (its intervals are
+        disjoint), where `stats.busy_s` counts work asked for that may end past `t` (a link asked
+        for more than it can carry by the end of a run)."""
+        i = bisect.bisect_right(self._iv_s, t) - 1
+        if i < 0:
+            return 0.0
+        return self._iv_cum[i] + min(self._iv_e[i], t) - self._iv_s[i]
 
     def occupancy(self, nbytes: float, num_calls: int = 1) -> float:
         """Seconds a transfer holds the link."""
@@ -82,6 +118,7 @@ class LinkQueue:
         """The link is occupied from `start` for `hold` seconds by a transfer of `nbytes` asked for
         at `now`: it next frees then, and its statistics count the transfer."""
         self.busy_until = start + hold
+        self._occupy(start, start + hold)
         s = self.stats
         s.transfers += 1
         s.bytes += nbytes
@@ -170,6 +207,15 @@ class FairLinkQueue(LinkQueue):
         self.next_t = math.inf  # the next completion
         self.version = 0  # of the pending completion event (older ones are void)
 
+    def work_asked_s(self) -> float:
+        return self.stats.busy_s + sum(sh.left for sh in self.active)
+
+    def settle(self, t: float) -> None:
+        """Account the shares' progress up to `t` (the run's end; completions due by then first)."""
+        while self.active and self.next_t <= t:
+            self._finish()
+        self._advance(t)
+
     def reserve(self, now: float, nbytes: float, num_calls: int = 1) -> tuple[float, float]:
         raise TypeError("a fair-shared link has no end known at the start: use submit")
 
@@ -180,6 +226,7 @@ class FairLinkQueue(LinkQueue):
                 for sh in self.active:
                     sh.left -= d
                 self.stats.busy_s += t - self.last
+                self._occupy(self.last, t)
             self.last = t
 
     def _schedule(self) -> None:
@@ -198,6 +245,7 @@ class FairLinkQueue(LinkQueue):
         t = self.next_t
         m = min(sh.left for sh in self.active)
         self.stats.busy_s += t - self.last
+        self._occupy(self.last, t)
         self.last = t
         done = [sh for sh in self.active if sh.left == m]
         rest = [sh for sh in self.active if sh.left != m]

@@ -19,8 +19,10 @@ fast-forwards), which
   newly registered ones (``write: through``; `BlockStored`), as one device-to-host transfer per
   batch of events, queued on the D2H link; what DRAM's LRU drops goes to the SSD. The copy reads
   the blocks before the pool reuses them (a copy enqueued on the compute stream ahead of the kernel
-  that overwrites them); the step does not wait for it. A DRAM entry can be looked up at once, but
-  a load of it starts no earlier than its write has arrived.
+  that overwrites them); the step does not wait for it. An entry takes its room in a tier when its
+  write is asked for (as vLLM's `prepare_store`) but is readable only once the write has arrived: a
+  lookup before that misses it (a store in flight is no hit, as in vLLM's OffloadingConnector,
+  LMCache and Mooncake Store) and the replica is poked at the arrival (`num_prefix_hits`).
 
 Token eviction (``kv.eviction``): an entry its only holder trims is rewritten in place and leaves
 HBM's index as a `BlockRewritten` event, which no write path copies: its blocks no longer hold the
@@ -66,7 +68,7 @@ servers of its own) both ends' NICs are charged: each pool node has an ingress a
 from HBM through the publisher's egress and the pool node's ingress at once
 (`kvsim.sim.links.reserve_through`: cut-through, both held together; no D2H copy, the GPU nodes'
 DRAM holds nothing of the pool); a fetch one read per pool node, through its egress and the
-requester's inbound link, starting no earlier than the latest write of its entries has arrived.
+requester's inbound link (of entries whose writes have arrived, as every load's).
 Every pool entry is remote. A pool node's NICs carry a replica's whole blocks (every GPU's share),
 a GPU NIC group its own GPUs' shares.
 
@@ -97,6 +99,7 @@ replica blocks.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -225,6 +228,9 @@ class OffloadPort:
         self.ready = ready  # the node's: entry key -> instant its write to DRAM arrives (pruned lazily)
         self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
         self.stats = OffloadStats()
+        # Writes to DRAM and to the SSD: (the instant they arrive, or their fair Arrival; blocks)
+        self.write_log: list[tuple[Any, int]] = []
+        self.ssd_write_log: list[tuple[Any, int]] = []
         # Wakes the replica at the given instant, or cuts its window there (set by it: `Replica.poke`).
         self.on_arrival: Callable[[float], None] = lambda t: None
         # The replica's clock, the same float whether it steps or fast-forwards (env.now reaches an
@@ -257,6 +263,10 @@ class OffloadPort:
         if host is not None or glob is not None:
             sched.host = self  # the scheduler's `TierLookup`
         self._declined: dict[int, Sequence[int]] = {}  # requests (their keys) whose lookup declined
+        # Arrivals of entries a lookup missed while in flight (`_watch`): instants, and fair Arrivals
+        self._watched: set[float] = set()
+        self._watch_heap: list[float] = []
+        self._watched_arrivals: dict[int, Arrival] = {}
         self.swap_space: SwapSpace | None = None
         if swap is not None:
             self.swap_space, self._cheaper_to_swap = swap
@@ -277,50 +287,104 @@ class OffloadPort:
         count: bool = True,
         remote: list[int] | None = None,
     ) -> int:
-        """Entries of ``keys[start:stop]`` found below HBM, in order; with `remote` (the cache-aware
+        """Entries of ``keys[start:stop]`` readable below HBM, in order; with `remote` (the cache-aware
         router), ``remote[0]`` also gains the blocks of those a load would fetch over the network
-        (pool entries homed on another node; every pool node's are)."""
-        host, glob = self.host, self.glob
-        local = host.entries if host is not None else None
-        disk = self.ssd.tier.entries if self.ssd is not None else None
+        (pool entries homed on another node; every pool node's are).
+
+        An entry whose write (to DRAM, the SSD or the pool) has not arrived is a miss, as a store in
+        flight is in vLLM's OffloadingConnector (`lookup` counts ready blocks only), LMCache and
+        Mooncake Store (an object is visible once its put completes): the lookup stops there. The
+        scheduler's lookups (`count`) watch that arrival: the replica is poked then, and its
+        fast-forward windows end before it (`next_event`)."""
+        now = self.clock() if count else self.env.now
+        glob = self.glob
         n = 0
         for i in range(start, stop):
             k = keys[i]
-            if local is not None and k in local:
-                n += 1
-                continue
-            if disk is not None and k in disk:
-                n += 1
-                continue
-            if glob is None:
+            src = self._source(k, now, count)
+            if src is None:
                 break
-            size = glob.pool.entries.get(k)
-            if size is None:
-                break
-            if glob.pool.home[k] != self.node:
-                if not glob.worth(size):
-                    if count and id(keys) not in self._declined:
-                        # Once per request (its keys' list): stepping looks a blocked head up at every
-                        # step, fast-forward once per window, with the same outcome each time.
-                        self._declined[id(keys)] = keys  # (kept alive, so the id is not reused)
-                        self.stats.declined += 1
-                    break
-                if remote is not None:
-                    remote[0] += size
+            if src == "pool":
+                assert glob is not None
+                if glob.pool.home[k] != self.node:
+                    size = glob.pool.entries[k]
+                    if not glob.worth(size):
+                        if count and id(keys) not in self._declined:
+                            # Once per request (its keys' list): stepping looks a blocked head up at
+                            # every step, fast-forward once per window, with the same outcome each time.
+                            self._declined[id(keys)] = keys  # (kept alive, so the id is not reused)
+                            self.stats.declined += 1
+                        break
+                    if remote is not None:
+                        remote[0] += size
             n += 1
         return n
 
+    def _source(self, k: int, now: float, watch: bool = False) -> str | None:
+        """The first tier that holds `k` readable at `now` (its write arrived): "dram", "ssd" or
+        "pool"; None if none. With `watch`, a tier whose copy is still in flight watches its arrival."""
+        host, ssd, glob = self.host, self.ssd, self.glob
+        if host is not None and k in host.entries and self._readable(self.ready, k, now, watch):
+            return "dram"
+        if ssd is not None and k in ssd.tier.entries and self._readable(ssd.ready, k, now, watch):
+            return "ssd"
+        if glob is not None and k in glob.pool.entries and self._readable(glob.ready, k, now, watch):
+            return "pool"
+        return None
+
+    def _readable(self, ready: dict[int, Any], k: int, now: float, watch: bool) -> bool:
+        t = ready.get(k)
+        if t is None:
+            return True
+        if isinstance(t, Arrival):
+            if t.t is not None and t.t <= now:
+                return True
+            if watch:
+                if t.t is not None:
+                    self._watch(t.t)
+                elif id(t) not in self._watched_arrivals:
+                    self._watched_arrivals[id(t)] = t
+                    t.waiters.append(functools.partial(self._arrival_ready, t))
+            return False
+        if t <= now:
+            return True
+        if watch:
+            self._watch(t)
+        return False
+
+    def _watch(self, t: float) -> None:
+        """A lookup missed an entry readable from `t`: poke the replica then (it wakes if idle, its
+        window is cut), and end its windows before it (`next_event`)."""
+        if t in self._watched:
+            return
+        self._watched.add(t)
+        heapq.heappush(self._watch_heap, t)
+        ev = urgent_at(self.env, t)
+        ev.callbacks.append(functools.partial(self._ready_event, t))
+
+    def _ready_event(self, t: float, _ev: simpy.events.Event) -> None:
+        self._watched.discard(t)
+        self.on_arrival(t)
+
+    def _arrival_ready(self, a: Arrival) -> None:
+        del self._watched_arrivals[id(a)]
+        assert a.t is not None
+        self.on_arrival(a.t)
+
     def touch(self, keys: Sequence[int]) -> int:
-        host, glob = self.host, self.glob
+        now = self.clock()
         blocks = 0
         for k in keys:
-            if host is not None and k in host.entries:
-                blocks += host.touch((k,))
-            elif self.ssd is not None and k in self.ssd.tier.entries:
+            where = self._source(k, now)
+            if where == "dram":
+                assert self.host is not None
+                blocks += self.host.touch((k,))
+            elif where == "ssd":
+                assert self.ssd is not None
                 blocks += self.ssd.tier.touch((k,))
             else:
-                assert glob is not None
-                blocks += glob.pool.touch((k,))
+                assert self.glob is not None and where == "pool"
+                blocks += self.glob.pool.touch((k,))
         return blocks
 
     def check(self) -> None:
@@ -357,10 +421,15 @@ class OffloadPort:
         return (self.host is not None and self.write is OffloadWrite.THROUGH) or self.glob is not None
 
     def next_event(self) -> float:
-        """The end of the earliest load in flight (inf when none)."""
+        """The end of the earliest load in flight, or the arrival of an entry a lookup missed while
+        it was in flight (inf when none)."""
+        heap, now = self._watch_heap, self.clock()
+        while heap and heap[0] <= now:
+            heapq.heappop(heap)
+        t = heap[0] if heap else math.inf
         if not self.pending:
-            return math.inf
-        return min(t for t, _ in self.pending.values())
+            return t
+        return min(t, min(t for t, _ in self.pending.values()))
 
     def after_schedule(self) -> None:
         now = self.clock()
@@ -399,6 +468,8 @@ class OffloadPort:
         if not keys:
             return
         new = glob.pool.publish(keys, sizes, glob.node)
+        for k in glob.pool.last_dropped:
+            glob.ready.pop(k, None)
         if not new:
             return
         blocks = sum(s for _, s in new)
@@ -487,29 +558,45 @@ class OffloadPort:
         blocks = sum(s for _, s in new)
         end = self._send(self.d2h, now, blocks * self.d2h_block_bytes, blocks if self.per_block else 1)
         ready = self.ready
+        # A dropped entry's demotion reads its DRAM copy: not before that has arrived (FIFO links)
+        demote_at = max((t for k in dropped if isinstance(t := ready.pop(k, now), float)), default=now)
         for k, _ in new:
             ready[k] = end
         self.stats.written_blocks += blocks
+        self.write_log.append((end, blocks))
         ssd = self.ssd
         if ssd is not None and dropped:  # what DRAM drops is demoted to the node's SSD
             down = ssd.tier.insert(dropped, dropped_sizes)
             changed.update(ssd.tier.last_dropped)
+            for k in ssd.tier.last_dropped:
+                ssd.ready.pop(k, None)
             if down:
                 nb = sum(s for _, s in down)
-                end2 = self._send(ssd.write, now, nb * ssd.block_bytes, 1)
+                end2 = self._send(ssd.write, max(now, demote_at), nb * ssd.block_bytes, 1)
                 for k, _ in down:
                     ssd.ready[k] = end2
                 self.stats.ssd_written_blocks += nb
+                self.ssd_write_log.append((end2, nb))
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
         self._changed(changed, [self, *self.peers], now)
+
+    @staticmethod
+    def arrived_by(logs: Sequence[tuple[Any, int]], t: float) -> int:
+        """Blocks of the logged writes whose data had arrived by `t`."""
+        return sum(b for a, b in logs if _arrival_t(a) <= t)
+
+    @staticmethod
+    def readable_blocks(tier: HostTier, ready: dict[int, Any], t: float) -> int:
+        """Blocks of `tier`'s entries readable at `t` (their writes arrived)."""
+        return sum(size for k, size in tier.entries.items() if _arrival_t(ready.get(k)) <= t)
 
     def sample(self, t: float) -> None:
         for name, tier in self.sampled:
             self.samples.append((t, name, tier.used_blocks))
         if self.links_to_sample is not None:
             for q in self.links_to_sample():
-                self.link_samples.append((t, q.label, q.stats.bytes, q.stats.busy_s))
+                self.link_samples.append((t, q.label, q.stats.bytes, q.busy_within(t)))
 
     def cold_steps_left(self) -> int | None:
         """Steps until the schedule at which the oldest cached-free HBM entry goes cold (a window
@@ -607,9 +694,7 @@ class OffloadPort:
         # another node (network); the two links' transfers run in parallel.
         host_blocks = remote_blocks = pool_blocks = ssd_blocks = 0
         host_start = net_start = ssd_start = now
-        local = self.host.entries if self.host is not None else None
         ssd = self.ssd
-        disk = ssd.tier.entries if ssd is not None else None
         glob = self.glob
         fair = self.fair
         host_deps: list[Arrival] = []
@@ -622,57 +707,24 @@ class OffloadPort:
         for i in range(hits, hits + n):
             k = req.keys[i]
             size = cum[i + 1] - cum[i]
-            if local is not None and k in local:
-                ready = self.ready
+            # The lookup's source, where the entry is readable (its write has arrived): no part of a
+            # load waits for a write.
+            where = self._source(k, now)
+            if where == "dram":
                 host_blocks += size
-                remote = False
-            elif disk is not None and k in disk:
-                assert ssd is not None
+            elif where == "ssd":
                 ssd_blocks += size
-                t = ssd.ready.get(k)
-                if fair and t is not None:
-                    if t.t is not None and t.t <= now:
-                        del ssd.ready[k]
-                    else:
-                        ssd_deps.append(t)
-                elif t is not None:
-                    if t <= now:
-                        del ssd.ready[k]
-                    elif t > ssd_start:
-                        ssd_start = t
-                continue
             else:
-                assert glob is not None
-                ready = glob.ready
+                assert glob is not None and where == "pool"
                 pool_blocks += size
-                remote = glob.pool.home[k] != self.node
-                if remote:
-                    remote_blocks += size
-                    if through:  # per home: its blocks and the instant the last is written
-                        j = glob.pool.home[k]
-                        nb, t0 = by_pool.get(j, (0, now))
-                        t = ready.get(k)
-                        if t is not None and t <= now:
-                            del ready[k]
-                        elif t is not None:
-                            t0 = max(t0, t)
-                        by_pool[j] = (nb + size, t0)
-                        continue
-                else:
+                j = glob.pool.home[k]
+                if j == self.node:
                     host_blocks += size
-            t = ready.get(k)
-            if fair and t is not None:
-                if t.t is not None and t.t <= now:
-                    del ready[k]
-                else:
-                    (net_deps if remote else host_deps).append(t)
-            elif t is not None:
-                if t <= now:
-                    del ready[k]
-                elif remote and t > net_start:
-                    net_start = t
-                elif not remote and t > host_start:
-                    host_start = t
+                    continue
+                remote_blocks += size
+                if through:  # per home: its blocks
+                    nb, t0 = by_pool.get(j, (0, now))
+                    by_pool[j] = (nb + size, t0)
         end = now
         parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]] = []
         if fair:
@@ -766,3 +818,13 @@ class OffloadPort:
             self.swap_space.used_blocks -= swap_blocks
         self.sched.finish_load(req)
         self.on_arrival(end)
+
+
+def _arrival_t(a: Any) -> float:
+    """The instant a write's data arrive: its float, its fair Arrival's (inf until known), or
+    -inf for none (an entry whose write has been forgotten arrived long ago)."""
+    if a is None:
+        return -math.inf
+    if isinstance(a, Arrival):
+        return math.inf if a.t is None else a.t
+    return float(a)

@@ -22,6 +22,7 @@ counts; they end where the other windows end for the tiers below HBM (`_steps_wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,86 @@ class ReplicaStats:
     kv_block_s: float = 0.0
     draft_s: float = 0.0  # simulated seconds of speculative decoding's draft passes (in busy_s)
     eviction_s: float = 0.0  # simulated seconds of trims (top-k, compaction, block tables) after steps
+    # Simulated seconds of prefill attention over cached prefixes beyond the cost model's measured
+    # ones (`CostModel.prefix_extrapolated_s`), in busy_s.
+    prefix_extrapolated_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
+
+
+class TokenGaps:
+    """Inter-token latency, exactly: the gap before each output token after a request's first, from
+    the step ends that emitted them (a step emitting several tokens of one request, speculative
+    decoding's accepted drafts, gives the first the gap and the rest 0, so a request's gaps sum to
+    finish - first token). A fast-forward window's steps after its first share their gaps among its
+    decoding requests: one array of gaps with the requests' ids, not one entry per token."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}  # request id -> when it last emitted
+        self.gap_s: list[float] = []  # one token's gap each, of request gap_id[i]
+        self.gap_id: list[int] = []
+        # (request id, tokens, len(gap_s) then) emitted with another, gap 0
+        self.zeros: list[tuple[int, int, int]] = []
+        # (gaps, requests each had them, len(gap_s) then): the position orders `per_request`
+        self.shared: list[tuple[np.ndarray, tuple[int, ...], int]] = []
+
+    def emit(self, req_id: int, t: float, n: int) -> None:
+        """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
+        last = self.last.get(req_id)
+        if last is not None:
+            self.gap_s.append(t - last)
+            self.gap_id.append(req_id)
+        if n > 1:
+            self.zeros.append((req_id, n - 1, len(self.gap_s)))
+        self.last[req_id] = t
+
+    def window(self, reqs: list[Request], ends: list[float]) -> None:
+        """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
+        last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
+        t0, t1 = ends[0], ends[-1]
+        for req in reqs:  # decoding: each emitted before
+            gap_s.append(t0 - last[req.id])
+            gap_id.append(req.id)
+            last[req.id] = t1
+        if len(ends) > 1 and reqs:
+            self.shared.append(
+                (np.diff(np.asarray(ends, dtype=np.float64)), tuple(r.id for r in reqs), len(gap_s))
+            )
+
+    def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
+        gaps = np.asarray(self.gap_s, dtype=np.float64)
+        counts = np.ones(len(gaps), dtype=np.int64)
+        others = set(self.last) - keep  # emitted, never completed (sim.max_time)
+        if others:
+            counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
+        vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
+        ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
+        for shared, ids, _ in self.shared:
+            w = len(ids) if not others else sum(1 for r in ids if r in keep)
+            vals.append(shared)
+            ns.append(np.full(len(shared), w, dtype=np.int64))
+        return np.concatenate(vals), np.concatenate(ns)
+
+    def per_request(self, keep: set[int]) -> dict[int, list[float]]:
+        """Each request in `keep`'s gaps (s) in the order its tokens came (vLLM bench's ``itls``);
+        built after the run, from the same records as `pooled`."""
+        parts: dict[int, list[tuple[int, int, list[float]]]] = {r: [] for r in keep}
+        for i, (g, r) in enumerate(zip(self.gap_s, self.gap_id, strict=True)):
+            if r in keep:
+                parts[r].append((i, 1, [g]))
+        for r, n, pos in self.zeros:
+            if r in keep:
+                parts[r].append((pos, 0, [0.0] * n))
+        for shared, ids, pos in self.shared:
+            gaps = shared.tolist()
+            for r in ids:
+                if r in keep:
+                    parts[r].append((pos, 0, gaps))
+        out = {}
+        for r, items in parts.items():
+            items.sort(key=lambda x: (x[0], x[1]))
+            out[r] = [g for *_, gs in items for g in gs]
+        return out
 
 
 class Replica:
@@ -83,6 +163,7 @@ class Replica:
         self.clock = 0.0
         self.wake: simpy.Event | None = None
         self.stats = ReplicaStats()
+        self.gaps = TokenGaps()  # inter-token latency of its requests (the summary's itl_s)
         self.off_grid: set[str] = set()  # the cost model's flags of the steps this replica ran
         self._next_sample = 0.0
         self._win: _Window | None = None  # the fast-forward window in flight
@@ -94,6 +175,9 @@ class Replica:
             offload.clock = lambda: self.clock
         # Called with the requests that finished, at the step's end (closed-loop sessions).
         self.on_finish: Callable[[list[Request]], None] | None = None
+        # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
+        # a router that keeps loads in heaps), before the process next waits; None: not read so.
+        self.on_load_change: Callable[[int], None] | None = None
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -109,6 +193,22 @@ class Replica:
                 win.tokens_cum[win.applied + done] - win.tokens_cum[win.applied]
             )
         return self.sched.outstanding_tokens - win.tokens_per_step * done
+
+    def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
+        """`outstanding_tokens_at(t)`; the end of the window's step in flight at `t` (inf when
+        none), through which the reading holds; and the count after the window's last step, the
+        least it falls to before this replica next tells the router."""
+        win = self._win
+        n = self.sched.outstanding_tokens
+        if win is None:
+            return n, math.inf, n
+        j = steps_before(win.ends, t, win.k)
+        until = win.ends[j] if j < win.k else math.inf
+        if win.tokens_cum is not None:
+            cum, a = win.tokens_cum, win.applied
+            return n - (cum[j] - cum[a]), until, n - (cum[win.k] - cum[a])
+        tps = win.tokens_per_step
+        return n - tps * (j - win.applied), until, n - tps * (win.k - win.applied)
 
     @property
     def num_requests(self) -> int:
@@ -162,6 +262,8 @@ class Replica:
     def submit(self, seq: Request) -> None:
         seq.replica = self.index
         self.sched.add(seq)
+        if self.on_load_change is not None:
+            self.on_load_change(self.index)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed(seq.arrival_s)
         elif self._win is not None:
@@ -177,6 +279,8 @@ class Replica:
         arrived; its node's tiers changed while requests wait here): stepping sees it after the step
         in flight, so an idle replica wakes (its clock to `t`) and a window is cut there, as for an
         arrival (`submit`)."""
+        if self.on_load_change is not None:  # a load's end computed its tokens (`finish_load`)
+            self.on_load_change(self.index)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed(t)
         elif self._win is not None:
@@ -193,6 +297,10 @@ class Replica:
         if win.verify is not None:
             a = win.applied
             in_use, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
+            for j in range(a, a + n):
+                rows = zip(win.reqs, win.verify.drafts[j], win.verify.accepted[j], strict=True)
+                for req, n_draft, n_acc in rows:
+                    self.gaps.emit(req.id, win.ends[j], 1 + (n_acc if n_draft else 0))  # as advance_verify
             acc, dsum = self.stats.kv_block_s, self.stats.draft_s
             for u, d_j, ds in zip(
                 in_use, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
@@ -203,11 +311,16 @@ class Replica:
             win.applied += n
             return [], done
         used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
+        a = win.applied
+        self.gaps.window(win.plan.decode_reqs, win.ends[a : a + n])
         if win.chunk:
+            (p,) = win.plan.prefill_reqs
+            g0 = p.num_generated
             first, done = sched.advance_mixed(win.plan, n)
+            if p.num_generated > g0:  # its prefill's last chunk sampled a token
+                self.gaps.emit(p.id, win.ends[a + n - 1], p.num_generated - g0)
         else:
             first, done = [], sched.advance_decode(win.plan, n)
-        a = win.applied
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
@@ -247,6 +360,8 @@ class Replica:
             plan = sched.schedule()
             if offload is not None:
                 offload.after_schedule()  # write-backs of what it evicted, loads of whom it admitted
+            if self.on_load_change is not None:  # the schedule admitted, preempted; a window follows
+                self.on_load_change(self.index)
             if plan.empty:
                 self._sample()
                 idle_used = sched.kv.pool.num_used
@@ -280,6 +395,7 @@ class Replica:
                     )
                 t_end = win.ends[k - 1]
                 self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
+                self.stats.prefix_extrapolated_s += win.prefix_extrapolated(k)
                 self.clock = t_end
                 first, done = self._apply_part(win, k - win.applied)
                 self.stats.steps += k
@@ -314,6 +430,9 @@ class Replica:
                     )
                 price = self.cost.price(batch)
                 self.off_grid |= price.off_grid
+                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True):
+                    if c:
+                        self.stats.prefix_extrapolated_s += self.cost.prefix_extrapolated_s(n, c)
                 dt = price.seconds
                 draft_s = 0.0
                 if plan.verify_reqs and self.draft is not None:
@@ -327,7 +446,12 @@ class Replica:
                 self.stats.kv_block_s += used * dt
                 if draft_s:  # counted once the step ran, as a window counts its steps
                     self.stats.draft_s += draft_s
+                rows = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
+                g0 = [r.num_generated for r in rows]
                 first, done = sched.complete(plan)
+                for r, g in zip(rows, g0, strict=True):
+                    if r.num_generated > g:
+                        self.gaps.emit(r.id, t_end, r.num_generated - g)
                 self.stats.steps += 1
                 pause = self._end_step(first, done, t_end)
                 if pause:
@@ -345,6 +469,8 @@ class Replica:
             seq.first_token_s = t_end
         for seq in done:
             seq.finish_s = t_end
+        if self.on_load_change is not None:  # the step's tokens computed, its finished gone
+            self.on_load_change(self.index)
         if done and self.on_finish is not None:
             self.on_finish(done)
         return self._eviction_pause()
@@ -409,6 +535,11 @@ class Replica:
                     mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
                 )
 
+            def extrapolated(k: int) -> float:
+                return math.fsum(
+                    cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+                )
+
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
             need = (
@@ -420,7 +551,10 @@ class Replica:
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
         k = self._steps_within(ends)
-        return _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+        win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
+        if chunk:
+            win.prefix_extrapolated = extrapolated
+        return win
 
     def _steps_within(self, ends: list[float]) -> int:
         """Steps of a window with these step ends that may run: those that end strictly before the
@@ -502,3 +636,5 @@ class _Window:
     verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
     tokens_cum: list[int] | None = None  # verify window: tokens computed by its first j steps
     draft_s: list[float] = field(default_factory=list)  # verify window: draft seconds per step
+    # Seconds of its first k steps' prefill attention beyond the measured prefixes (mixed window).
+    prefix_extrapolated: Callable[[int], float] = field(default=lambda k: 0.0)

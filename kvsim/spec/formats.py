@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvsim.errors import KvsimError
+from kvsim.spec.schema import did_you_mean
 
 
 class FormatKind(str, Enum):
@@ -144,7 +145,10 @@ def make_format(
         kind = FormatKind(key)
     except ValueError:
         allowed = ", ".join([k.value for k in FormatKind] + sorted(ALIASES))
-        raise KvsimError(f"unknown KV format {name!r}; expected one of: {allowed}") from None
+        hint = (
+            did_you_mean(key, [k.value for k in FormatKind] + sorted(ALIASES)) if isinstance(key, str) else ""
+        )
+        raise KvsimError(f"unknown KV format {name!r};{hint} expected one of: {allowed}") from None
     if kind in (FormatKind.INT8, FormatKind.INT4):
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
             raise KvsimError(f"group_size must be a positive integer, got {group_size!r}")

@@ -26,7 +26,8 @@ class GPUSpec:
     bf16_flops: float  # dense
     fp8_flops: float  # dense; 0 where the GPU has no FP8 tensor cores (falls back to BF16)
     usd_per_hour: float
-    sources: tuple[tuple[str, str], ...] = ()
+    price_source: str  # where usd_per_hour comes from, or "estimate: ..." where nothing lists one
+    sources: tuple[tuple[str, str], ...] = ()  # the other figures' (the price's is price_source)
 
 
 PRESETS: dict[str, GPUSpec] = {
@@ -37,10 +38,10 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         usd_per_hour=3.00,
+        price_source="middle of $1.99-5.00 on-demand, public price surveys May 2026",
         sources=(
             ("hbm", "80 GB HBM3, 81,559 MiB reported by nvidia-smi; 3.35 TB/s (NVIDIA H100 datasheet)"),
             ("compute", "BF16 989 / FP8 1,979 TFLOP/s dense (NVIDIA datasheet)"),
-            ("price", "$3.00/GPU-h: middle of $1.99-5.00 on-demand, public price surveys May 2026"),
         ),
     ),
     "h100-pcie": GPUSpec(
@@ -50,10 +51,10 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=756e12,
         fp8_flops=1513e12,
         usd_per_hour=2.50,
+        price_source="estimate: inside the H100's $1.99-5.00 on-demand range (public price surveys May 2026), which lists no PCIe price",
         sources=(
             ("hbm", "80 GB HBM2e, 2.0 TB/s (NVIDIA H100 PCIe datasheet)"),
             ("compute", "BF16 756 / FP8 1,513 TFLOP/s dense (NVIDIA datasheet)"),
-            ("price", "$2.50/GPU-h: low end of H100 on-demand, public price surveys May 2026"),
         ),
     ),
     "h200-sxm": GPUSpec(
@@ -63,6 +64,7 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         usd_per_hour=3.80,
+        price_source="within $2.50-7.00 on-demand, public price surveys May 2026",
         sources=(
             (
                 "hbm",
@@ -70,7 +72,6 @@ PRESETS: dict[str, GPUSpec] = {
                 "(NVIDIA spec; ../shared/REFERENCE.md)",
             ),
             ("compute", "BF16 989 / FP8 1,979 TFLOP/s dense (NVIDIA spec)"),
-            ("price", "$3.80/GPU-h: within $2.50-7.00 on-demand, public price surveys May 2026"),
         ),
     ),
     "a100-80gb": GPUSpec(
@@ -80,10 +81,10 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=312e12,
         fp8_flops=0.0,
         usd_per_hour=1.80,
+        price_source="estimate: no listed source (below the H100's $1.99-5.00 range, public price surveys May 2026)",
         sources=(
             ("hbm", "80 GB HBM2e, 2.039 TB/s (NVIDIA A100 80GB SXM datasheet)"),
             ("compute", "BF16 312 TFLOP/s dense; no FP8 tensor cores (NVIDIA datasheet)"),
-            ("price", "$1.80/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
     "b200": GPUSpec(
@@ -93,10 +94,10 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=2250e12,
         fp8_flops=4500e12,
         usd_per_hour=6.00,
+        price_source="estimate: no listed source (above the H200's $2.50-7.00 midpoint, public price surveys May 2026)",
         sources=(
             ("hbm", "180 GB HBM3e per GPU in HGX/DGX B200 (1,440 GB / 8), 8 TB/s (NVIDIA spec)"),
             ("compute", "BF16 2.25 / FP8 4.5 PFLOP/s dense (NVIDIA HGX B200 spec)"),
-            ("price", "$6.00/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
     "l40s": GPUSpec(
@@ -106,10 +107,10 @@ PRESETS: dict[str, GPUSpec] = {
         bf16_flops=362e12,
         fp8_flops=733e12,
         usd_per_hour=1.20,
+        price_source="estimate: no listed source (below the H100's $1.99-5.00 range, public price surveys May 2026)",
         sources=(
             ("memory", "48 GB GDDR6, 864 GB/s (NVIDIA L40S datasheet)"),
             ("compute", "BF16 362 / FP8 733 TFLOP/s dense (NVIDIA datasheet, half the sparse figure)"),
-            ("price", "$1.20/GPU-h: estimate, no survey on file; set pricing.gpu_hour"),
         ),
     ),
 }

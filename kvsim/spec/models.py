@@ -517,6 +517,14 @@ def from_hf_config(cfg: dict[str, Any], *, name: str, source: str) -> ModelSpec:
     return spec
 
 
+def names_a_file(ref: str) -> bool:
+    """Whether a model reference is a path to a ``config.json`` rather than a preset name."""
+    key = ref.strip().lower()
+    if ALIASES.get(key, key) in PRESETS:
+        return False
+    return ref.endswith(".json") or "/" in ref or "\\" in ref
+
+
 def load_model(ref: str, *, base_dir: Path | None = None, source: str | None = None) -> ModelSpec:
     """A preset name, or a path to a Hugging Face ``config.json`` (relative to `base_dir`)."""
     if not isinstance(ref, str) or not ref.strip():
@@ -527,8 +535,7 @@ def load_model(ref: str, *, base_dir: Path | None = None, source: str | None = N
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
-    looks_like_path = ref.endswith(".json") or "/" in ref or "\\" in ref
-    if looks_like_path:
+    if names_a_file(ref):
         path = Path(ref)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path

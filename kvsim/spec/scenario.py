@@ -2,21 +2,28 @@
 
 ``load_scenario(path, overrides)`` reads the file with `kvsim.spec.yaml_loader` (YAML 1.2 numbers), applies ``--set a.b=v``
 overrides (values parsed as YAML scalars, same paths, same validation) and returns a `Scenario`.
+Paths in the file are relative to the file's folder; paths given in ``--set`` are relative to the
+working directory (`OVERRIDE_PATHS`), as every path on the command line is.
 Every field is documented in ``scenarios/README.md``; defaults name their source.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
+from kvsim.spec import bounds as B
+from kvsim.spec.bench import BenchConfig, RandomConfig
+from kvsim.spec.bounds import bounded
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
-from kvsim.spec.models import Attention, ModelSpec, load_model, with_weight_dtype
+from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
 from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
 from kvsim.spec.schema import Section, shorten, show
@@ -31,7 +38,7 @@ from kvsim.units import (
     parse_size,
 )
 
-TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic")
+TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "vidur", "generic", "sharegpt")
 
 
 class Choice(str, Enum):
@@ -291,6 +298,8 @@ class WorkloadConfig:
     skip_bad_lines: bool
     clip_to_context: bool = False  # shorten over-long requests to the model's context, not reject them
     agent: AgentConfig | None = None  # format "agent": closed-loop agent sessions
+    bench: BenchConfig | None = None  # vLLM bench serve's traffic (formats sharegpt and random)
+    random: RandomConfig | None = None  # format "random": vLLM bench's random dataset
 
 
 @dataclass(frozen=True)
@@ -314,6 +323,35 @@ class SimConfig:
     fast_forward: bool
 
 
+class PriceBasis(Choice):
+    """Where a run's $/GPU-hour comes from, in order of precedence."""
+
+    GPU_MAP = "gpu_map"  # pricing.gpu_hour_by_gpu: the scenario's price for this GPU type
+    SCENARIO = "scenario"  # pricing.gpu_hour: one price for whatever GPU the scenario runs on
+    PRESET = "preset"  # the GPU preset's price (kvsim/spec/hardware.py, with its source)
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    """A run's $/GPU-hour and where it comes from (`resolve_gpu_price`)."""
+
+    usd_per_hour: float
+    basis: PriceBasis
+    origin: str  # "h100-sxm preset", "pricing.gpu_hour (plan.yaml)", "pricing.gpu_hour_by_gpu.b200 (--set)"
+    note: str = ""  # the preset's price_source (its basis), "" for a scenario's own price
+    warning: str = ""  # a scenario-wide price applied to a GPU type other than the file's own
+
+    @property
+    def source(self) -> str:
+        """Where the price comes from, in words (the plan's rows and page)."""
+        return f"{self.origin}: {self.note}" if self.note else self.origin
+
+    @property
+    def source_line(self) -> str:
+        """The summary's ``config.sources.price``: the price, then its source."""
+        return f"${self.usd_per_hour:.2f}/GPU-h: {self.note or self.origin}"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -324,11 +362,15 @@ class Scenario:
     scheduler: SchedulerConfig
     workload: WorkloadConfig
     slo: SLOConfig
-    gpu_hour_usd: float  # pricing.gpu_hour
+    gpu_price: GpuPrice  # pricing (resolve_gpu_price)
     cost_model: CostModelConfig
     sim: SimConfig
     overrides: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
+
+    @property
+    def gpu_hour_usd(self) -> float:
+        return self.gpu_price.usd_per_hour
 
     @property
     def pool_nodes_usd_per_hour(self) -> float:
@@ -356,14 +398,18 @@ def _read_gpu(root: Section) -> tuple[GPUSpec, str, dict[str, float]]:
     base = s.parsed("preset", load_gpu)
     changes: dict[str, Any] = {}
     if s.has("hbm"):
-        changes["hbm_bytes"] = s.parsed("hbm", parse_size)
+        changes["hbm_bytes"] = s.parsed("hbm", bounded(parse_size, B.HBM_SIZE))
     if s.has("hbm_bw"):
-        changes["hbm_bw_bytes_per_s"] = s.parsed("hbm_bw", parse_bandwidth)
+        changes["hbm_bw_bytes_per_s"] = s.parsed("hbm_bw", bounded(parse_bandwidth, B.HBM_BW))
     if s.has("bf16_flops"):
-        changes["bf16_flops"] = s.parsed("bf16_flops", parse_flops)
+        changes["bf16_flops"] = s.parsed("bf16_flops", bounded(parse_flops, B.FLOPS))
     if s.has("fp8_flops"):
-        changes["fp8_flops"] = s.parsed("fp8_flops", parse_flops)
-    links = {k: s.parsed(k, parse_bandwidth) for k in ("host_h2d", "host_d2h", "nvlink") if s.has(k)}
+        changes["fp8_flops"] = s.parsed("fp8_flops", bounded(parse_flops, B.FLOPS))
+    links = {
+        k: s.parsed(k, bounded(parse_bandwidth, B.LINK_BW))
+        for k in ("host_h2d", "host_d2h", "nvlink")
+        if s.has(k)
+    }
     for k in ("hbm", "hbm_bw", "bf16_flops", "fp8_flops", "host_h2d", "host_d2h", "nvlink"):
         s.raw(k, None)
     s.done()
@@ -381,7 +427,9 @@ def _read_cluster(root: Section) -> ClusterConfig:
     tp = s.int("tensor_parallel", 1, lo=1, hi=64)
     if gpn % tp:
         raise s.err("tensor_parallel", f"must divide gpus_per_node ({gpn}), got {tp}")
-    dram = s.parsed("host_dram", lambda v: parse_size(v, allow_zero=True), DEFAULT_HOST_DRAM)
+    dram = s.parsed(
+        "host_dram", bounded(lambda v: parse_size(v, allow_zero=True), B.HOST_SIZE), DEFAULT_HOST_DRAM
+    )
     topology = read_topology(
         s, TOPOLOGIES[preset], gpus_per_node=gpn, host_dram_bytes=dram, legacy=legacy_links
     )
@@ -493,17 +541,19 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             )
         dflt = GlobalPoolConfig()
         gpool = GlobalPoolConfig(
-            pool_bytes=pc.parsed("pool_bytes", parse_size, 0)
+            pool_bytes=pc.parsed("pool_bytes", bounded(parse_size, B.HOST_SIZE), 0)
             if pc.raw("pool_bytes", None) is not None
             else 0,
             fetch=pc.choice("fetch", ("auto", "always"), "auto"),
             eviction=pc.choice("pool_eviction", EVICTIONS, "lru"),
             pool_nodes=n_pool,
-            pool_node_bytes=pc.parsed("pool_node_bytes", parse_size)
+            pool_node_bytes=pc.parsed("pool_node_bytes", bounded(parse_size, B.HOST_SIZE))
             if pc.raw("pool_node_bytes", None) is not None
             else 0,
             pool_node_nics=pc.int("pool_node_nics", dflt.pool_node_nics, lo=1, hi=64),
-            pool_node_cost_per_hour=pc.parsed("pool_node_cost_per_hour", parse_price_per_hour)
+            pool_node_cost_per_hour=pc.parsed(
+                "pool_node_cost_per_hour", bounded(parse_price_per_hour, B.PRICE)
+            )
             if pc.raw("pool_node_cost_per_hour", None) is not None
             else dflt.pool_node_cost_per_hour,
         )
@@ -577,7 +627,7 @@ def _read_offload(off: Section) -> OffloadConfig:
         base.pop("hbm_ratio", None)
         base.pop("per_replica_bytes", None)
     if "host_bytes" in given:
-        cap["host_bytes"] = off.parsed("host_bytes", parse_size)
+        cap["host_bytes"] = off.parsed("host_bytes", bounded(parse_size, B.HOST_SIZE))
     if "host_share" in given:
         cap["host_share"] = off.float("host_share", lo=0.0, hi=1.0, lo_open=True)
     if "hbm_ratio" in given:
@@ -594,11 +644,13 @@ def _read_offload(off: Section) -> OffloadConfig:
         if d.raw("capacity", None) is None:
             raise d.err("capacity", "an SSD tier needs a capacity (bytes per node)")
         ssd = SSDConfig(
-            capacity_bytes=d.parsed("capacity", parse_size),
-            read_bw=d.parsed("read_bw", parse_bandwidth, SSD_DEFAULTS["read_bw"]),
-            write_bw=d.parsed("write_bw", parse_bandwidth, SSD_DEFAULTS["write_bw"]),
+            capacity_bytes=d.parsed("capacity", bounded(parse_size, B.HOST_SIZE)),
+            read_bw=d.parsed("read_bw", bounded(parse_bandwidth, B.LINK_BW), SSD_DEFAULTS["read_bw"]),
+            write_bw=d.parsed("write_bw", bounded(parse_bandwidth, B.LINK_BW), SSD_DEFAULTS["write_bw"]),
             latency_s=d.parsed(
-                "latency", lambda v: parse_duration(v, allow_zero=True), SSD_DEFAULTS["latency_s"]
+                "latency",
+                bounded(lambda v: parse_duration(v, allow_zero=True), B.LATENCY),
+                SSD_DEFAULTS["latency_s"],
             ),
         )
         d.done()
@@ -648,7 +700,7 @@ def _read_scheduler(root: Section, base_dir: Path) -> SchedulerConfig:
         max_batched_tokens=max_batched,
         chunked_prefill=s.bool("chunked_prefill", True),
         preemption=_choice(s, "preemption", PreemptionMode, PreemptionMode.RECOMPUTE),
-        swap_space_bytes=s.parsed("swap_space", parse_size, 4 * 2**30),
+        swap_space_bytes=s.parsed("swap_space", bounded(parse_size, B.HOST_SIZE), 4 * 2**30),
         spec_decode=_read_spec_decode(s, base_dir, max_batched),
     )
     s.done()
@@ -712,15 +764,30 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
     trace = s.raw("trace", None)
     syn_raw = s.raw("synthetic", None)
     agent_raw = s.raw("agent", None)
-    if sum(x is not None for x in (trace, syn_raw, agent_raw)) != 1:
+    random_raw = s.raw("random", None)
+    if sum(x is not None for x in (trace, syn_raw, agent_raw, random_raw)) != 1:
         raise s.err(
-            "trace", "give exactly one of workload.trace (a file), workload.synthetic or workload.agent"
+            "trace",
+            "give exactly one of workload.trace (a file), workload.synthetic, workload.agent or "
+            "workload.random",
         )
     synthetic = None
     agent = None
+    rand = None
     path = None
     fmt = s.choice("format", TRACE_FORMATS, "generic") if trace is not None else "synthetic"
-    if agent_raw is not None:
+    if random_raw is not None:
+        fmt = "random"
+        if s.raw("format", "random") != "random":
+            raise s.err("format", "the random dataset is generated, not read: remove format")
+    if s.has("bench") and fmt not in ("sharegpt", "random"):
+        raise s.err(
+            "bench", "only with format sharegpt or workload.random (a trace has its own arrival times)"
+        )
+    bench = _read_bench(s.section("bench"), fmt) if fmt in ("sharegpt", "random") else None
+    if random_raw is not None:
+        rand = _read_random(Section(random_raw, source=s.source, path=s._p("random")))
+    elif agent_raw is not None:
         fmt = "agent"
         if s.raw("format", "agent") != "agent":
             raise s.err("format", "agent sessions are generated, not read: remove format or set agent")
@@ -763,8 +830,60 @@ def _read_workload(root: Section, base_dir: Path) -> WorkloadConfig:
         skip_bad_lines=s.bool("skip_bad_lines", False),
         clip_to_context=s.bool("clip_to_context", False),
         agent=agent,
+        bench=bench,
+        random=rand,
     )
     s.done()
+    return cfg
+
+
+def _rate(v: Any) -> float:
+    """``request_rate``: requests per second > 0, or ``inf`` (vLLM's default: all at once)."""
+    if v == "inf" or (isinstance(v, float) and v == math.inf):
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1e6:
+        raise KvsimError(f"expected requests per second in (0, 1e6] or inf, got {show(v)}")
+    return float(v)
+
+
+def _read_bench(b: Section, fmt: str) -> BenchConfig:
+    """``workload.bench``: vLLM bench serve's --num-prompts, --request-rate, --burstiness, --seed
+    (and, for ShareGPT, --sharegpt-output-len and kvsim's chars_per_token)."""
+    burst = b.raw("burstiness", 1.0)
+    if burst == "inf" or burst == math.inf:
+        burstiness = math.inf
+    else:
+        burstiness = b.float("burstiness", 1.0, lo=0.0, hi=1e6, lo_open=True)
+    seed = b.raw("seed", None)
+    for key in ("sharegpt_output_len", "chars_per_token"):
+        if fmt != "sharegpt" and b.has(key):
+            raise b.err(key, "only with format sharegpt")
+    out_len = b.raw("sharegpt_output_len", None)
+    cfg = BenchConfig(
+        num_prompts=b.int("num_prompts", 1000, lo=1, hi=10_000_000),
+        request_rate=b.parsed("request_rate", _rate, math.inf),
+        burstiness=burstiness,
+        seed=None if seed is None else b.int("seed", lo=0, hi=2**32 - 1),
+        sharegpt_output_len=None if out_len is None else b.int("sharegpt_output_len", lo=1, hi=1 << 24),
+        chars_per_token=b.float("chars_per_token", 4.0, lo=0.0, hi=100.0, lo_open=True),
+    )
+    b.done()
+    return cfg
+
+
+def _read_random(y: Section) -> RandomConfig:
+    """``workload.random``: vLLM bench serve's --random-input-len, -output-len, -range-ratio, -prefix-len."""
+    cfg = RandomConfig(
+        input_len=y.int("input_len", 1024, lo=0, hi=1 << 24),
+        output_len=y.int("output_len", 128, lo=1, hi=1 << 24),
+        range_ratio=y.float("range_ratio", 0.0, lo=0.0, hi=1.0),
+        prefix_len=y.int("prefix_len", 0, lo=0, hi=1 << 24),
+    )
+    if cfg.range_ratio >= 1.0:
+        raise y.err("range_ratio", f"must be in [0, 1) as vLLM's, got {cfg.range_ratio}")
+    if cfg.input_len + cfg.prefix_len < 1:
+        raise y.err("input_len", "input_len + prefix_len must be at least 1")
+    y.done()
     return cfg
 
 
@@ -820,6 +939,63 @@ def _read_slo(root: Section) -> SLOConfig:
 RENAMED_SECTIONS = {"pricing": "cost", "cost_model": "costs"}
 
 
+def resolve_gpu_price(
+    s: Section, gpu: GPUSpec, *, file_gpu: str | None = None, overrides: tuple[str, ...] = ()
+) -> GpuPrice:
+    """The $/GPU-hour of `gpu` from the ``pricing`` section `s`, the one rule ``run``, ``sweep`` and
+    ``plan`` share: ``gpu_hour_by_gpu[preset]`` > ``gpu_hour`` > the preset's own (sourced) price.
+    `file_gpu` is the GPU the scenario file names (before ``--set``/``--search``): ``gpu_hour`` applied
+    to another GPU type carries a warning. A GPU whose figures the scenario changes keeps its preset's
+    name for the lookup."""
+    preset = gpu.name.removesuffix("*")
+    set_keys = {o.partition("=")[0].strip() for o in overrides}
+
+    def where(path: str) -> str:
+        cli = any(k == path or path.startswith(k + ".") for k in set_keys)
+        return f"{path} ({'--set' if cli else Path(s.source).name})"
+
+    by_gpu: dict[str, tuple[str, float]] = {}  # preset -> (the key as written, $/GPU-h)
+    raw = s.raw("gpu_hour_by_gpu", None)
+    if raw is not None:
+        m = Section(raw, source=s.source, path=s._p("gpu_hour_by_gpu"))
+        if not m.data:
+            raise s.err("gpu_hour_by_gpu", "expected GPU preset names with prices, such as {h100-sxm: 2.5}")
+        for key in list(m.data):
+            try:
+                name = load_gpu(key).name  # the key names the GPU
+            except KvsimError as exc:
+                raise m.err(shorten(str(key)), exc.message) from None
+            if name in by_gpu:
+                raise m.err(shorten(str(key)), f"the same GPU as {by_gpu[name][0]!r}: give its price once")
+            by_gpu[name] = (str(key), m.parsed(key, bounded(parse_price_per_hour, B.PRICE)))
+    wide = s.parsed("gpu_hour", bounded(parse_price_per_hour, B.PRICE), None)
+    if preset in by_gpu:
+        key, usd = by_gpu[preset]
+        return GpuPrice(usd, PriceBasis.GPU_MAP, where(f"{s._p('gpu_hour_by_gpu')}.{key}"))
+    if wide is not None:
+        path = s._p("gpu_hour")
+        warning = ""
+        if file_gpu is not None and file_gpu != preset:
+            warning = (
+                f"{path} (${wide:.2f}/GPU-h), given for the scenario's {file_gpu}, also prices {preset}; "
+                f"give {s._p('gpu_hour_by_gpu')}.{preset} to price it at its own rate"
+            )
+        return GpuPrice(wide, PriceBasis.SCENARIO, where(path), warning=warning)
+    return GpuPrice(gpu.usd_per_hour, PriceBasis.PRESET, f"{preset} preset", note=gpu.price_source)
+
+
+def _file_gpu(data: dict[str, Any]) -> str | None:
+    """The GPU preset a scenario file names (None when it names none a preset reads)."""
+    cluster = data.get("cluster")
+    gpu = cluster.get("gpu") if isinstance(cluster, dict) else None
+    if isinstance(gpu, dict):
+        gpu = gpu.get("preset")
+    try:
+        return load_gpu(gpu).name
+    except KvsimError:
+        return None
+
+
 def _renamed_section(root: Section, new: str, notes: list[str]) -> Section:
     """Section ``new``, or its old name with a note; both at once is an error."""
     old = RENAMED_SECTIONS[new]
@@ -873,8 +1049,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def scenario_from_dict(
-    data: Any, *, source: str, base_dir: Path, overrides: tuple[str, ...] = ()
+    data: Any,
+    *,
+    source: str,
+    base_dir: Path,
+    overrides: tuple[str, ...] = (),
+    file_gpu: str | None = None,
 ) -> Scenario:
+    """`file_gpu`: the GPU preset the file names before overrides (for `resolve_gpu_price`'s warning)."""
     root = Section(data, source=source, path="")
     name = root.str("name", Path(source).stem)
     model_raw = root.raw("model")
@@ -910,8 +1092,10 @@ def scenario_from_dict(
     slo = _read_slo(root)
     notes: list[str] = []
     pricing = _renamed_section(root, "pricing", notes)
-    gpu_hour = pricing.parsed("gpu_hour", parse_price_per_hour, cluster.gpu.usd_per_hour)
+    gpu_price = resolve_gpu_price(pricing, cluster.gpu, file_gpu=file_gpu, overrides=overrides)
     pricing.done()
+    if gpu_price.warning:
+        notes.append(gpu_price.warning)
     cost_model = _read_cost_model(_renamed_section(root, "cost_model", notes), base_dir)
     sm = root.section("sim")
     max_time = sm.raw("max_time", None)
@@ -971,7 +1155,7 @@ def scenario_from_dict(
         scheduler,
         workload,
         slo,
-        gpu_hour,
+        gpu_price,
         cost_model,
         sim,
         overrides,
@@ -979,21 +1163,65 @@ def scenario_from_dict(
     )
 
 
+# The fields that name a file, and whether they may name a model preset instead.
+OVERRIDE_PATHS = {
+    "model": True,
+    "model.name": True,
+    "scheduler.spec_decode.draft.model": True,
+    "workload.trace": False,
+    "cost_model.profile": False,
+    "costs.profile": False,  # cost_model's old name
+}
+
+
+def cwd_paths(key: str, value: Any, scenario_dir: Path, cwd: Path) -> Any:
+    """An override's value with the files it names made absolute against the working directory
+    `cwd` (a mapping value is walked: ``--set workload={trace: t.csv}``). A file that is missing
+    there but exists beside the scenario is refused with a hint, never silently read from there."""
+    if isinstance(value, dict):
+        return {k: cwd_paths(f"{key}.{k}", v, scenario_dir, cwd) for k, v in value.items()}
+    model = OVERRIDE_PATHS.get(key)
+    if model is None or not isinstance(value, str) or not value.strip():
+        return value
+    if model and not names_a_file(value):
+        return value
+    p = Path(value)
+    if p.is_absolute():
+        return value
+    here = cwd / p
+    beside = scenario_dir / p
+    if not here.exists() and beside.exists():
+        hint = os.path.normpath(beside)
+        raise KvsimError(
+            f"{shorten(value, 100)} is not in the working directory (paths on the command line "
+            f"are relative to it, not to the scenario); did you mean {shorten(hint, 120)}?",
+            source=f"--set {key}",
+        )
+    return str(here)
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read, override and validate a scenario file. Raises `KvsimError` on any mistake."""
+    """Read, override and validate a scenario file. Raises `KvsimError` on any mistake.
+
+    Paths inside the file are relative to its folder; paths in `overrides` (``a.b=v``) to the
+    working directory."""
     p = Path(path)
     data = read_yaml(p)
     if data is None:
         raise KvsimError("the file is empty", source=str(p))
     if not isinstance(data, dict):
         raise KvsimError("expected a mapping at the top level", source=str(p))
+    file_gpu = _file_gpu(data)
     touched = []
+    cwd = Path.cwd()
     for text in overrides:
         key, value = parse_override(text)
-        set_path(data, key, value)
+        set_path(data, key, cwd_paths(key, value, p.parent, cwd))
         touched.append(key)
     try:
-        return scenario_from_dict(data, source=str(p), base_dir=p.parent, overrides=tuple(overrides))
+        return scenario_from_dict(
+            data, source=str(p), base_dir=p.parent, overrides=tuple(overrides), file_gpu=file_gpu
+        )
     except KvsimError as exc:
         if exc.path and any(
             exc.path == t or exc.path.startswith(t + ".") or t.startswith(exc.path + ".") for t in touched

@@ -5,6 +5,7 @@ Every error names the file and the dotted field path (``scenario.yaml: cluster.g
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -105,7 +106,10 @@ class Section:
     def choice(self, key: str, choices: list[str] | tuple[str, ...], default: object = _MISSING) -> str:
         v = self.raw(key, default)
         if v not in choices:
-            raise self.err(key, f"expected one of {', '.join(choices)}; got {show(v)}")
+            hint = did_you_mean(v, choices) if isinstance(v, str) else ""
+            raise self.err(
+                key, f"expected one of {', '.join(choices)}; got {show(v)}" + (f";{hint}" if hint else "")
+            )
         return v  # type: ignore[no-any-return]
 
     def section(self, key: str, *, required: bool = False) -> Section:
@@ -117,7 +121,16 @@ class Section:
         if unknown:
             k = unknown[0]
             allowed = ", ".join(sorted(set(self.allowed))) or "(none)"
-            raise self.err(shorten(str(k)), f"unknown key; allowed here: {allowed}")
+            raise self.err(
+                shorten(str(k)), f"unknown key;{did_you_mean(str(k), self.allowed)} allowed here: {allowed}"
+            )
+
+
+def did_you_mean(word: str, candidates: list[str] | tuple[str, ...] | set[str]) -> str:
+    """`` did you mean X?`` for the candidate closest to a misspelt `word` (difflib's ratio >= 0.6),
+    or empty: put first in an error so that a long list after it cannot cut it off."""
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=1)
+    return f" did you mean {close[0]!r}?" if close else ""
 
 
 def shorten(text: str, limit: int = MAX_SHOWN) -> str:

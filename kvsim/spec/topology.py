@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvsim.spec import bounds as B
+from kvsim.spec.bounds import bounded
 from kvsim.spec.schema import Section
 from kvsim.units import parse_bandwidth, parse_duration
 
@@ -192,12 +194,14 @@ def _read_link(s: Section, gpus_per_node: int, bw_keys: tuple[str, ...]) -> dict
     out: dict[str, float | int] = {}
     for key in bw_keys:
         if s.has(key):
-            out[key] = s.parsed(key, parse_bandwidth)
+            out[key] = s.parsed(key, bounded(parse_bandwidth, B.LINK_BW))
     if s.has("latency"):
-        out["latency_s"] = s.parsed("latency", lambda v: parse_duration(v, allow_zero=True))
+        out["latency_s"] = s.parsed(
+            "latency", bounded(lambda v: parse_duration(v, allow_zero=True), B.LATENCY)
+        )
     if s.has("per_call_overhead"):
         out["per_call_overhead_s"] = s.parsed(
-            "per_call_overhead", lambda v: parse_duration(v, allow_zero=True)
+            "per_call_overhead", bounded(lambda v: parse_duration(v, allow_zero=True), B.LATENCY)
         )
     if s.has("shared_by"):
         out["shared_by"] = s.int("shared_by", lo=1, hi=gpus_per_node)

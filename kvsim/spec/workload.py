@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.spec.bench import BENCH_BLOCK_TOKENS, BenchConfig, bench_arrivals, random_dataset, read_sharegpt
 from kvsim.spec.scenario import WorkloadConfig
 from kvsim.spec.synthetic import synthetic_workload
+from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, _read_trace
 
 if TYPE_CHECKING:
     from kvsim.spec.agent import AgentWorkload
-from kvsim.spec.traces import GENERIC_BLOCK_TOKENS, MAX_TIME_S, _prefix_unique, _read_trace
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Workload:
     output_hash_ids: list[np.ndarray] | None = None
     # Agent sessions (`kvsim.spec.agent`): sessions, turns, gaps, segments; None for other sources.
     agent: AgentWorkload | None = None
+    # What the run's warnings must say about how the workload was built (ShareGPT's estimated lengths).
+    notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -103,11 +106,17 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
             output_hash_ids=out_hashes,
             agent=agent,
         )
-    if cfg.format == "synthetic":
+    notes: tuple[str, ...] = ()
+    hash_ids: list[np.ndarray] | None
+    if cfg.format in ("sharegpt", "random"):
+        t, prompt, output, hash_ids, notes = _bench_workload(cfg, seed)
+        block = BENCH_BLOCK_TOKENS
+        source = str(cfg.trace) if cfg.format == "sharegpt" else "random"
+    elif cfg.format == "synthetic":
         if cfg.synthetic is None:
             raise KvsimError("format synthetic needs workload.synthetic", source="workload")
         t, prompt, output, hashes, block, out_hashes = synthetic_workload(cfg.synthetic, seed=seed)
-        hash_ids: list[np.ndarray] | None = hashes
+        hash_ids = hashes
         source = "synthetic"
     else:
         rows, g = _read_trace(cfg)
@@ -133,7 +142,9 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         )
     arrival = (t[lo:hi] - start) / cfg.rate_scale
     if arrival[-1] >= MAX_TIME_S:  # the same bound as a trace's own times: 1 us still resolved
-        field = "workload.synthetic.rate" if source == "synthetic" else "workload.rate_scale"
+        field = {"synthetic": "workload.synthetic.rate", "random": "workload.bench.request_rate"}.get(
+            source, "workload.rate_scale"
+        )
         raise KvsimError(
             f"the last arrival lands at {arrival[-1]:.3g} s (at most {MAX_TIME_S:.3g} s); raise it",
             source=source,
@@ -158,7 +169,34 @@ def load_workload(cfg: WorkloadConfig, *, seed: int) -> Workload:
         before_window=lo,
         after_window=len(t) - end_i,
         over_max_requests=end_i - hi,
+        notes=notes,
     )
+
+
+def _bench_workload(
+    cfg: WorkloadConfig, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray] | None, tuple[str, ...]]:
+    """vLLM bench serve's ShareGPT or random dataset and its arrivals (`kvsim.spec.bench`)."""
+    bench = cfg.bench or BenchConfig()
+    s = seed if bench.seed is None else bench.seed
+    n = bench.num_prompts
+    notes: list[str] = []
+    hashes = None
+    if cfg.format == "sharegpt":
+        if cfg.trace is None or not cfg.trace.is_file():
+            raise KvsimError("dataset file not found", source=str(cfg.trace))
+        prompt, output, estimated, _ = read_sharegpt(cfg.trace, bench, s)
+        if estimated:
+            notes.append(
+                f"ShareGPT lengths of {estimated:,} of {n:,} requests are estimates at "
+                f"{bench.chars_per_token:g} characters a token (vLLM tokenizes with the model's "
+                "tokenizer; give each turn a 'tokens' count for exact lengths)"
+            )
+    else:
+        assert cfg.random is not None
+        prompt, output, hashes = random_dataset(cfg.random, n, s)
+    t = bench_arrivals(n, bench.request_rate, bench.burstiness, s)
+    return t, prompt, output, hashes, tuple(notes)
 
 
 def clip_to_context(wl: Workload, max_context: int) -> Workload:

@@ -6,19 +6,24 @@ A sweep is the cartesian product of *factors*, each a list of override sets (``-
 a sweep file's ``points`` list is one factor of explicit sets. The first factor varies slowest.
 Parsing here checks the shape only (a dotted path, at least one value, equal zip lengths, no path
 twice in one point); whether a value is valid is the scenario loader's answer, asked for every
-point before any runs (`kvsim.sweep.runner`).
+point before any runs (`kvsim.sweep.runner`). A file a sweep file names (a trace, a profile, a
+model's config.json) is relative to the sweep file, and becomes a path from the working directory
+as ``--set`` reads it; a ``--grid`` or ``--zip`` value is relative to the working directory already.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.spec.models import names_a_file
+from kvsim.spec.scenario import OVERRIDE_PATHS
 from kvsim.spec.schema import shorten
 from kvsim.spec.yaml_loader import read_yaml, yaml_scalar
 
@@ -103,6 +108,17 @@ def zip_factor(axes: list[tuple[str, list[str]]], label: str, source: str) -> Fa
     return Factor(label, paths, tuple(zip(*(v for _, v in axes), strict=True)))
 
 
+def _from_file(path: str, value: Any, sweep_file: str) -> Any:
+    """A sweep file's value for field `path`: a file it names, relative to the sweep file, as a
+    path from the working directory (what an override's value is relative to)."""
+    model = OVERRIDE_PATHS.get(path)
+    if model is None or not isinstance(value, str) or not value.strip() or Path(value).is_absolute():
+        return value
+    if model and not names_a_file(value):
+        return value
+    return os.path.normpath(Path(sweep_file).parent / value)
+
+
 def _file_axes(section: Any, source: str, field: str) -> list[tuple[str, list[str]]]:
     if not isinstance(section, dict) or not section:
         raise KvsimError("expected a mapping of field path -> list of values", source=source, path=field)
@@ -112,7 +128,7 @@ def _file_axes(section: Any, source: str, field: str) -> list[tuple[str, list[st
         path = _check_path(str(key), f"{source}: {where}")
         if not isinstance(values, list) or not values:
             raise KvsimError("expected a non-empty list of values", source=source, path=where)
-        texts = [_value_text(v, f"{source}: {where}") for v in values]
+        texts = [_value_text(_from_file(path, v, source), f"{source}: {where}") for v in values]
         if len(set(texts)) != len(texts):
             raise KvsimError("a value is given twice", source=source, path=where)
         out.append((path, [f"{path}={t}" for t in texts]))
@@ -151,7 +167,7 @@ def load_sweep_file(path: str) -> list[Factor]:
             one = []
             for key, value in pt.items():
                 p = _check_path(str(key), f"{path}: {where}")
-                one.append(f"{p}={_value_text(value, f'{path}: {where}.{p}')}")
+                one.append(f"{p}={_value_text(_from_file(p, value, path), f'{path}: {where}.{p}')}")
                 if p not in paths:
                     paths.append(p)
             point_sets.append(tuple(one))

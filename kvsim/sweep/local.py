@@ -106,7 +106,7 @@ class PointRunner:
             result = run_scenario(sc, workload=self._workload(sc), cost=self._cost(sc))
             if partial.exists():
                 shutil.rmtree(partial)
-            write_run(result, partial)
+            write_run(result, partial, compress=True)  # a point's CSVs as .csv.gz
             if self._finish is not None:
                 self._finish(partial)
             if task.out_dir.exists():

@@ -11,8 +11,10 @@ A combination's candidate is the largest of its per-load minimums, run at every 
 bisection skipped are made, so that the choice is checked, not assumed).
 
 All candidates serve the same traffic, so the cheapest is the one with the lowest cluster price
-per hour (GPUs x $/GPU-hour, the scenario's ``pricing.gpu_hour`` or the GPU preset's price, plus
-its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``);
+per hour (GPUs x $/GPU-hour, plus its dedicated pool nodes' $/hour, ``kv.prefix_cache.pool_nodes``).
+Each GPU type is priced at its own rate (`kvsim.spec.scenario.resolve_gpu_price`:
+``pricing.gpu_hour_by_gpu`` > ``pricing.gpu_hour`` > the preset's sourced price); a scenario-wide
+``pricing.gpu_hour`` applied to a searched GPU other than the scenario's own is a warning;
 cost per million tokens is shown beside it. An SLO bounds a percentile of TTFT, TPOT or E2E and
 also demands that no request is rejected or left unfinished, unless ``--max-unserved`` allows a
 fraction. Every point is a full run through the sweep's runner (`kvsim.sweep.local`), cached by
@@ -29,13 +31,15 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsim.accuracy import ESTIMATE_BASIS, accuracy_estimate, loss_text, within_budget
 from kvsim.errors import KvsimError
-from kvsim.spec.scenario import load_scenario
+from kvsim.progress import PointProgress
+from kvsim.spec.scenario import GpuPrice, load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.sweep.define import Factor, parse_axis, point_id
 from kvsim.sweep.local import Finish, PointTask, run_points
@@ -45,7 +49,7 @@ from kvsim.units import parse_duration
 
 SCHEMA = "kvsim-plan"
 VERSION = 1
-PLAN_FILES = ("plan.json", "plan.csv", "plan.html")
+PLAN_FILES = ("plan.json", "plan.csv", "plan.html", "plotly.min.js")  # plotly: the points' pages
 POINTS = "points"
 LOAD_PATH = "workload.rate_scale"
 MAX_COUNT_SPAN = 100_000  # a lo..hi range wider than this is a typo; bisection itself would cope
@@ -139,6 +143,29 @@ def parse_loads(text: str | None) -> tuple[float, ...]:
     return tuple(out)
 
 
+_BUDGET = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%?)\s*$")
+
+
+def parse_accuracy_budget(text: str) -> float:
+    """``1%`` or ``0.01`` -> 0.01: the accuracy points a configuration may lose (its combined
+    cited estimate, `kvsim.accuracy.accuracy_estimate`)."""
+    m = _BUDGET.match(text)
+    if m is None:
+        raise KvsimError(
+            f"expected a percentage such as 1% or 0.5%, got {shorten(repr(text))}",
+            source="--max-accuracy-loss",
+        )
+    v = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not math.isfinite(v) or v < 0:
+        raise KvsimError(f"an accuracy budget below zero: {text.strip()}", source="--max-accuracy-loss")
+    if v >= 1:
+        raise KvsimError(
+            f"expected a loss below 100%, got {text.strip()} (a fraction: 0.01, or 1%)",
+            source="--max-accuracy-loss",
+        )
+    return v
+
+
 def load_label(k: float) -> str:
     return f"{k:g}x"
 
@@ -165,9 +192,18 @@ class Planner:
     count: SearchAxis | None
     base_rate_scale: float
     keys: dict[tuple[str, ...], Hashable]  # each point's overrides -> its workload key
-    # configuration overrides -> (GPUs, $/GPU-h, $/h of the other machines: dedicated pool nodes)
-    cost: dict[tuple[str, ...], tuple[int, float, float]]
+    # configuration overrides -> (GPUs, $/GPU-h and its source, $/h of the dedicated pool nodes)
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]]
     reads: tuple[tuple[str, Path | None], ...]
+    # configuration overrides -> its combined accuracy-loss estimate (cited, not measured)
+    accuracy: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
+    max_accuracy_loss: float | None = None  # --max-accuracy-loss (None: no budget)
+
+    def excluded(self, config: tuple[str, ...]) -> bool:
+        """Whether the accuracy budget excludes this configuration."""
+        if self.max_accuracy_loss is None:
+            return False
+        return not within_budget(self.accuracy[config], self.max_accuracy_loss)
 
     def point_overrides(self, combo: Combo, count: str | None, load: float) -> tuple[str, ...]:
         o = list(combo.overrides)
@@ -189,6 +225,7 @@ def prepare_plan(
     axes: Sequence[SearchAxis],
     loads: Sequence[float],
     max_unserved: float,
+    max_accuracy_loss: float | None = None,
 ) -> Planner:
     """Check the search and load every point's scenario (every count, value and load) before
     anything runs; the first bad value raises one `KvsimError` naming its flag and value."""
@@ -226,10 +263,18 @@ def prepare_plan(
             raise KvsimError(str(exc), source=f"--load {load_label(k)}") from None
     sweep = prepare_sweep(scenario, [*factors, Factor("--load", (LOAD_PATH,), rates)])
     keys = {p.overrides: k for p, k in zip(sweep.points, sweep.keys, strict=True)}
-    cost: dict[tuple[str, ...], tuple[int, float, float]] = {}
+    cost: dict[tuple[str, ...], tuple[int, GpuPrice, float]] = {}
+    accuracy: dict[tuple[str, ...], dict[str, Any]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
-        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_hour_usd, sc.pool_nodes_usd_per_hour)
+        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_price, sc.pool_nodes_usd_per_hour)
+        accuracy[p.overrides[:-1]] = accuracy_estimate(sc.kv)
+    if max_accuracy_loss is not None and not any(e["parts"] for e in accuracy.values()):
+        raise KvsimError(
+            "no configuration searched uses a lossy technique with an accuracy estimate (kv.format "
+            "fp8/int8/int4/kvquant4, kv.eviction): the budget would decide nothing",
+            source="--max-accuracy-loss",
+        )
     discrete = [a for a in axes if not a.count]
     combos = tuple(
         Combo(i, tuple(f"{a.path}={v}" for a, v in zip(discrete, vs, strict=True)))
@@ -247,6 +292,8 @@ def prepare_plan(
         keys,
         cost,
         sweep.reads,
+        accuracy,
+        max_accuracy_loss,
     )
 
 
@@ -297,7 +344,9 @@ def misses(planner: Planner, r: PointResult) -> list[Miss]:
 
 @dataclass
 class PlanRun:
-    """The points run so far: overrides -> result; `ran` and `reused` count them."""
+    """The points run so far: overrides -> result; `ran` and `reused` count them. `progress` counts
+    the points to run; its total is those run plus a bound on those still to come (`ensure`'s
+    `after`)."""
 
     planner: Planner
     out: Path
@@ -307,10 +356,11 @@ class PlanRun:
     results: dict[tuple[str, ...], PointResult] = field(default_factory=dict)
     ran: int = 0
     reused: int = 0
-    on_batch: Callable[[int], None] | None = None
+    progress: PointProgress | None = None
 
-    def ensure(self, wanted: Sequence[tuple[str, ...]]) -> None:
-        """Run (or reuse) every point in `wanted` not yet known, in parallel."""
+    def ensure(self, wanted: Sequence[tuple[str, ...]], after: int = 0) -> None:
+        """Run (or reuse) every point in `wanted` not yet known, in parallel; `after`: at most how
+        many points the plan runs after these (the progress total)."""
         todo = [o for o in dict.fromkeys(wanted) if o not in self.results]
         tasks: list[PointTask] = []
         for o in todo:
@@ -321,19 +371,39 @@ class PlanRun:
                 self.reused += 1
             else:
                 tasks.append(PointTask(len(tasks), str(self.planner.scenario), o, d))
+        bar = self.progress
+        if bar is not None:
+            bar.set_total(self.ran + len(tasks) + after, bound=after > 0)
         if not tasks:
             return
-        if self.on_batch is not None:
-            self.on_batch(len(tasks))
+        labels = {t.index: point_label(self.planner, t.overrides) for t in tasks}
         done = run_points(
-            tasks, [self.planner.keys[t.overrides] for t in tasks], jobs=self.jobs, finish=self.finish
+            tasks,
+            [self.planner.keys[t.overrides] for t in tasks],
+            jobs=self.jobs,
+            finish=self.finish,
+            on_started=bar.start if bar else None,
+            on_result=(lambda r: bar.finished(labels[r.index], r.status == "ok")) if bar else None,
         )
+        if bar is not None:
+            bar.pause()
         for t, r in zip(tasks, done, strict=True):
             self.results[t.overrides] = r
         self.ran += len(tasks)
 
     def meets(self, o: tuple[str, ...]) -> bool:
         return not misses(self.planner, self.results[o])
+
+
+def point_label(p: Planner, overrides: tuple[str, ...]) -> str:
+    """A point as a progress line names it: its configuration's overrides and its load."""
+    load = float(overrides[-1].split("=", 1)[1]) / p.base_rate_scale
+    return ", ".join([*overrides[:-1], f"load {load_label(round(load, 9))}"])
+
+
+def _rounds(gap: int) -> int:
+    """Bisection rounds that narrow a (bad, good) gap to 1: ceil(log2(gap))."""
+    return max(gap - 1, 0).bit_length()
 
 
 def plan_point_id(overrides: tuple[str, ...]) -> str:
@@ -360,7 +430,12 @@ def search(run: PlanRun) -> dict[tuple[int, int], str | None]:
     # bad: highest index known to miss (-1: none); good: lowest index known to meet (None: unknown)
     state: dict[tuple[int, int], tuple[int, int | None]] = {}
     top = len(values) - 1
-    run.ensure([p.point_overrides(c, values[top], p.loads[li]) for c, li in groups])
+    # Each candidate is then checked at its other loads (run_plan): at most combos x (loads - 1).
+    checks = len(p.combos) * (len(p.loads) - 1)
+    run.ensure(
+        [p.point_overrides(c, values[top], p.loads[li]) for c, li in groups],
+        after=len(groups) * _rounds(len(values)) + checks,
+    )
     for c, li in groups:
         ok = run.meets(p.point_overrides(c, values[top], p.loads[li]))
         state[(c.index, li)] = (-1, top) if ok else (top, None)
@@ -371,8 +446,12 @@ def search(run: PlanRun) -> dict[tuple[int, int], str | None]:
                 probes[(ci, li)] = (bad + good) // 2
         if not probes:
             break
+        later = sum(
+            _rounds(good - bad) - 1 for bad, good in state.values() if good is not None and good - bad > 1
+        )
         run.ensure(
-            [p.point_overrides(p.combos[ci], values[m], p.loads[li]) for (ci, li), m in probes.items()]
+            [p.point_overrides(p.combos[ci], values[m], p.loads[li]) for (ci, li), m in probes.items()],
+            after=later + checks,
         )
         for (ci, li), m in probes.items():
             bad, good = state[(ci, li)]
@@ -418,11 +497,16 @@ def _config_entry(run: PlanRun, combo: Combo, count: str | None) -> dict[str, An
         "label": ", ".join(p.config_overrides(combo, count)) or "(the scenario as written)",
         "count": count,
         "gpus": gpus,
-        "gpu_hour_usd": price,
+        "gpu_hour_usd": price.usd_per_hour,
+        "gpu_hour_basis": str(price.basis),
+        "gpu_hour_source": price.source,
+        "price_warning": price.warning or None,
         "pool_nodes_usd_per_hour": other,
-        "usd_per_hour": gpus * price + other,
+        "usd_per_hour": gpus * price.usd_per_hour + other,
         "meets": meets,
         "worst_miss": _worst(evaluated),
+        "accuracy": p.accuracy.get(p.config_overrides(combo, count)),
+        "excluded_by_budget": p.excluded(p.config_overrides(combo, count)),
         "loads": loads,
     }
 
@@ -448,7 +532,12 @@ def _rel(m: dict[str, Any]) -> float:
     return float(m["value"]) / float(m["bound"]) - 1
 
 
-def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None) -> str:
+def _why_lost(entry: dict[str, Any], choice: dict[str, Any] | None, budget: float | None = None) -> str:
+    if entry.get("excluded_by_budget") and budget is not None:
+        head = f"accuracy estimate {loss_text(entry['accuracy'])} exceeds the budget {budget:.2%} (cited, not measured)"
+        if entry["meets"]:
+            return f"{head}; it meets the SLOs at ${entry['usd_per_hour']:.2f}/h"
+        return f"{head}; and it {_why_lost({**entry, 'excluded_by_budget': False}, choice)}"
     if not entry["meets"]:
         w = entry["worst_miss"]
         if w is None:
@@ -473,14 +562,26 @@ def run_plan(
     jobs: int,
     reuse: bool,
     finish: Finish | None = None,
-    on_batch: Callable[[int], None] | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Search, then write ``plan.json`` and ``plan.csv`` into `out`; returns the plan.json data."""
+    """Search, then write ``plan.json`` and ``plan.csv`` into `out`; returns the plan.json data.
+    `progress`: on stderr, a bar on a terminal, a line per point run when piped (`kvsim.progress`)."""
     (out / POINTS).mkdir(parents=True, exist_ok=True)
     write_atomic(out / "plan.json", json.dumps(_header(planner) | {"state": "running"}, indent=2) + "\n")
-    run = PlanRun(planner, out, jobs, finish, reuse, on_batch=on_batch)
-    mins = search(run)
-    p = planner
+    bar = PointProgress(0, bound=True) if progress else None
+    run = PlanRun(planner, out, jobs, finish, reuse, progress=bar)
+    try:
+        mins = search(run)
+        _check_candidates(run, mins)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return _write_plan(run, mins)
+
+
+def _candidates(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> list[tuple[Combo, str | None]]:
+    """Each combo meeting at every load: with its count, the largest of its per-load minimums."""
+    p = run.planner
     candidates: list[tuple[Combo, str | None]] = []
     for c in p.combos:
         per_load = [mins[(c.index, li)] for li in range(len(p.loads))]
@@ -490,8 +591,19 @@ def run_plan(
             else:
                 need = max(int(v) for v in per_load if v is not None)
                 candidates.append((c, str(need)))
-    # Check each candidate at every load (bisection may have met a load at a smaller count only).
-    run.ensure([p.point_overrides(c, n, k) for c, n in candidates for k in p.loads])
+    return candidates
+
+
+def _check_candidates(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> None:
+    """Run each candidate at every load (bisection may have met a load at a smaller count only)."""
+    p = run.planner
+    run.ensure([p.point_overrides(c, n, k) for c, n in _candidates(run, mins) for k in p.loads])
+
+
+def _write_plan(run: PlanRun, mins: dict[tuple[int, int], str | None]) -> dict[str, Any]:
+    planner, out = run.planner, run.out
+    p = planner
+    candidates = _candidates(run, mins)
     configs: dict[tuple[int, str | None], dict[str, Any]] = {}
     count_pos = {v: i for i, v in enumerate(p.count.values)} if p.count else {}
     for c in p.combos:
@@ -514,14 +626,30 @@ def run_plan(
                     f"{e['label']} misses at {ld['load']} although {p.count.path}={smaller} met it: latency "
                     f"is not monotone in {p.count.path} here; larger counts were not tried"
                 )
-    feasible = sorted((e for e in cand if e["meets"]), key=lambda e: (e["usd_per_hour"], e["combo"]))
+    meeting = sorted((e for e in cand if e["meets"]), key=lambda e: (e["usd_per_hour"], e["combo"]))
+    feasible = [e for e in meeting if not e["excluded_by_budget"]]
     choice = feasible[0] if feasible else None
+    budget = p.max_accuracy_loss
+    # The answer without the budget, when the budget changed it: the cheapest that meets the SLOs.
+    unbudgeted = meeting[0] if meeting and meeting[0] is not choice else None
+    budget_note = None
+    if unbudgeted is not None and budget is not None:
+        budget_note = {
+            "label": unbudgeted["label"],
+            "usd_per_hour": unbudgeted["usd_per_hour"],
+            "accuracy": unbudgeted["accuracy"],
+            "text": (
+                f"without --max-accuracy-loss {budget:.2%} the choice would be {unbudgeted['label']} at "
+                f"${unbudgeted['usd_per_hour']:.2f}/h; its accuracy estimate {loss_text(unbudgeted['accuracy'])} "
+                "(cited, not measured) exceeds the budget"
+            ),
+        }
     runners: list[dict[str, Any]] = []
     if choice is not None:
-        others = [e for e in feasible[1:]]
+        others = [e for e in meeting if e is not choice]
         infeasible_best = []
         for c in p.combos:
-            if any(e["combo"] == c.index for e in feasible):
+            if any(e["combo"] == c.index for e in meeting):
                 continue
             tried = [e for (ci, _), e in configs.items() if ci == c.index]
             if tried:
@@ -536,22 +664,30 @@ def run_plan(
             if prev:
                 below = max(prev, key=lambda e: count_pos[e["count"]])
         runners = [*([below] if below else []), *others, *sorted(infeasible_best, key=_closeness)]
-        runners = [{**e, "why": _why_lost(e, choice)} for e in runners]
+        runners = [{**e, "why": _why_lost(e, choice, budget)} for e in runners]
         closest = None
     else:
         closest_e = min(configs.values(), key=_closeness) if configs else None
-        closest = {**closest_e, "why": _why_lost(closest_e, None)} if closest_e else None
+        closest = {**closest_e, "why": _why_lost(closest_e, None, budget)} if closest_e else None
     data = _header(planner) | {
         "state": "done",
         "choice": choice,
         "runners_up": runners,
         "closest": closest,
+        "budget_excluded": budget_note,
         "notes": notes,
+        "warnings": price_warnings(planner),
         "configurations": list(configs.values()),
     }
     write_atomic(out / "plan.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
     write_atomic(out / "plan.csv", plan_csv(data))
     return data | {"points_run": run.ran, "points_reused": run.reused}  # not in plan.json: one seed, one file
+
+
+def price_warnings(p: Planner) -> list[str]:
+    """Each distinct warning of the configurations' prices (a scenario-wide ``pricing.gpu_hour``
+    applied to a GPU type other than the scenario's own), in search order."""
+    return list(dict.fromkeys(price.warning for _, price, _ in p.cost.values() if price.warning))
 
 
 def o_count(p: Planner, o: tuple[str, ...]) -> str:
@@ -583,9 +719,16 @@ def _header(p: Planner) -> dict[str, Any]:
             for a in p.axes
         ],
         "loads": [load_label(k) for k in p.loads],
+        "max_accuracy_loss": p.max_accuracy_loss,
+        "accuracy_rule": next(iter(p.accuracy.values()), {}).get("rule"),
+        "accuracy_basis": ESTIMATE_BASIS,
         "cost_basis": (
             "cluster $/hour (GPUs x $/GPU-hour + dedicated pool nodes' $/hour): every configuration "
             "serves the same traffic"
+        ),
+        "price_rule": (
+            "each GPU type at its own $/GPU-hour: pricing.gpu_hour_by_gpu, else pricing.gpu_hour, "
+            "else the GPU preset's price (each row's gpu_hour_source says which)"
         ),
     }
 
@@ -594,7 +737,13 @@ def plan_csv(data: dict[str, Any]) -> str:
     """One row per point run: its configuration, load, verdict, price and headline metrics."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*CSV_HEAD, "status", "meets", "misses", "gpus", "usd_per_hour", *METRIC_COLUMNS])
+    w.writerow(
+        [
+            *CSV_HEAD,
+            *("status", "meets", "misses", "gpus", "usd_per_hour", "gpu_hour_usd", "gpu_hour_source"),
+            *METRIC_COLUMNS,
+        ]
+    )
     for e in data["configurations"]:
         for ld in e["loads"]:
             if not ld["evaluated"]:
@@ -609,6 +758,8 @@ def plan_csv(data: dict[str, Any]) -> str:
                     "; ".join(m["text"] for m in ld["misses"]),
                     e["gpus"],
                     repr(e["usd_per_hour"]),
+                    repr(e["gpu_hour_usd"]),
+                    e["gpu_hour_source"],
                     *(_cell(ld["metrics"].get(c)) for c in METRIC_COLUMNS),
                 ]
             )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimError
+from kvsim.progress import PointProgress
 from kvsim.results.record import read_summary
 from kvsim.spec.scenario import load_scenario
 from kvsim.sweep.define import Factor, SweepPoint, expand
@@ -158,41 +159,6 @@ def finished_result(overrides: tuple[str, ...], run_dir: Path, index: int = 0) -
     return PointResult(index, "ok", "", metrics_of(summary))
 
 
-class _Display:
-    """The sweep's progress bar: points done of those to run, failed, reused, time left."""
-
-    def __init__(self, total: int, reused: int) -> None:
-        self.total, self.reused, self.failed = total, reused, 0
-        self._bar: Any = None
-        self._task: Any = None
-
-    def start(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        reused = f", {self.reused} reused" if self.reused else ""
-        self._bar = Progress(
-            TextColumn("points"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("done, {task.fields[failed]} failed" + reused),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._bar.start()
-        self._task = self._bar.add_task("sweep", total=self.total, failed=0)
-
-    def advance(self, result: PointResult) -> None:
-        self.failed += result.status != "ok"
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1, failed=self.failed)
-
-    def stop(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file, so a reader never sees half of it."""
     tmp = path.with_name(f".{path.name}.partial")
@@ -212,8 +178,8 @@ def run_sweep(
     executor: str = "local",
     ray_address: str | None = None,
 ) -> SweepOutcome:
-    """Run `plan` into `out` (already checked); `reuse`: from `resumable`. `progress`: a rich
-    progress bar on stderr (points done, failed, time left). `executor`: ``local`` (processes on
+    """Run `plan` into `out` (already checked); `reuse`: from `resumable`. `progress`: on stderr, a
+    bar on a terminal, a line per finished point when piped (`kvsim.progress`). `executor`: ``local`` (processes on
     this machine) or ``ray`` (`kvsim.sweep.ray_executor`, at `ray_address` or a local instance)."""
     points_dir = out / POINTS
     points_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +203,13 @@ def run_sweep(
         else:
             tasks.append(PointTask(p.index, str(plan.scenario), p.overrides, points_dir / p.id))
             keys.append(key)
-    display = _Display(len(tasks), len(done)) if progress and tasks else None
+    display = PointProgress(len(tasks), reused=len(done)) if progress and tasks else None
+    labels = {t.index: ", ".join(t.overrides) for t in tasks}
+
+    def advance(r: PointResult) -> None:
+        assert display is not None
+        display.finished(labels[r.index], r.status == "ok")
+
     try:
         if executor == "ray":
             from kvsim.sweep.ray_executor import run_points_ray
@@ -252,7 +224,7 @@ def run_sweep(
             finish=finish,
             before_point=before_point,
             on_started=display.start if display else None,
-            on_result=display.advance if display else None,
+            on_result=advance if display else None,
         )
     finally:
         if display is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -55,6 +54,8 @@ METRICS: tuple[tuple[str, Any], ...] = (
     ("hbm_capacity_bytes", lambda s: s.hbm_capacity_bytes),
     ("prefix_hit_rate", lambda s: s.prefix_hit_rate),
     ("preemptions", lambda s: s.preemptions),
+    # the combined accuracy-loss estimate (cited, not measured; empty for summaries before it)
+    ("accuracy_loss_est", lambda s: s.accuracy_estimate.loss if s.accuracy_estimate else None),
 )
 METRIC_COLUMNS = tuple(name for name, _ in METRICS)
 
@@ -198,22 +199,33 @@ def is_results_csv(path: Path) -> bool:
     return cols[:2] == list(FIXED_COLUMNS) and set(STATUS_COLUMNS + METRIC_COLUMNS) <= set(cols)
 
 
-def pareto_front(points: Sequence[tuple[float | None, float | None]]) -> list[bool]:
-    """For (cost, latency) pairs, both lower-is-better: whether each is on the Pareto front (no
-    other point is at most as costly and at most as slow, and better in one). A pair with a missing
-    or non-finite value is never on it; equal pairs are on it together."""
+# Differences smaller than this share of the larger value are ties for the Pareto front: a
+# simulated cost or latency 0.5% apart is within the model's own error, and marking one point
+# dominated by it would rank noise. The sweep page states it.
+PARETO_REL_TOL = 0.005
 
-    valid: list[tuple[float, float, int]] = sorted(
-        (c, t, i)
-        for i, (c, t) in enumerate(points)
-        if c is not None and t is not None and math.isfinite(c) and math.isfinite(t)
-    )
+
+def pareto_front(points: Sequence[Sequence[float | None]], rel_tol: float = PARETO_REL_TOL) -> list[bool]:
+    """For tuples of objectives, all lower-is-better ((cost, latency), or (cost, latency, accuracy
+    loss)): whether each is on the Pareto front (no other point is no worse in every objective and
+    better in one, where values within `rel_tol` of each other, relative to the larger, count as
+    equal). A tuple with a missing or non-finite value is never on it; equal tuples are on it
+    together."""
+
+    def better(a: float, b: float) -> bool:  # a lower than b by more than the tolerance
+        return a < b - rel_tol * max(abs(a), abs(b))
+
+    valid: list[tuple[list[float], int]] = []
+    for i, pt in enumerate(points):
+        vals = [v for v in pt if v is not None and math.isfinite(v)]
+        if len(vals) == len(pt):
+            valid.append((vals, i))
     on = [False] * len(points)
-    best_cheaper = math.inf  # lowest latency among strictly cheaper points
-    for _, group in itertools.groupby(valid, key=lambda v: v[0]):
-        members = list(group)
-        fastest = members[0][1]  # sorted: the group's lowest latency first
-        for _, t, i in members:
-            on[i] = t == fastest and t < best_cheaper
-        best_cheaper = min(best_cheaper, fastest)
+    for a, i in valid:
+        on[i] = not any(
+            all(not better(y, x) for x, y in zip(b, a, strict=True))
+            and any(better(x, y) for x, y in zip(b, a, strict=True))
+            for b, j in valid
+            if j != i
+        )
     return on

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from kernels.testing import interpreter
+from tests.helpers import run_guarded
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "bench_kernels.py"
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_guarded(
         [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
-        timeout=300,
         cwd=REPO,
         env={**os.environ, **env},
     )
