@@ -337,7 +337,7 @@ def calibrate(args: argparse.Namespace) -> int:
             t_op = time.perf_counter()
             rows = []
             for pt in points(op, grid, model, args.tp, backend):
-                t = timer.time(pt.fn, host=pt.host)
+                t = timer.time(pt.calls(), host=pt.host, before=pt.before)
                 row: dict[str, Any] = dict(pt.params)
                 row.update(
                     {

@@ -1,29 +1,52 @@
-"""Timing harness: percentiles of repeated calls on CUDA (events, L2 flushed) or a CPU (perf_counter).
+"""Timing harness: percentiles of repeated calls on CUDA (events) or a CPU (perf_counter).
 
-On CUDA every rep zeroes a 256 MB buffer first, so no rep finds its operands in L2 (50 MB on an
-H100, 60 MB on an H200), and each call is bracketed by CUDA events. On a CPU each call is timed with
-``time.perf_counter``, after zeroing a buffer twice the last-level cache (at least 64 MB): a serving
-loop streams every layer's weights through the cache each step, so a GEMM timed with its weights
-hot (the same [k, n] operand every rep) ran up to twice as fast as the same GEMM inside a step
-(`kvsim validate` showed it). Reps adapt to a per-point time budget so slow points do not dominate.
+Each op is timed in the state the serving loop leaves it in, with no cache flush between calls:
+
+- **Large read-only operands cold.** A step streams every layer's weights and KV through the
+  cache, so in the loop a GEMM's weight and an attention layer's KV pool are cold when read. The
+  ops (`calibrate.ops`) build several copies of such an operand, and the timer rotates through
+  them (`Timer.time` given a sequence of calls): their total reaches `rotation_bytes`, twice the
+  cache being defeated (the last-level cache on a CPU, the L2 on a GPU), at least 64 MiB and at
+  most 1 GiB (a VM may report its host's whole L3), with at most `MAX_COPIES` copies; one copy
+  when the operand alone reaches it. A copy is last read `rotation_bytes` of other copies ago.
+- **Small ops warm.** Norms, rotary, activations, KV writes, the embedding, sampling and the
+  loop's own overhead are timed with their code and activations warm, as the loop runs them;
+  on a CPU each call right after an untimed GEMM at the model's shapes (`calibrate.ops.Point`'s
+  ``before``), as in the loop, where each follows one: measured on an EPYC, one GEMM before a
+  layer's norms and rotary made them 2-2.5x slower than back-to-back calls (reading 7 MiB first
+  did not), so back-to-back timing underpriced them. The ops the loop runs once per layer or once per step
+  (the KV write; the embedding, sampling and its own overhead) follow instead one row through the
+  GEMM weights the loop streams between two of their calls (`calibrate.ops._after_weights`: one
+  layer's, or every layer's and the LM head, at most `rotation_bytes`): after one GEMM they were
+  still 2-3x faster than in the loop.
+
+Before, every call zeroed a buffer of twice the LLC: each op ran fully cold, small ones 3-5x
+slower than in the loop, and a VM reporting a 480 MiB L3 waited for a 960 MiB zero per call.
+
+On CUDA each call is bracketed by CUDA events after a queued sleep (so that the host's launch is
+not timed as kernel time); host work (`host=True`) by the host's clock between two
+synchronisations. On a CPU each call is timed with ``time.perf_counter``. Reps adapt to a
+per-point time budget so slow points do not dominate.
 
 Left out: CUDA graphs (launch overhead is part of what the simulator's steps pay), clock locking.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-FLUSH_BYTES = 256 * 1024 * 1024
-CPU_FLUSH_MIN_BYTES = 64 * 1024 * 1024
+ROTATE_MIN_BYTES = 64 * 1024 * 1024
+ROTATE_MAX_BYTES = 1024 * 1024 * 1024
+MAX_COPIES = 256  # a tiny operand is not copied thousands of times (its time is small either way)
 
 
 def cpu_llc_bytes() -> int | None:
@@ -47,6 +70,27 @@ def cpu_llc_bytes() -> int | None:
     return best
 
 
+def cache_bytes(backend: str) -> int | None:
+    """The cache a cold operand must defeat: the CPU's last-level cache, or the GPU's L2."""
+    if backend == "cuda":
+        size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+        return int(size) or None
+    return cpu_llc_bytes()
+
+
+def rotation_bytes(backend: str, cache: int | None = None) -> int:
+    """Total bytes of the copies a large operand is rotated through: twice `cache` (default: the
+    device's, `cache_bytes`), at least `ROTATE_MIN_BYTES`, at most `ROTATE_MAX_BYTES`."""
+    c = cache_bytes(backend) if cache is None else cache
+    return min(ROTATE_MAX_BYTES, max(ROTATE_MIN_BYTES, 2 * (c or 0)))
+
+
+def num_copies(operand_bytes: float, backend: str) -> int:
+    """How many copies of an operand of `operand_bytes` to rotate through (see the module docstring)."""
+    want = math.ceil(rotation_bytes(backend) / max(float(operand_bytes), 1.0))
+    return max(1, min(MAX_COPIES, want))
+
+
 # Device-name substring -> kvsim GPU preset whose peaks (dense bf16 FLOP/s, HBM bytes/s) apply.
 PRESET_BY_NAME = (
     ("H100 PCIe", "h100-pcie"),
@@ -67,34 +111,28 @@ class Timing:
 
 
 class Timer:
-    """Times zero-argument callables on one backend."""
+    """Times zero-argument callables on one backend. No buffer is held and nothing is flushed: a
+    point whose operands must be cold passes its copies' calls, rotated through (`time`)."""
 
     def __init__(self, backend: str, *, warmup: int, max_reps: int, budget_s: float) -> None:
         self.backend, self.warmup, self.max_reps, self.budget_s = backend, warmup, max_reps, budget_s
-        self._flush = (
-            torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if backend == "cuda" else None
-        )
-        self._cpu_flush = (
-            torch.empty(max(CPU_FLUSH_MIN_BYTES, 2 * (cpu_llc_bytes() or 0)) // 4, dtype=torch.int32)
-            if backend == "cpu"
-            else None
-        )
+        self.cuda = backend == "cuda"
 
-    def _once(self, fn: Callable[[], object], host: bool) -> float:
-        if self._flush is not None and host:  # host work (and the device work it waits for)
-            self._flush.zero_()
+    def _once(
+        self, fn: Callable[[], object], host: bool, before: Callable[[], object] | None = None
+    ) -> float:
+        if before is not None:
+            before()
+        if self.cuda and host:  # host work (and the device work it waits for)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
             torch.cuda.synchronize()
             return time.perf_counter() - t0
-        if self._flush is None:
-            if self._cpu_flush is not None:
-                self._cpu_flush.zero_()
+        if not self.cuda:
             t0 = time.perf_counter()
             fn()
             return time.perf_counter() - t0
-        self._flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if hasattr(torch.cuda, "_sleep"):
             # Keep the GPU busy ~50 us more so that the host's launch of `fn` (tens of us for a
@@ -106,17 +144,35 @@ class Timer:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / 1e3
 
-    def time(self, fn: Callable[[], object], *, host: bool = False) -> Timing:
-        """Percentiles of `fn`'s time. ``host``: on CUDA too by the host's clock, between two
-        synchronisations (an op that is host work, as the serving loop's own step: CUDA events
-        after a queued sleep would not count the host time the sleep overlaps)."""
-        for _ in range(self.warmup):
-            fn()
-        if self._flush is not None:
+    def time(
+        self,
+        fn: Callable[[], object] | Sequence[Callable[[], object]],
+        *,
+        host: bool = False,
+        before: Callable[[], object] | None = None,
+    ) -> Timing:
+        """Percentiles of `fn`'s time. `fn` may be a sequence of calls (one per copy of a large
+        operand): call i runs ``fn[i % len(fn)]``, warm-up included, so that each timed call reads
+        a copy the others have pushed out of the cache. ``host``: on CUDA too by the host's clock,
+        between two synchronisations (an op that is host work, as the serving loop's own step:
+        CUDA events after a queued sleep would not count the host time the sleep overlaps).
+        ``before``: an untimed call before each call (warm-up included), the op the loop runs
+        just before this one (`calibrate.ops.Point.before`)."""
+        calls = [fn] if callable(fn) else list(fn)
+        n = len(calls)
+        # Warm-up calls: `warmup` of them, fewer once they have taken the point's budget (a slow
+        # point is warm after one call; more would only add its seconds).
+        done, t0 = 0, time.perf_counter()
+        while done < self.warmup and (done == 0 or time.perf_counter() - t0 < self.budget_s):
+            if before is not None:
+                before()
+            calls[done % n]()
+            done += 1
+        if self.cuda:
             torch.cuda.synchronize()
-        first = self._once(fn, host)
+        first = self._once(calls[done % n], host, before)
         reps = int(min(self.max_reps, max(3, self.budget_s / max(first, 1e-9))))
-        times = [first] + [self._once(fn, host) for _ in range(reps - 1)]
+        times = [first] + [self._once(calls[(done + i) % n], host, before) for i in range(1, reps)]
         p20, p50, p80 = np.percentile(np.asarray(times), [20, 50, 80])
         return Timing(float(p20), float(p50), float(p80), reps)
 

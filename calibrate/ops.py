@@ -21,7 +21,8 @@
   update; on a CPU `compact_kv_ref`): the kept tokens, a quarter of its context, moved to the front,
   over tokens moved x KV format. Work: the moved K/V read and written.
 - ``kv_write``: one layer's quantize-on-write of new tokens (`kernels.kv_write.kv_write`; on a CPU
-  `kv_write_ref`) from bf16 K/V, over tokens x KV format. Work: bf16 read plus the format written.
+  `kv_write_ref`) from K/V in the loop's dtype (`attn_dtype`), over tokens x KV format. Work: bf16
+  read plus the format written.
   Also the decode rows' write of a bf16/fp16 cache (``kvsim validate`` times it in the cache's format).
 - ``step_rest``: a step's work besides GEMMs and attention, the serving loop's own code
   (`validate.model.step_rest`): per part, ``layer`` (one layer's RMSNorms, rotary, residual adds,
@@ -32,6 +33,12 @@
   host's clock (`Point.host`). On CUDA this is the host's work per step (input tensors copied to the GPU, ids read back); kernel launches
   are not in it (each op's timing hides them behind a queued sleep), so a GPU loop without CUDA graphs
   pays launches no op times.
+
+Cold and warm, as the serving loop leaves each op (`calibrate.harness`): a GEMM's weight is rotated
+through copies, and attention (``paged_decode``, ``chunked_prefill``'s prefix, ``h2o_accumulate``)
+reads its KV from disjoint blocks of one pool per format (`KVRotation`), so that their total
+reaches `calibrate.harness.rotation_bytes`; every other op runs warm. Queries, keys and values
+enter attention and ``kv_write`` in the loop's dtype (`attn_dtype`: fp16 on CUDA, fp32 on a CPU).
 
 Left out: MoE expert GEMMs, MLA attention, all-reduce (no multi-GPU), sampling other than greedy.
 """
@@ -46,6 +53,7 @@ from typing import Any
 
 import torch
 
+from calibrate.harness import MAX_COPIES, num_copies, rotation_bytes
 from kvsim.costs.work import (
     QUANT_FLOPS_PER_ELEMENT,
     attn_flops_per_pair_layer,
@@ -237,12 +245,27 @@ class Point:
     nbytes: float
     flops: float
     host: bool = False  # timed by the host's clock on CUDA too (`calibrate.harness.Timer.time`)
+    # The calls the timer rotates through, one per copy of a large read-only operand (`fn` is the
+    # first); empty: `fn` alone, warm (`calibrate.harness`).
+    copies: tuple[Callable[[], object], ...] = ()
+    # An untimed call before each timed one: the op the serving loop runs just before (a CPU's
+    # small ops follow a GEMM there, `calibrate.harness`).
+    before: Callable[[], object] | None = None
+
+    def calls(self) -> tuple[Callable[[], object], ...]:
+        return self.copies or (self.fn,)
 
 
-# Queries in fp16: the kernels' fp16 path runs fp16 tensor-core dots (as fast as bf16 ones on Hopper);
-# their bf16 path upcasts to fp32 dots (kept for the Triton interpreter's bf16-dot defect), which
-# would time a slower kernel than a bf16 production engine runs.
+# Queries in fp16 on CUDA: the kernels' fp16 path runs fp16 tensor-core dots (as fast as bf16 ones on
+# Hopper); their bf16 path upcasts to fp32 dots (kept for the Triton interpreter's bf16-dot defect),
+# which would time a slower kernel than a bf16 production engine runs.
 Q_DTYPE = torch.float16
+
+
+def attn_dtype(backend: str) -> torch.dtype:
+    """The dtype of the queries, keys and values entering the attention and KV-write kernels, as
+    `validate.model.TinyLlama` feeds them: fp16 on CUDA (`Q_DTYPE`), fp32 on a CPU (its GEMMs')."""
+    return Q_DTYPE if backend == "cuda" else torch.float32
 
 
 def _kernels() -> tuple[Any, Any] | None:
@@ -295,16 +318,20 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         for layer in GEMM_LAYERS:
             n, k = sh.gemm_nk[layer]
             dt = gemm_dtype(backend)
-            w = torch.randn(k, n, dtype=dt, device=dev)
+            w = _weight(k, n, dt, dev)
+            # The weight cold, as in a step that streams every layer's: rotated through copies.
+            ws = [w] + [w.clone() for _ in range(num_copies(w.numel() * dt.itemsize, backend) - 1)]
             for m in grid.lm_head_m if layer == "lm_head" else grid.gemm_m:
                 a = torch.randn(m, k, dtype=dt, device=dev)
+                calls = tuple(partial(torch.matmul, a, wi) for wi in ws)
                 yield Point(
                     {"layer": layer, "m": m, "n": n, "k": k},
-                    lambda a=a, w=w: torch.matmul(a, w),
+                    calls[0],
                     gemm_bytes(m, n, k, operand_bytes=dt.itemsize, out_bytes=dt.itemsize),
                     gemm_flops(m, n, k),
+                    copies=calls if len(calls) > 1 else (),
                 )
-            del w
+            del w, ws
     elif op == "paged_decode":
         yield from _decode_points(grid, model, tp, backend)
     elif op == "chunked_prefill":
@@ -322,9 +349,10 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
     elif op == "step_overhead":
         from validate.loop import empty_step
 
+        after = _after_weights(model, sh, backend, "step")
         for rows in grid.decode_batch:
             fn = empty_step(rows, device=backend)
-            yield Point({"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True)
+            yield Point({"rows": rows, "impl": "validate.loop.step"}, fn, 0.0, 0.0, host=True, before=after)
     elif op == "copy":
         for nbytes in grid.copy_bytes:
             nbytes = int(nbytes)
@@ -353,9 +381,146 @@ def points(op: str, grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
         raise ValueError(op)
 
 
+class KVRotation:
+    """One layer's KV pool per format, `rotation_bytes` large and filled once, from which each point
+    takes disjoint blocks per copy (`tables`): attention reads its KV cold, as in a step that
+    streams every layer's weights and KV, without a pool allocated and filled per point."""
+
+    def __init__(self, sh: Shapes, backend: str, block_size: int = 16) -> None:
+        self.sh, self.backend, self.block_size = sh, backend, block_size
+        self.pools: dict[str, Any] = {}
+        self.gen = torch.Generator().manual_seed(0)
+
+    def cache(self, fmt: str) -> Any:
+        if fmt not in self.pools:
+            from kernels.kv_cache import PagedKVCache
+            from kernels.paged_decode import make_inputs
+
+            sh, bs = self.sh, self.block_size
+            row = PagedKVCache.allocate(fmt, 1, bs, sh.kv_heads, sh.head_dim).pool.shape[1]
+            blocks = max(1, rotation_bytes(self.backend) // row)
+            # A seed of random K/V (make_inputs' fill), tiled over the pool: filling the whole pool
+            # with fresh random values would cost seconds per format on a CPU.
+            seed = make_inputs(
+                fmt, 1, min(blocks, 256) * bs, sh.kv_heads, sh.head_dim, num_q_heads=sh.heads,
+                block_size=bs, device=self.backend,
+            )["cache"]  # fmt: skip
+            cache = PagedKVCache.allocate(
+                fmt, blocks, bs, sh.kv_heads, sh.head_dim, self.backend,
+                k_fp8_scale=seed.k.fp8_scale, v_fp8_scale=seed.v.fp8_scale,
+                k_codebook=seed.k.codebook, v_codebook=seed.v.codebook,
+            )  # fmt: skip
+            src = seed.pool
+            for lo in range(0, blocks, src.shape[0]):
+                hi = min(blocks, lo + src.shape[0])
+                cache.pool[lo:hi].copy_(src[: hi - lo])
+            self.pools[fmt] = cache
+        return self.pools[fmt]
+
+    def tables(self, fmt: str, batch: int, tokens: int) -> list[torch.Tensor] | None:
+        """Block tables [batch, blocks per sequence] of each copy, over disjoint shuffled blocks of
+        the pool (as many copies as fit, at most `MAX_COPIES`); None when one copy does not fit
+        (its KV alone is larger than the rotation, so it streams through the cache every call)."""
+        cache = self.cache(fmt)
+        per_seq = max(1, -(-tokens // self.block_size))
+        need = batch * per_seq
+        blocks = cache.spec.num_blocks
+        if need > blocks:
+            return None
+        n = min(MAX_COPIES, blocks // need)
+        perm = torch.randperm(blocks, generator=self.gen)[: n * need].view(n, batch, per_seq)
+        return [t.to(torch.int32).to(self.backend) for t in perm]
+
+
+def _after_gemm(sh: Shapes, backend: str) -> Callable[[int], Callable[[], object] | None]:
+    """`Point.before` of a small op over `n` tokens: on a CPU an untimed GEMM of the layer's output
+    projection at `n` rows (in the loop each small op follows a GEMM, `calibrate.harness`); None
+    on CUDA (the kernels' time does not depend on what ran before)."""
+    if backend == "cuda":
+        return lambda n: None
+    nn, k = sh.gemm_nk["o"]
+    w = _weight(k, nn, gemm_dtype(backend), backend)
+    return lambda n: partial(torch.matmul, torch.randn(max(n, 1), k, dtype=w.dtype), w)
+
+
+def _after_weights(model: ModelSpec, sh: Shapes, backend: str, scope: str) -> Callable[[], object] | None:
+    """`Point.before` of a small op that the loop runs once per layer (`scope` ``layer``: the KV
+    write) or once per step (``step``: the embedding, sampling, the loop's own overhead): on a CPU,
+    one row through the GEMM weights the loop streams between two calls of the op, in the loop's
+    order (one layer's o, gate_up, down and qkv; every layer's and the LM head for a step), as
+    distinct [k, n] weights of the model's shapes, at most `calibrate.harness.rotation_bytes` of
+    them (more would leave the cache no colder). Measured on an EPYC at the validate model's shapes
+    (4 layers, 84 MiB of fp32 weights): the loop's KV write took 3x, its embedding 5-8x the
+    back-to-back time, and one GEMM before them covered half of that. None on CUDA."""
+    if backend == "cuda":
+        return None
+    dt = gemm_dtype(backend)
+    cap = rotation_bytes(backend)
+    order = [sh.gemm_nk[name] for name in ("o", "gate_up", "down", "qkv")]
+    shapes = order if scope == "layer" else order * model.num_layers + [sh.gemm_nk["lm_head"]]
+    calls: list[Callable[[], object]] = []
+    total = 0
+    rows: dict[int, torch.Tensor] = {}
+    for nn, k in shapes:
+        if total >= cap:
+            break
+        x = rows.setdefault(k, torch.randn(1, k, dtype=dt, device=backend))
+        calls.append(partial(torch.matmul, x, _weight(k, nn, dt, backend)))
+        total += nn * k * dt.itemsize
+
+    def sweep() -> None:
+        for c in calls:
+            c()
+
+    return sweep
+
+
+def _weight(k: int, n: int, dt: torch.dtype, dev: str) -> torch.Tensor:
+    """A [k, n] GEMM weight: random rows tiled (a GEMM's time does not depend on the values, and
+    drawing an 8B model's LM head, 2 GiB in fp32, took 5-17 s of a quick CPU calibration)."""
+    rows = min(k, 64)
+    return torch.randn(rows, n, dtype=dt, device=dev).repeat(-(-k // rows), 1)[:k].contiguous()
+
+
+def _decode_copies(
+    rot: KVRotation,
+    fmt: str,
+    b: int,
+    ctx: int,
+    backend: str,
+    scores: bool = False,
+    dtype: torch.dtype | None = None,
+) -> list[dict[str, Any]]:
+    """Inputs of `paged_decode` (with a zero ``scores`` buffer: `h2o_accumulate`'s) per copy: one
+    query batch, each copy's sequences over its own blocks of the rotation pool (`KVRotation`);
+    one copy of its own inputs when the point's KV is larger than the rotation."""
+    sh = rot.sh
+    dtype = attn_dtype(backend) if dtype is None else dtype
+    tabs = rot.tables(fmt, b, ctx)
+    if tabs is None:
+        from kernels import h2o
+        from kernels.paged_decode import make_inputs
+
+        build = h2o.make_inputs if scores else make_inputs
+        return [
+            build(fmt, b, ctx, sh.kv_heads, sh.head_dim, num_q_heads=sh.heads, dtype=dtype, device=backend)
+        ]  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    base: dict[str, Any] = {
+        "q": torch.randn(b, sh.heads, sh.head_dim, generator=gen).to(backend, dtype),
+        "cache": rot.cache(fmt),
+        "context_lens": torch.full((b,), ctx, dtype=torch.int32, device=backend),
+        "sm_scale": sh.head_dim**-0.5,
+    }
+    if scores:
+        base["scores"] = torch.zeros(b, sh.kv_heads, ctx, device=backend)
+    return [{**base, "block_tables": t} for t in tabs]
+
+
 def _decode_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
     sh = Shapes.of(model, tp)
     kern = _kernels()
+    rot = KVRotation(sh, backend)
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
         per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
@@ -370,28 +535,25 @@ def _decode_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Itera
                     )
                     continue
                 pd = kern[0]
-                inp = pd.make_inputs(
-                    fmt.name,
-                    b,
-                    ctx,
-                    sh.kv_heads,
-                    sh.head_dim,
-                    num_q_heads=sh.heads,
-                    dtype=Q_DTYPE,
-                    device=backend,
-                )
                 if backend == "cuda":
                     params["impl"] = "triton:kernels.paged_decode"
-                    fn = partial(pd.paged_decode, **inp, max_context_len=ctx)
+                    calls = [partial(pd.paged_decode, **inp, max_context_len=ctx)
+                             for inp in _decode_copies(rot, fmt.name, b, ctx, backend)]  # fmt: skip
                 else:
                     params["impl"] = "torch:kernels.paged_decode.paged_decode_ref"
-                    fn = partial(pd.paged_decode_ref, **inp)
-                yield Point(params, fn, b * ctx * per_tok, flops)
+                    calls = [partial(pd.paged_decode_ref, **inp)
+                             for inp in _decode_copies(rot, fmt.name, b, ctx, backend)]  # fmt: skip
+                yield Point(params, calls[0], b * ctx * per_tok, flops, copies=_rot(calls))
+
+
+def _rot(calls: list[Callable[[], object]]) -> tuple[Callable[[], object], ...]:
+    return tuple(calls) if len(calls) > 1 else ()
 
 
 def _prefill_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
     sh = Shapes.of(model, tp)
     kern = _kernels()
+    rot = KVRotation(sh, backend)
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
         per_tok = kv_bytes_per_token_layer_gpu(model, fmt, tp)
@@ -407,32 +569,44 @@ def _prefill_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iter
                     )
                     continue
                 cp = kern[1]
+                tabs = rot.tables(fmt.name, 1, prefix + chunk)
+                # The chunk's queries and new K/V (warm, as the loop's activations), and the cached
+                # prefix cold: each copy over its own blocks of the rotation pool.
                 inp = cp.make_inputs(
                     fmt.name,
                     1,
-                    prefix,
+                    prefix if tabs is None else 0,
                     chunk,
                     sh.kv_heads,
                     sh.head_dim,
                     num_q_heads=sh.heads,
-                    dtype=Q_DTYPE,
+                    dtype=attn_dtype(backend),
                     device=backend,
                 )
-                if backend == "cuda":
-                    params["impl"] = "triton:kernels.chunked_prefill"
-                    # Slots and the chunk length given up front: otherwise each timed call
-                    # synchronises with the device and launches small torch ops to derive them.
-                    slots = cp.chunk_slot_mapping(
-                        inp["block_tables"],
-                        inp["query_start_loc"],
-                        inp["seq_lens"],
-                        inp["cache"].spec.block_size,
-                    )
-                    fn = partial(cp.chunked_prefill, **inp, slot_mapping=slots, max_query_len=chunk)
-                else:
-                    params["impl"] = "torch:kernels.chunked_prefill.chunked_prefill_ref"
-                    fn = partial(cp.chunked_prefill_ref, **inp)
-                yield Point(params, fn, nbytes, flops)
+                copies = [inp]
+                if tabs is not None:
+                    lens = torch.full((1,), prefix + chunk, dtype=torch.int32, device=backend)
+                    copies = [{**inp, "cache": rot.cache(fmt.name), "block_tables": t, "seq_lens": lens}
+                              for t in tabs]  # fmt: skip
+                calls: list[Callable[[], object]] = []
+                for c in copies:
+                    if backend == "cuda":
+                        # Slots and the chunk length given up front: otherwise each timed call
+                        # synchronises with the device and launches small torch ops to derive them.
+                        slots = cp.chunk_slot_mapping(
+                            c["block_tables"], c["query_start_loc"], c["seq_lens"], c["cache"].spec.block_size
+                        )
+                        calls.append(
+                            partial(cp.chunked_prefill, **c, slot_mapping=slots, max_query_len=chunk)
+                        )
+                    else:
+                        calls.append(partial(cp.chunked_prefill_ref, **c))
+                params["impl"] = (
+                    "triton:kernels.chunked_prefill"
+                    if backend == "cuda"
+                    else "torch:kernels.chunked_prefill.chunked_prefill_ref"
+                )
+                yield Point(params, calls[0], nbytes, flops, copies=_rot(calls))
 
 
 def _dense_sdpa(
@@ -458,6 +632,7 @@ def _score_points(
     from kernels.paged_decode import paged_decode
 
     sh = Shapes.of(model, tp)
+    rot = KVRotation(sh, backend)
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
         per_tok = h2o_accumulate_bytes_per_token_layer(model, fmt, tp)
@@ -465,21 +640,20 @@ def _score_points(
             for ctx in grid.score_context:
                 params: dict[str, Any] = {"batch": b, "context": ctx, "format": fmt.name}
                 flops = float(attn_flops_per_pair_layer(model, tp) // 2 * b * ctx)  # QK^T
-                inp = h2o.make_inputs(
-                    fmt.name, b, ctx, sh.kv_heads, sh.head_dim, num_q_heads=sh.heads, dtype=Q_DTYPE,
-                    device=backend,
-                )  # fmt: skip
+                # The K read cold: each copy over its own blocks of the rotation pool.
+                copies = _decode_copies(rot, fmt.name, b, ctx, backend, scores=True, dtype=Q_DTYPE)
                 if triton:
                     params["impl"] = "triton:kernels.h2o.h2o_accumulate"
                     # The step's log-sum-exp comes with its attention output (paged_decode's
-                    # return_lse): only the accumulation is timed.
-                    dec = {k: v for k, v in inp.items() if k != "scores"}
+                    # return_lse): only the accumulation is timed. The first copy's serves all
+                    # (the values do not change the time).
+                    dec = {k: v for k, v in copies[0].items() if k != "scores"}
                     _, lse = paged_decode(**dec, max_context_len=ctx, return_lse=True)
-                    fn = partial(h2o.h2o_accumulate, **inp, lse=lse, max_context_len=ctx)
+                    calls = [partial(h2o.h2o_accumulate, **c, lse=lse, max_context_len=ctx) for c in copies]
                 else:
                     params["impl"] = "torch:kernels.h2o.h2o_accumulate_ref"
-                    fn = partial(h2o.h2o_accumulate_ref, **inp)
-                yield Point(params, fn, b * ctx * per_tok, flops)
+                    calls = [partial(h2o.h2o_accumulate_ref, **c) for c in copies]
+                yield Point(params, calls[0], b * ctx * per_tok, flops, copies=_rot(calls))
 
 
 def _select_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
@@ -534,13 +708,15 @@ def _write_points(
     from kernels import kv_write
 
     sh = Shapes.of(model, tp)
+    after = _after_weights(model, sh, backend, "layer")
     for fmt_name in grid.formats:
         fmt = format_from_name(fmt_name)
         per_tok = quant_write_bytes_per_token_layer(model, fmt, tp)
         elements = 2 * sh.kv_heads * sh.head_dim
         for n in grid.write_tokens:
+            # K/V in the dtype the serving loop writes them in (warm: a small op, `calibrate.harness`).
             inp = kv_write.make_inputs(
-                fmt.name, n, sh.kv_heads, sh.head_dim, device=backend, dtype=torch.bfloat16
+                fmt.name, n, sh.kv_heads, sh.head_dim, device=backend, dtype=attn_dtype(backend)
             )
             params: dict[str, Any] = {"tokens": n, "format": fmt.name}
             if triton:
@@ -549,7 +725,13 @@ def _write_points(
             else:
                 params["impl"] = "torch:kernels.kv_write.kv_write_ref"
                 fn = partial(kv_write.kv_write_ref, **inp)
-            yield Point(params, fn, n * per_tok, float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]))
+            yield Point(
+                params,
+                fn,
+                n * per_tok,
+                float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]),
+                before=after,
+            )
 
 
 def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterator[Point]:
@@ -568,13 +750,20 @@ def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterato
         "vocab": sh.gemm_nk["lm_head"][0],
     }
     dt = gemm_dtype(backend)
+    after = _after_gemm(sh, backend)
+    after_step = _after_weights(model, sh, backend, "step")
     for part in STEP_REST_PARTS:
         per_tok = step_rest_bytes_per_token(model, tp, part)
         sizes = grid.lm_head_m if part == "sample" else grid.gemm_m
 
-        def call(n: int, part: str = part) -> Callable[[], object]:
+        # One embedding table for every size, written (see `step_rest`).
+        table = (
+            torch.zeros(dims["vocab"], dims["hidden"], device=backend, dtype=dt) if part == "embed" else None
+        )
+
+        def call(n: int, part: str = part, table: torch.Tensor | None = table) -> Callable[[], object]:
             adt = Q_DTYPE if backend == "cuda" else dt
-            return step_rest(part, n, **dims, device=backend, dtype=dt, attn_dtype=adt)
+            return step_rest(part, n, **dims, device=backend, dtype=dt, attn_dtype=adt, table=table)
 
         # The largest size first, untimed: a serving loop has run its largest steps before (its
         # warm-up), so its allocator serves these tensors from the heap; timed cold, glibc's
@@ -585,5 +774,9 @@ def _rest_points(grid: Grid, model: ModelSpec, tp: int, backend: str) -> Iterato
         del warm
         for n in sizes:
             yield Point(
-                {"part": part, "tokens": n, "impl": "validate.model.step_rest"}, call(n), n * per_tok, 0.0
+                {"part": part, "tokens": n, "impl": "validate.model.step_rest"},
+                call(n),
+                n * per_tok,
+                0.0,
+                before=after(n) if part == "layer" else after_step,
             )

@@ -62,6 +62,7 @@ from kvsim.spec.models import ModelSpec
 from kvsim.spec.scenario import Scenario, scenario_from_dict
 from kvsim.spec.workload import Workload
 from kvsim.spec.yaml_loader import read_yaml
+from kvsim.validation_ops import per_op_lines, per_op_markdown, per_op_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = ROOT / "scenarios" / "validate.yaml"
@@ -799,7 +800,7 @@ def _validate(args: Any) -> int:
         profs.append(json.loads(prof_path.read_text()))
         loads[f"after_calibration{tag}"] = _load_average()
         cfg_path = out / "validate-config.json"
-        cfg_path.write_text(json.dumps({**run_cfg, "repeats": n_runs}) + "\n")
+        cfg_path.write_text(json.dumps({**run_cfg, "repeats": n_runs, "op_timing": r == len(rounds)}) + "\n")
         say(f"executing {len(wl)} requests, {n_runs} run{'s' if n_runs > 1 else ''} after a warm-up")
         rec_path = out / f"records{tag}.json"
         _child("validate", ["--config", str(cfg_path), "--out", str(rec_path)], "execution",
@@ -807,6 +808,7 @@ def _validate(args: Any) -> int:
         got = json.loads(rec_path.read_text())
         loads[f"after_execution{tag}"] = _load_average()
         records = records or got
+        op_run = got.get("op_run")  # the last round's per-op run (`kvsim.validation_ops`)
         runs.extend((r, run) for run in got["runs"])
     device_name = str(records["device"]["name"])
     say("simulating with the profile and the analytic model")
@@ -912,10 +914,11 @@ def _validate(args: Any) -> int:
         # load between the calibration and the execution moves the errors more than anything else.
         "load_average": loads,
         "targets": {"p50_abs_error": TARGET_P50, "p99_abs_error": TARGET_P99, "kv_blocks": "identical"},
+        "per_op": per_op_summary(costs[-1]["profile"], op_run),
     }
     try:
         (out / "validate.json").write_text(json.dumps(_finite(data), indent=1) + "\n")
-        (out / "validate.md").write_text(markdown_table(data))
+        (out / "validate.md").write_text(markdown_table(data) + per_op_markdown(data["per_op"]))
         tag = "" if len(rounds) == 1 else f"-{runs[median_run - 1][0]}"
         page, _ = compare_page(
             [str(out / f"exec-{median_run}"), str(out / f"sim-profile{tag}"), str(out / f"sim-analytic{tag}")]
@@ -929,7 +932,7 @@ def _validate(args: Any) -> int:
     la = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in loads.items() if v is not None)
     if la:
         print(f"host load average: {la}")
-    for line in table_lines(data):
+    for line in [*table_lines(data), *per_op_lines(data["per_op"])]:
         print(line)
     print(f"wrote {shown / 'validate.json'}, {shown / 'validate.html'}")
     return 0

@@ -161,3 +161,55 @@ def test_progress_is_one_line_per_op_when_stdout_is_not_a_terminal(tmp_path):
     assert lines[1].startswith("calibrate: paged_decode: 4/4 points in ") and "(7/7 in all" in lines[1]
     assert lines[2].startswith("wrote ")
     assert load_profile(out)["gemm_dtype"] == "float32"  # a CPU times fp32 GEMMs
+
+
+def test_a_huge_reported_cache_bounds_the_rotation_and_the_timer_does_nothing_between_calls(monkeypatch):
+    """Issue 31: a VM reporting a 480 MiB L3 made the timer zero 960 MiB before every call. Now the
+    reported cache only sizes the rotation (twice it, 64 MiB to 1 GiB); the timer holds no buffer
+    and runs the same calls whatever the cache; and the points' copies stay within the cap."""
+    import dataclasses
+
+    import torch
+
+    from calibrate import harness
+    from calibrate.ops import make_grid, points
+    from kvsim.spec.models import load_model
+
+    mib = 1 << 20
+    for llc, want in ((None, 64 * mib), (32 * mib, 64 * mib), (480 * mib, 960 * mib), (4 << 30, 1 << 30)):
+        monkeypatch.setattr(harness, "cpu_llc_bytes", lambda llc=llc: llc)
+        assert harness.rotation_bytes("cpu") == want
+    seen = []
+    for llc in (32 * mib, 4 << 30):
+        monkeypatch.setattr(harness, "cpu_llc_bytes", lambda llc=llc: llc)
+        timer = harness.Timer("cpu", warmup=2, max_reps=3, budget_s=1.0)
+        assert not [v for v in vars(timer).values() if isinstance(v, torch.Tensor)]
+        calls: list[int] = []
+        timer.time([lambda i=i, calls=calls: calls.append(i) for i in range(3)])
+        seen.append(calls)
+    assert seen[0] == seen[1] == [0, 1, 2, 0, 1]  # 2 warm-up calls, 3 reps, rotated through the copies
+    # A 4 GiB cache reported, the cap lowered to keep the test small: every rotation is the cap.
+    monkeypatch.setattr(harness, "ROTATE_MAX_BYTES", 4 * mib)
+    model = dataclasses.replace(
+        load_model("llama-3.1-8b"), hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32,
+        intermediate_size=256, vocab_size=1024,
+    )  # fmt: skip
+    grid = dataclasses.replace(make_grid("cpu", True, None), gemm_m=(1,), lm_head_m=(1,), decode_batch=(1, 4),
+                               decode_context=(32, 4096))  # fmt: skip
+    for pt in points("gemm", grid, model, 1, "cpu"):
+        ws = [c.args[1] for c in pt.calls()]
+        one = ws[0].numel() * 4
+        assert len({w.data_ptr() for w in ws}) == len(ws)  # distinct copies
+        assert len(ws) == min(harness.MAX_COPIES, -(-4 * mib // one)) and (len(ws) - 1) * one < 4 * mib
+    dec = list(points("paged_decode", grid, model, 1, "cpu"))
+    for pt in dec:
+        tabs = [c.keywords["block_tables"] for c in pt.calls()]
+        cache = pt.calls()[0].keywords["cache"]
+        if cache.spec.num_blocks * cache.pool.shape[1] <= 4 * mib:  # the shared rotation pool
+            blocks = torch.cat([t.flatten() for t in tabs])
+            assert blocks.unique().numel() == blocks.numel()  # disjoint copies
+            assert blocks.numel() * cache.pool.shape[1] <= 4 * mib
+        else:  # 4 x 4096 tokens x 512 bytes: larger than the rotation, one copy of its own
+            assert len(tabs) == 1 and pt.params["batch"] * pt.params["context"] * 512 > 4 * mib
+    assert {len(pt.calls()) > 1 for pt in dec} == {True, False}
+    assert {pt.calls()[0].keywords["q"].dtype for pt in dec} == {torch.float32}  # the CPU loop's dtype

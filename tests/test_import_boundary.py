@@ -40,7 +40,7 @@ LAYERS = [
     ("accuracy", "kvsize", "render", "run", "stack"),
     ("sweep",),
     ("report",),
-    ("validation", "interop"),
+    ("validation", "validation_ops", "interop"),
     ("cli", "__main__", "__init__"),
 ]
 

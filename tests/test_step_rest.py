@@ -239,14 +239,14 @@ def test_the_calibrator_writes_the_ops_at_the_model_shapes(tmp_path):
 
 def test_host_work_is_timed_by_the_host_clock_between_synchronisations(monkeypatch):
     """On CUDA, `step_overhead` (host work) is timed by perf_counter between two synchronisations,
-    after the L2 flush, not by CUDA events; checked here with the device calls stubbed."""
+    not by CUDA events; checked here with the device calls stubbed."""
     torch = pytest.importorskip("torch")
     from calibrate.harness import Timer
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
     timer = Timer("cpu", warmup=0, max_reps=3, budget_s=0.0)
-    timer._flush = torch.zeros(4, dtype=torch.int32)  # as on CUDA: a device flush buffer
+    timer.cuda = True  # as on CUDA
     t = timer.time(lambda: calls.append("fn"), host=True)
     assert t.reps == 3 and calls.count("fn") == 3
     assert calls[:4] == ["sync", "sync", "fn", "sync"]  # after warm-up: sync, then per rep sync fn sync
@@ -315,3 +315,26 @@ def test_a_run_of_mixed_steps_flags_the_overhead_at_each_steps_rows(tmp_path):
         stepped |= cm.price(b).off_grid
     assert "step_overhead" not in stepped
     assert cm.mixed_off_grid(3, dec, 16, pre, smp) == stepped
+
+
+def test_the_per_op_split_of_a_step_sums_to_its_price_and_names_each_op(tmp_path):
+    """`op_parts` (``kvsim validate``'s per-op table) splits a price as the ops price it: the rest's
+    parts, the write and the overhead by hand as above, and nothing left over in ``other``."""
+    cm = _model(tmp_path, _kvsims_prefill(_with_step_ops()))
+    b = ForwardBatch((SeqKind.DECODE, SeqKind.PREFILL), (1, 200), (500, 0), 2)
+    parts = cm.op_parts(b)
+    assert set(parts) == {
+        *(f"gemm:{x}" for x in ("qkv", "o", "gate_up", "down", "lm_head")),
+        "paged_decode", "chunked_prefill", "kv_write", "step_overhead", "other",
+        *(f"step_rest:{x}" for x in ("layer", "embed", "sample")),
+    }  # fmt: skip
+    assert parts["step_overhead"] == pytest.approx(200e-6, rel=1e-12)
+    assert parts["step_rest:layer"] == pytest.approx(32 * 201 * LAYER_B / RATE, rel=1e-12)
+    assert parts["step_rest:sample"] == pytest.approx(2 * SAMPLE_B / RATE, rel=1e-12)
+    assert parts["kv_write"] == pytest.approx(32 * WRITE_BF16 / RATE, rel=1e-12)  # the decode row's
+    assert parts["paged_decode"] == pytest.approx(cm._decode_attn_time(1, np.array([500.0]))[0], rel=1e-12)
+    assert parts["chunked_prefill"] == pytest.approx(cm._prefill_attn_time(200, 0), rel=1e-12)
+    assert abs(parts["other"]) < 1e-12 * cm.price(b).seconds
+    assert sum(parts.values()) == pytest.approx(cm.price(b).seconds, rel=1e-12)
+    mid = ForwardBatch.prefill(200, 0, sampling=False)  # no decode row, no sampled row
+    assert not {"gemm:lm_head", "paged_decode", "kv_write", "step_rest:sample"} & set(cm.op_parts(mid))

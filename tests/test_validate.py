@@ -84,6 +84,12 @@ def test_validate_cpu_quick_end_to_end(tmp_path):
         steps = list(csv.DictReader(f))
     assert len(steps) == ex.steps and max(int(s["kv_used_blocks"]) for s in steps) == ex.kv_peak_used_blocks
     assert (out / "validate.md").read_text().startswith("| metric | measured | profile sim |")
+    # The per-op run (the last round's): each op of the simulation's split timed inside the forward.
+    ops = {r["op"]: r for r in data["per_op"]["ops"]}
+    assert {"gemm:qkv", "gemm:lm_head", "paged_decode", "chunked_prefill", "kv_write", "step_rest:layer",
+            "step_rest:embed", "step_overhead"} <= set(ops)  # fmt: skip
+    assert all(r["loop_ms_per_step"] > 0 < r["profile_ms_per_step"] for n, r in ops.items() if n != "other")
+    assert "op (per-op run)" in proc.stdout and "| op | steps |" in (out / "validate.md").read_text()
     page = (out / "validate.html").read_text()
     assert page.startswith("<!doctype html>") and "<title>kvsim compare: " in page
     assert "Validation: simulated vs measured on CPU" in page

@@ -12,7 +12,8 @@ costs can differ.
 
 Recorded per run: each request's arrival, first scheduling, first token, finish and every token's
 time; each step's composition (decode contexts, prefill chunks and their contexts, rows sampling),
-start, measured duration and KV blocks in use; the pool's occupancy at every step. Times are
+start, measured duration and KV blocks in use; the pool's occupancy at every step. With
+``op_timing`` in the config, one more run times each op of the forward (`validate.opclock`). Times are
 seconds from the run's start, by ``time.perf_counter`` (CUDA: the sampled ids are read back every
 step, which synchronises). A warm-up run is executed and discarded first (a burst of the trace
 on a CPU; on CUDA the trace itself, as Triton compiles each kernel variant on first use); ``repeats`` runs follow, each on a fresh scheduler.
@@ -38,6 +39,7 @@ from kvsim.core.sched.scheduler import Scheduler
 from kvsim.spec.models import load_model
 from validate.blocks import BlockTables
 from validate.model import StepInputs, TinyLlama
+from validate.opclock import NO_CLOCK, OpClock
 
 
 class UsageError(Exception):
@@ -158,9 +160,15 @@ def empty_step(
 
 
 def run_once(
-    cfg: dict[str, Any], model: TinyLlama, max_context: int, *, burst: bool = False
+    cfg: dict[str, Any],
+    model: TinyLlama,
+    max_context: int,
+    *,
+    burst: bool = False,
+    clock: OpClock | None = None,
 ) -> dict[str, Any]:
-    """One run of the trace (`burst`: every request at time 0, for the warm-up)."""
+    """One run of the trace (`burst`: every request at time 0, for the warm-up; `clock`: each op of
+    the forward timed, its seconds per step in ``op_seconds``)."""
     bs, nb = int(cfg["block_size"]), int(cfg["num_blocks"])
     kv = KVCacheManager(nb, bs, enable_caching=False)
     sched = Scheduler(
@@ -193,6 +201,7 @@ def run_once(
         times[i] = []
     live = [r for r in reqs if r.status is not RequestStatus.REJECTED]
     steps: list[list[Any]] = []
+    op_seconds: list[dict[str, float]] = []
     samples: list[list[Any]] = []
     nxt, finished = 0, 0
     order = sorted(range(len(live)), key=lambda j: live[j].arrival_s)
@@ -218,6 +227,8 @@ def run_once(
                         len(sched.running), len(sched.waiting)])  # fmt: skip
         rows, first, done = step(sched, out, tables, tokens, bs, model.device, model.forward)
         t_end = time.perf_counter() - t0
+        if clock is not None:
+            op_seconds.append(clock.take())
         for r in rows:
             times[r.id].append(t_end)
         for r in first:
@@ -261,6 +272,7 @@ def run_once(
             "preempted",
         ],
         "samples": samples,
+        **({"op_seconds": op_seconds} if clock is not None else {}),
     }
 
 
@@ -313,7 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kind = "warm-up run" if k < int(cfg["warmup_runs"]) else f"run {len(runs)}/{cfg['repeats']}"
                 print(f"validate: {kind}: {len(res['steps'])} steps in {res['wall_s']:.1f} s", flush=True)
         info = device_info(device)
-        data = {"device": info, "torch": torch.__version__, "runs": runs}
+        data: dict[str, Any] = {"device": info, "torch": torch.__version__, "runs": runs}
+        if cfg.get("op_timing"):
+            # One more run, not recorded with the others: a clock around each op of the forward
+            # (`kvsim validate`'s per-op table), its steps' seconds per op in ``op_seconds``.
+            model.clock = OpClock(model.cuda)
+            data["op_run"] = run_once(cfg, model, spec.max_context, clock=model.clock)
+            model.clock = NO_CLOCK
+            if cfg.get("progress"):
+                print(f"validate: per-op run: {len(data['op_run']['steps'])} steps", flush=True)
         Path(args.out).write_text(json.dumps(_json_safe(data)) + "\n")
     except UsageError as exc:
         print(f"validate: error: {exc}", file=sys.stderr)

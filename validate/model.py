@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from kernels.kv_cache import PagedKVCache
 from kernels.kv_write import kv_write, kv_write_ref
 from kernels.paged_decode import paged_decode, paged_decode_ref
 from kvsim.spec.models import ModelSpec, TPShapes
+from validate.opclock import NO_CLOCK
 
 
 @dataclass
@@ -100,38 +102,69 @@ class TinyLlama:
         ]
         self.inv_freq = inv_freq(self.head_dim, device)
         self.sm_scale = self.head_dim**-0.5
+        self.clock: Any = NO_CLOCK  # an `OpClock` times each call (``kvsim validate``'s per-op run)
 
     @torch.inference_mode()
     def forward(self, s: StepInputs) -> torch.Tensor:
-        """Run one step; returns the sampled token ids [num_sampling] (on the device)."""
-        x, cos, sin = embed_step(self.embed, self.inv_freq, s.input_ids, s.positions)
+        """Run one step; returns the sampled token ids [num_sampling] (on the device). Each call
+        runs under `self.clock`, named as the simulation's ops split a step (`validate.opclock`)."""
+        c = self.clock
+        with c("step_rest:embed"):
+            x, cos, sin = embed_step(self.embed, self.inv_freq, s.input_ids, s.positions)
         nd = s.num_decode
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         for layer, cache in zip(self.layers, self.caches, strict=True):
-            h = rms_norm(x, layer["norm1"])
-            q, k, v = qkv_rope(h @ layer["qkv"], cos, sin, hq, hk, d, self.attn_dtype)
+            with c("step_rest:layer"):
+                h = rms_norm(x, layer["norm1"])
+            with c("gemm:qkv"):
+                qkv = h @ layer["qkv"]
+            with c("step_rest:layer"):
+                q, k, v = qkv_rope(qkv, cos, sin, hq, hk, d, self.attn_dtype)
             outs: list[torch.Tensor] = []
             if nd:
                 if self.cuda:
-                    kv_write(k[:nd], v[:nd], cache, s.dec_slots)
-                    outs.append(_one(paged_decode(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale)))
+                    with c("kv_write"):
+                        kv_write(k[:nd], v[:nd], cache, s.dec_slots)
+                    with c("paged_decode"):
+                        outs.append(
+                            _one(paged_decode(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                        )
                 else:
-                    kv_write_ref(k[:nd], v[:nd], cache, s.dec_slots)
-                    outs.append(
-                        _one(paged_decode_ref(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
-                    )
+                    with c("kv_write"):
+                        kv_write_ref(k[:nd], v[:nd], cache, s.dec_slots)
+                    with c("paged_decode"):
+                        outs.append(
+                            _one(paged_decode_ref(q[:nd], cache, s.dec_tables, s.dec_lens, self.sm_scale))
+                        )
             if q.shape[0] > nd:
                 args = (q[nd:], k[nd:], v[nd:], cache, s.pre_tables, s.pre_qsl, s.pre_lens, self.sm_scale)
-                if self.cuda:
-                    outs.append(
-                        chunked_prefill(*args, slot_mapping=s.pre_slots, max_query_len=s.max_query_len)
-                    )
-                else:
-                    outs.append(chunked_prefill_ref(*args, slot_mapping=s.pre_slots))
-            attn = torch.cat(outs) if len(outs) > 1 else outs[0]
-            x, h = residual_norm(x, attn_rows(attn, hq * d, self.dtype) @ layer["o"], layer["norm2"])
-            x = x + silu_mul(h @ layer["gate_up"]) @ layer["down"]
-        return greedy(final_rows(x, s.sample_idx, self.final_norm) @ self.lm_head)
+                with c("chunked_prefill"):
+                    if self.cuda:
+                        outs.append(
+                            chunked_prefill(*args, slot_mapping=s.pre_slots, max_query_len=s.max_query_len)
+                        )
+                    else:
+                        outs.append(chunked_prefill_ref(*args, slot_mapping=s.pre_slots))
+            with c("step_rest:layer"):
+                attn = attn_rows(torch.cat(outs) if len(outs) > 1 else outs[0], hq * d, self.dtype)
+            with c("gemm:o"):
+                o = attn @ layer["o"]
+            with c("step_rest:layer"):
+                x, h = residual_norm(x, o, layer["norm2"])
+            with c("gemm:gate_up"):
+                gate_up = h @ layer["gate_up"]
+            with c("step_rest:layer"):
+                act = silu_mul(gate_up)
+            with c("gemm:down"):
+                down = act @ layer["down"]
+            with c("step_rest:layer"):
+                x = x + down
+        with c("step_rest:sample"):
+            rows = final_rows(x, s.sample_idx, self.final_norm)
+        with c("gemm:lm_head"):
+            logits = rows @ self.lm_head
+        with c("step_rest:sample"):
+            return greedy(logits)
 
 
 # ---- the step's work besides GEMMs and attention ------------------------------------------------------
@@ -220,13 +253,15 @@ def step_rest(
     device: str,
     dtype: torch.dtype,
     attn_dtype: torch.dtype,
+    table: torch.Tensor | None = None,
 ) -> Callable[[], object]:
     """A call of the forward's non-GEMM, non-attention work at one model's (per-GPU) shapes:
     ``layer``, one layer's over `n` tokens (the two RMSNorms, the QKV split with rotary on Q and K,
     the residual adds, SiLU-and-mul); ``embed``, the step's embedding lookup and rotary tables over
     `n` tokens; ``sample``, the final norm and greedy pick of `n` sampled rows (the LM head GEMM
     between them is the calibrator's ``gemm`` lm_head). The GEMM outputs are random tensors of
-    their shapes; the embedding table is allocated, not filled (a lookup's cost is the rows read)."""
+    their shapes; the embedding table (`table`, to share one between calls) is zeroed, so that its
+    rows are real memory (an unwritten one maps every row to one zero page, always cached)."""
     gen = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -236,7 +271,8 @@ def step_rest(
     freq = inv_freq(head_dim, device)
     pos = torch.arange(n, device=device)
     if part == "embed":
-        table = torch.empty(vocab, hidden, device=device, dtype=dtype)
+        if table is None:
+            table = torch.zeros(vocab, hidden, device=device, dtype=dtype)
         ids = torch.randint(0, vocab, (n,), generator=gen, device=device)
         return torch.inference_mode()(lambda: embed_step(table, freq, ids, pos))
     if part == "sample":

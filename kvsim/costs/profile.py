@@ -64,8 +64,9 @@ from typing import Any
 import numpy as np
 
 from kvsim.core.eviction import EvictionKind, EvictionWork, eviction_from_config
+from kvsim.core.sched.output import SeqKind
 from kvsim.costs.analytic import AnalyticCostModel, Efficiencies
-from kvsim.costs.base import NO_FLAGS, Chunks, Flags, StepCostModel, StepPrice
+from kvsim.costs.base import NO_FLAGS, Chunks, Flags, ForwardBatch, StepCostModel, StepPrice
 from kvsim.costs.profile_schema import (
     GEMM_LAYERS,
     MODEL_SHAPE_KEYS,
@@ -777,6 +778,62 @@ class ProfileCostModel(StepCostModel):
         ):
             flags.append("kv_write")
         return frozenset(flags) if flags else NO_FLAGS
+
+    def op_parts(self, batch: ForwardBatch) -> dict[str, float]:
+        """`price(batch)`'s seconds split as the profile's ops price them (``kvsim validate``'s
+        per-op table): ``gemm:<layer>`` (times the layers; lm_head over the sampled rows),
+        ``paged_decode``, ``chunked_prefill``, ``kv_write``, ``step_rest:<part>``, ``step_overhead``
+        and ``other`` (the rest of the price: all-reduces, a verify's attention), summing to it.
+        Decode and prefill rows only (no format switch)."""
+        kinds = batch.kinds
+        total = batch.num_tokens
+        dec_ctx = [c for k, c in zip(kinds, batch.ctx_before, strict=True) if k is SeqKind.DECODE]
+        chunks = [
+            (n, c)
+            for k, n, c in zip(kinds, batch.num_new, batch.ctx_before, strict=True)
+            if k is SeqKind.PREFILL
+        ]
+        out: dict[str, float] = {}
+        m = np.array([max(total, 1)], dtype=np.float64)
+        for layer in GEMM_LAYERS:
+            n, k = self._gemm_nk[layer]
+            rate, _ = self._gemm[layer](m)
+            out[f"gemm:{layer}"] = self.model.num_layers * gemm_flops(total, n, k) / float(rate[0])
+        if batch.num_sampling:
+            n, k = self._gemm_nk["lm_head"]
+            rate, _ = self._gemm["lm_head"](np.array([batch.num_sampling], dtype=np.float64))
+            out["gemm:lm_head"] = gemm_flops(batch.num_sampling, n, k) / float(rate[0])
+        if dec_ctx:
+            ctx = np.array([float(sum(dec_ctx))])
+            out["paged_decode"] = float(self._decode_part(len(dec_ctx), ctx, 0, None)[0])
+        if chunks:
+            out["chunked_prefill"] = self.prefill_launch_s + sum(
+                self._prefill_attn_time(n, c) for n, c in chunks
+            )
+        if self._rest is None and self._overhead is None and self._dec_write is None:
+            out["step_overhead"] = self.overhead_s
+        else:
+            out["step_overhead"] = self.step_overhead(len(kinds))
+            for part, n, times in (
+                ("layer", total, self.model.num_layers),
+                ("embed", total, 1),
+                ("sample", batch.num_sampling, 1),
+            ):
+                if n and self._rest is not None:
+                    tab, per_tok = self._rest[part]
+                    rate, _ = tab(np.array([float(n)]))
+                    out[f"step_rest:{part}"] = times * n * per_tok / float(rate[0])
+            written = self._written(total, len(dec_ctx))
+            if self._dec_write is not None and written:
+                out["kv_write"] = sum(
+                    self._kv_layers * written * per_tok / float(tab(np.array([float(written)]))[0][0])
+                    for tab, per_tok in self._dec_write
+                )
+        lossy = self._write_part(total, 0, len(dec_ctx))
+        if lossy:
+            out["kv_write"] = out.get("kv_write", 0.0) + lossy
+        out["other"] = self.price(batch).seconds - sum(out.values())
+        return out
 
     # ---- interface --------------------------------------------------------------------------------
     def _comm_time(self, num_tokens: int) -> float:
