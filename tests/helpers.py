@@ -158,3 +158,36 @@ def assert_auto_swapped_its_held_blocks(
 
     assert round_trip(held) < recompute < round_trip(-(-computed // 16))
     assert (res.summary["swap"]["swaps"], res.summary["swap"]["recomputes"]) == (1, 0)
+
+
+def draw_requests(
+    draw: Any, n: int, gaps: list[float], max_prompt: int, max_output: int
+) -> tuple[list[float], list[int], list[int], list[list[int]]]:
+    """`n` requests for a property test, drawn with hypothesis's `draw`: arrival gaps from `gaps`,
+    prompts of 1..`max_prompt` tokens whose leading 16-token blocks share one of three prefixes
+    (trace hash ids, one per block; fresh ids after the shared part), outputs of 1..`max_output`.
+    Returns (arrivals, prompts, outputs, hash ids). The same draws, in the same order, as the
+    strategies that wrote this loop out before it was shared."""
+    from hypothesis import strategies as st
+
+    g = 16
+    arrivals: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    ids: list[list[int]] = []
+    t, fresh = 0.0, 10**6
+    for _ in range(n):
+        t += draw(st.sampled_from(gaps))
+        p = draw(st.integers(1, max_prompt))
+        nb = -(-p // g)
+        shared = min(draw(st.integers(0, nb)), p // g)
+        base = draw(st.integers(0, 2))
+        h = [base * 1000 + j for j in range(shared)]
+        while len(h) < nb:
+            h.append(fresh)
+            fresh += 1
+        arrivals.append(t)
+        prompts.append(p)
+        outputs.append(draw(st.integers(1, max_output)))
+        ids.append(h)
+    return arrivals, prompts, outputs, ids

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kvsim.run as krun
 from kvsim.sim import offload as koff
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import draw_requests, make_workload, small_scenario
 from tests.test_engine_properties import _check_invariants_and_fast_forward
 
 SLOW = ["1MB/s", "100MB/s", "1GB/s", "35GB/s"]
@@ -22,22 +22,7 @@ SLOW = ["1MB/s", "100MB/s", "1GB/s", "35GB/s"]
 def link_cases(draw):  # type: ignore[no-untyped-def]
     g = 16
     n = draw(st.integers(2, 14))
-    arrivals, prompts, outputs, ids = [], [], [], []
-    t, fresh = 0.0, 10**6
-    for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.005, 0.05, 0.5]))
-        p = draw(st.integers(1, 500))
-        nb = -(-p // g)
-        shared = min(draw(st.integers(0, nb)), p // g)
-        base = draw(st.integers(0, 2))
-        h = [base * 1000 + j for j in range(shared)]
-        while len(h) < nb:
-            h.append(fresh)
-            fresh += 1
-        arrivals.append(t)
-        prompts.append(p)
-        outputs.append(draw(st.integers(1, 80)))
-        ids.append(h)
+    arrivals, prompts, outputs, ids = draw_requests(draw, n, [0.0, 0.005, 0.05, 0.5], 500, 80)
     need = max(-(-(p + o) // g) for p, o in zip(prompts, outputs, strict=True))
     num_blocks = draw(st.integers(need, 2 * need))
     block = 16 * 131072  # a replica's block (tensor parallel 1)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import draw_requests, make_workload, small_scenario
 from tests.test_engine_properties import _check_invariants_and_fast_forward
 
 
@@ -19,22 +19,7 @@ from tests.test_engine_properties import _check_invariants_and_fast_forward
 def pool_node_cases(draw):  # type: ignore[no-untyped-def]
     g = 16
     n = draw(st.integers(2, 16))
-    arrivals, prompts, outputs, ids = [], [], [], []
-    t, fresh = 0.0, 10**6
-    for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.005, 0.05, 0.5]))
-        p = draw(st.integers(1, 600))
-        nb = -(-p // g)
-        shared = min(draw(st.integers(0, nb)), p // g)
-        base = draw(st.integers(0, 2))
-        h = [base * 1000 + j for j in range(shared)]
-        while len(h) < nb:
-            h.append(fresh)
-            fresh += 1
-        arrivals.append(t)
-        prompts.append(p)
-        outputs.append(draw(st.integers(1, 120)))
-        ids.append(h)
+    arrivals, prompts, outputs, ids = draw_requests(draw, n, [0.0, 0.005, 0.05, 0.5], 600, 120)
     need = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs, strict=True))
     num_blocks = draw(st.integers(need, 2 * need))
     tp = draw(st.sampled_from([1, 1, 2]))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvsim.core.request import Request
 from kvsim.core.router import ReplicaView, Router
 from kvsim.run import run_scenario
-from tests.helpers import make_workload, small_scenario
+from tests.helpers import draw_requests, make_workload, small_scenario
 
 
 def scan(router: Router, req: Request, now: float) -> ReplicaView:
@@ -33,22 +33,7 @@ def scan(router: Router, req: Request, now: float) -> ReplicaView:
 @st.composite
 def runs(draw):  # type: ignore[no-untyped-def]
     n = draw(st.integers(4, 40))
-    t, arrivals, prompts, outputs, ids = 0.0, [], [], [], []
-    fresh = 10**6
-    for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.002, 0.02, 0.3]))
-        p = draw(st.integers(1, 600))
-        nb = -(-p // 16)
-        shared = min(draw(st.integers(0, nb)), p // 16)
-        base = draw(st.integers(0, 2))
-        h = [base * 1000 + j for j in range(shared)]
-        while len(h) < nb:
-            h.append(fresh)
-            fresh += 1
-        arrivals.append(t)
-        prompts.append(p)
-        outputs.append(draw(st.integers(1, 120)))
-        ids.append(h)
+    arrivals, prompts, outputs, ids = draw_requests(draw, n, [0.0, 0.002, 0.02, 0.3], 600, 120)
     policy = draw(
         st.sampled_from(["least_outstanding_tokens", "least_outstanding_requests", "prefix_affinity"])
     )
