@@ -76,8 +76,9 @@ def assemble(
     make_scheduler: Callable[..., Scheduler],
     kv_events: KVEventLog | None = None,
 ) -> AssembledRun:
-    """Build `sc`'s run over workload `wl`: `make_scheduler` builds each replica's scheduler (with
-    the plan's blocks); `kv_events`: the log the replicas' KV events go to (None: none kept)."""
+    """Build `sc`'s run over workload `wl`: `make_scheduler` builds each replica's scheduler (called
+    as `kvsim.sim.cluster.make_pool_and_scheduler`: the plan's blocks and the scheduler's limits,
+    then the keywords ``eviction`` and ``spec``); `kv_events`: the log the replicas' KV events go to (None: none kept)."""
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
     use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
@@ -113,9 +114,9 @@ def assemble(
             sc.scheduler.max_batched_tokens,
             sc.scheduler.chunked_prefill,
             caching,
+            eviction=evictor or window or switch,
+            spec=spec,
         )
-        sched.kv.set_eviction(evictor or window or switch)
-        sched.spec = spec
         sink = None if kv_events is None else kv_events.pool_sink(i)
         if sink is not None:
             sched.kv.pool.listen(sink)
