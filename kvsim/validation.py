@@ -323,13 +323,14 @@ def _composition(dec_ctx: Any, pre_new: Any, pre_ctx: Any, used: int) -> tuple[A
 def _simulate(sc: Scenario) -> tuple[RunResult, list[tuple[Any, ...]]]:
     made: list[_RecordingScheduler] = []
 
-    def make(*args: Any) -> Scheduler:
-        base = make_pool_and_scheduler(*args)
+    def make(*args: Any, **kw: Any) -> Scheduler:
+        base = make_pool_and_scheduler(*args, **kw)
         s = _RecordingScheduler(
             base.kv,
             max_num_seqs=base.max_num_seqs,
             max_batched_tokens=base.max_batched_tokens,
             chunked_prefill=base.chunked_prefill,
+            spec=base.spec,
         )
         made.append(s)
         return s

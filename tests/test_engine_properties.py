@@ -98,13 +98,24 @@ class CheckedScheduler(Scheduler):
 made: list[CheckedScheduler] = []
 
 
-def _checked(num_blocks, block_size, max_num_seqs, max_batched_tokens, chunked_prefill, enable_caching=True):  # type: ignore[no-untyped-def]
+def _checked(
+    num_blocks,
+    block_size,
+    max_num_seqs,
+    max_batched_tokens,
+    chunked_prefill,
+    enable_caching=True,
+    *,
+    eviction=None,
+    spec=None,
+):  # type: ignore[no-untyped-def]
     made.append(
         sched := CheckedScheduler(
-            KVCacheManager(num_blocks, block_size, enable_caching=enable_caching),
+            KVCacheManager(num_blocks, block_size, enable_caching=enable_caching, eviction=eviction),
             max_num_seqs=max_num_seqs,
             max_batched_tokens=max_batched_tokens,
             chunked_prefill=chunked_prefill,
+            spec=spec,
         )
     )
     return sched

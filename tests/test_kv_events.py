@@ -74,8 +74,8 @@ def _final_state(scheds):  # type: ignore[no-untyped-def]
 def _run(ff, tmp_path, **kv):  # type: ignore[no-untyped-def]
     scheds = []
 
-    def make(*args):  # type: ignore[no-untyped-def]
-        scheds.append(make_pool_and_scheduler(*args))
+    def make(*args, **kw):  # type: ignore[no-untyped-def]
+        scheds.append(make_pool_and_scheduler(*args, **kw))
         return scheds[-1]
 
     sc = small_scenario(

@@ -271,7 +271,7 @@ def test_an_mtp_draft_pass_does_not_pay_the_loops_overhead_at_its_rows_again(tmp
     inside the step pays its layer's share of the decode batch less the loop's 400 us at four rows,
     not less one row's 100 us (which left 300 us x scale charged once per pass)."""
     from kvsim.costs.draft import DraftCost
-    from kvsim.run import _spec_decode
+    from kvsim.sim.assembly import spec_decode
 
     cm = _model(tmp_path, _with_step_ops())
     assert cm.step_overhead(4) == pytest.approx(4e-4, rel=1e-12)
@@ -280,7 +280,7 @@ def test_an_mtp_draft_pass_does_not_pay_the_loops_overhead_at_its_rows_again(tmp
     sc = small_scenario(
         scheduler={"spec_decode": {"k": 2, "acceptance": {"mean": 0.5}, "draft": {"kind": "mtp"}}}
     )
-    _, draft = _spec_decode(sc, cm)
+    _, draft = spec_decode(sc, cm)
     assert draft is not None and draft.kind == "mtp"
     scale = 1.0 / LAYERS
     want = sum(

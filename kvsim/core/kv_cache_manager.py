@@ -55,15 +55,22 @@ class BlockRun:
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, *, enable_caching: bool = True, events: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_caching: bool = True,
+        events: bool = False,
+        eviction: Eviction | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks, events=events)
         self.block_size = block_size
         self.enable_caching = enable_caching  # prefix caching on: released full blocks stay cached
         self.peak_used_blocks = 0  # referenced by some request
         self.peak_occupied_blocks = 0  # referenced or cached-but-free
-        # Token eviction (`kvsim.core.eviction`), set by `set_eviction`; None: every token stays.
-        self.eviction: Eviction | None = None
+        # Token eviction (`kvsim.core.eviction`: kv.eviction, sliding windows or a format switch),
+        # given when the run is built; None: every token stays.
+        self.eviction: Eviction | None = eviction
         self.evict_active = False  # the trigger's state after the last step
         self.tokens_evicted = 0
         self.trims = 0

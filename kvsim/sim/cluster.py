@@ -11,10 +11,12 @@ import numpy as np
 import simpy
 from simpy.events import URGENT
 
+from kvsim.core.eviction import Eviction
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
+from kvsim.core.spec_decode import SpecDecoder
 
 
 class _ArrivalTimeout(simpy.events.Event):
@@ -102,10 +104,16 @@ def make_pool_and_scheduler(
     max_batched_tokens: int,
     chunked_prefill: bool,
     enable_caching: bool = True,
+    *,
+    eviction: Eviction | None = None,
+    spec: SpecDecoder | None = None,
 ) -> Scheduler:
+    """A replica's KV cache manager and scheduler, with its token eviction (kv.eviction, sliding
+    windows or a format switch) and speculative decoding (None: off)."""
     return Scheduler(
-        KVCacheManager(num_blocks, block_size, enable_caching=enable_caching),
+        KVCacheManager(num_blocks, block_size, enable_caching=enable_caching, eviction=eviction),
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         chunked_prefill=chunked_prefill,
+        spec=spec,
     )

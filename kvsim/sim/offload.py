@@ -1,8 +1,9 @@
 """The SimPy side of the tiers below HBM: write-backs, write-throughs, loads, swaps, the global pool.
 
-Each replica has an `OffloadPort`: its node's `HostTier` (`kvsim.core.tiers`, shared by the node's
-replicas), the node's SSD tier (`SSDSide`), the global pool (`GlobalSide`), and the `LinkQueue`s
-(`kvsim.sim.links`) its GPUs' PCIe lanes and NIC belong to, one per direction. The port is also
+Each replica has an `OffloadPort` (built per run by `kvsim.sim.offload_wiring`): its node's
+`HostTier` (`kvsim.core.tiers`, shared by the node's replicas), the node's SSD tier (`SSDSide`),
+the global pool (`GlobalSide`), and the `LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes and
+NIC belong to, one per direction. The port is also
 the scheduler's `TierLookup`: DRAM first, then the SSD, then the pool. After every schedule the
 replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether it steps or
 fast-forwards), which

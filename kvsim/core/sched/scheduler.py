@@ -69,6 +69,7 @@ class Scheduler:
         max_num_seqs: int,
         max_batched_tokens: int,
         chunked_prefill: bool,
+        spec: SpecDecoder | None = None,
     ) -> None:
         self.kv = kv
         self.block_size = kv.block_size
@@ -91,7 +92,7 @@ class Scheduler:
         self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
         # (request, blocks, out: True for a swap-out, False for a swap-in)
         self._swapped_blocks: dict[int, int] = {}  # request id -> blocks its swap-out copied
-        self.spec: SpecDecoder | None = None  # speculative decoding's acceptance (None: off)
+        self.spec = spec  # speculative decoding's acceptance (None: off)
 
     # ---- admission --------------------------------------------------------------------------------
     def add(self, req: Request) -> None:

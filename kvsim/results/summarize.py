@@ -1,0 +1,569 @@
+"""The run's summary: the `RunSummary` record built from an assembled run's parts after it ran
+(requests, replicas, the tiers below HBM and their links, eviction, sessions, speculative
+decoding) and the warnings the run gives. Reads the parts, changes nothing but the link queues'
+settled busy time (`LinkQueue.settle`). Design: docs/architecture.md ("The run, assembled").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from kvsim.accuracy import accuracy_estimate, accuracy_note, eviction_accuracy
+from kvsim.core.memory_plan import MemoryPlan
+from kvsim.core.request import Request, RequestStatus
+from kvsim.core.spec_decode import SpecDecoder
+from kvsim.core.tiers import PoolNodes
+from kvsim.costs.base import CostModel
+from kvsim.results.record import (
+    AccuracyEstimate,
+    AccuracyNote,
+    BusyFraction,
+    Distribution,
+    EvictionRecord,
+    FormatSwitchRecord,
+    GlobalPoolRecord,
+    LinkRecord,
+    OffloadRecord,
+    PoolNodesRecord,
+    ReplicaRecord,
+    RequestCounts,
+    RunConfig,
+    RunSummary,
+    SessionRecord,
+    SlidingWindowRecord,
+    SpecDecodeRecord,
+    SwapRecord,
+    WorkloadRecord,
+    part_from_dict,
+)
+from kvsim.results.summary import dist, summarize, weighted_dist
+from kvsim.sim.assembly import AssembledRun
+from kvsim.sim.offload_wiring import OffloadWiring
+from kvsim.sim.replica import Replica
+from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
+from kvsim.spec.workload import Workload
+
+# Below this share of busy time priced over prefixes past the tables, no warning: on the default
+# scenario it is under 0.1% (a prompt's later chunks over its earlier ones), which changes no
+# decision and would put a warning on every run.
+EXTRAPOLATED_WARN_SHARE = 1e-3
+
+
+def run_summary(
+    sc: Scenario,
+    run: AssembledRun,
+    plan: MemoryPlan,
+    cost: CostModel,
+    *,
+    simulated: float,
+    wall: float,
+    t0: float,
+    percentiles: tuple[float, ...] = (),
+) -> RunSummary:
+    """`run`'s summary after it ran to `simulated` s (`wall` s of CPU wall time for the drive, `t0`
+    the `time.perf_counter` at the run's start); `percentiles` also in each latency distribution."""
+    wl, seqs, replicas, offload = run.wl, run.seqs, run.replicas, run.offload
+    evictor, window, switch, spec = run.evictor, run.window, run.switch, run.spec
+    end_s, agent, max_ctx = run.end_s, wl.agent, sc.model.max_context
+    stats = [r.stats for r in replicas]
+    parts = summarize(
+        seqs,
+        simulated_s=simulated,
+        num_gpus=sc.cluster.num_gpus,
+        gpu_hour_usd=sc.gpu_hour_usd,
+        ttft_slo_s=sc.slo.ttft_s,
+        tpot_slo_s=sc.slo.tpot_s,
+        percentile=sc.slo.percentile,
+        not_arrived=len(wl) - len(seqs),
+        other_usd_per_hour=sc.pool_nodes_usd_per_hour,
+        percentiles=percentiles,
+    )
+    finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
+    finished_ids = {s.id for s in finished}
+    pooled = [r.gaps.pooled(finished_ids) for r in replicas]
+    # A request's gaps add up to finish - first token: the mean from those spans, which (unlike a
+    # sum of the gaps) does not depend on how windows grouped them.
+    multi = [s for s in finished if s.output_len > 1]
+    itl_tokens = sum(s.output_len - 1 for s in multi)
+    parts["itl_s"] = weighted_dist(
+        np.concatenate([v for v, _ in pooled]),
+        np.concatenate([c for _, c in pooled]),
+        percentiles,
+        mean=math.fsum(s.finish_s - s.first_token_s for s in multi) / itl_tokens if itl_tokens else None,
+    )
+    parts["percentiles"] = percentiles
+    counts: RequestCounts = parts["requests"]
+    warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
+    extrapolated = math.fsum(s.prefix_extrapolated_s for s in stats)
+    share = extrapolated / max(math.fsum(s.busy_s for s in stats), extrapolated) if extrapolated > 0 else 0.0
+    if share >= EXTRAPOLATED_WARN_SHARE:
+        warnings.append(
+            f"cost model: {share:.1%} of the replicas' busy time "
+            f"({extrapolated:,.1f} s) is prefill attention over cached prefixes longer than its tables "
+            f"hold, extrapolated: {cost.prefix_rule}"
+        )
+    stuck = counts.unfinished
+    if stuck and not math.isfinite(end_s):
+        warnings.append(
+            f"{stuck:,} requests never finished although the simulation ran to its end (a defect)"
+        )
+    if len(seqs) < len(wl):
+        if agent is not None and agent.closed_loop:
+            warnings.append(
+                f"{len(wl) - len(seqs):,} agent turns were never sent: an earlier turn of their session "
+                "was rejected or unfinished, or sim.max_time came first"
+            )
+        else:
+            warnings.append(
+                f"{len(wl) - len(seqs):,} requests arrive after sim.max_time and were not replayed"
+            )
+    n_ctx = counts.rejected_reasons.get("longer than the model's context", 0)
+    if n_ctx:
+        warnings.append(
+            f"{n_ctx:,} requests exceed {sc.model.name}'s context of {max_ctx:,} tokens and were rejected"
+        )
+    if wl.clipped_to_context:
+        warnings.append(
+            f"{wl.clipped_to_context:,} requests longer than {sc.model.name}'s context of {max_ctx:,} tokens "
+            "were clipped to fit (workload.clip_to_context)"
+        )
+    if wl.skipped_lines:
+        warnings.append(f"{wl.skipped_lines:,} malformed trace lines were skipped (workload.skip_bad_lines)")
+    for reason, n in sorted(wl.dropped.items()):
+        warnings.append(f"{n:,} trace rows dropped: {reason}")
+    if wl.agent is not None and sc.workload.agent is not None:
+        ag = sc.workload.agent
+        if ag.history_turns or ag.tool_outputs != "keep":
+            warnings.append(
+                "estimate not available: the history window and the tool-output policy change what the "
+                "model sees; the simulator cannot tell their effect on answers, and the design documents "
+                "(003) recommend them without a figure"
+            )
+    sd = sc.scheduler.spec_decode
+    if sd is not None and sd.draft_model is not None:
+        if sd.draft_model.num_active_params >= sc.model.num_active_params:
+            warnings.append(
+                f"the draft model {sd.draft_model.name} is not smaller than {sc.model.name}: "
+                "each draft pass costs about a decode step, so speculative decoding cannot pay off"
+            )
+        warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
+    warnings.extend(sc.notes)
+    warnings.extend(wl.notes)
+    if sc.kv.format_note:
+        warnings.append(sc.kv.format_note)
+    peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
+    note = accuracy_note(sc.kv.format, sc.kv.format_note, sc.kv.format_mix)
+    return RunSummary(
+        **parts,
+        scenario=sc.name,
+        hbm_capacity_bytes=plan.hbm_bytes_per_gpu,
+        weight_bytes_per_gpu=plan.weight_bytes_per_gpu,
+        hbm_peak_bytes=int(
+            plan.weight_bytes_per_gpu + plan.activation_reserve_bytes + peak_occ * plan.block_bytes_per_gpu
+        ),
+        kv_peak_used_blocks=max(r.sched.kv.peak_used_blocks for r in replicas),
+        kv_blocks_per_replica=plan.num_blocks,
+        kv_block_bytes=plan.block_bytes_per_gpu,
+        kv_tokens_per_replica=plan.tokens_per_replica,
+        memory_plan=plan,
+        prefix_cache_evictions=sum(r.sched.kv.pool.evictions for r in replicas),
+        steps=sum(s.steps for s in stats),
+        # Share of simulated time each replica spent running steps (its GPUs busy), mean and max.
+        replica_busy_fraction=BusyFraction(
+            mean=sum(s.busy_s for s in stats) / len(stats) / simulated if simulated > 0 else 0.0,
+            max=max(s.busy_s for s in stats) / simulated if simulated > 0 else 0.0,
+        ),
+        engine_events=sum(s.events for s in stats),
+        simulated_s=simulated,
+        wall_s=time.perf_counter() - t0,
+        warnings=tuple(warnings),
+        accuracy=None
+        if note is None
+        else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="accuracy"),
+        accuracy_estimate=part_from_dict(
+            AccuracyEstimate, accuracy_estimate(sc.kv), source="kvsim.accuracy", path="accuracy_estimate"
+        ),
+        config=_config(sc, cost, wl),
+        workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
+        sim_speed_x=simulated / max(wall, 1e-9),
+        replicas=_replica_records(replicas, seqs, simulated),
+        offload=None
+        if offload is None or offload.tiers is None
+        else _offload_record(offload, seqs, simulated),
+        swap=None if offload is None or offload.swap is None else _swap_record(offload),
+        global_pool=None
+        if offload is None or offload.pool is None
+        else _pool_record(offload, seqs, simulated),
+        links=() if offload is None else _link_records(offload, simulated),
+        sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
+        eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
+        sliding_window=None if window is None else _window_record(sc, replicas),
+        format_switch=None if switch is None else _switch_record(sc, replicas),
+        spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
+    )
+
+
+def _pool_record(off: OffloadWiring, seqs: list[Request], simulated: float) -> GlobalPoolRecord:
+    pool = off.pool
+    assert pool is not None
+    bpg = off.block_bytes_per_gpu
+    admitted = [s for s in seqs if s.num_cached_tokens >= 0]
+    prompt = sum(s.prompt_len for s in admitted)
+    first: dict[int, int] = {}
+    for p in off.ports:
+        first.update(p.stats.first_admission_global)
+    got = sum(first.get(s.id, 0) for s in admitted)
+    waits: dict[int, float] = {}
+    for p in off.ports:
+        waits.update(p.stats.waits)
+    return GlobalPoolRecord(
+        fetch=off.sc.kv.global_pool.fetch,
+        capacity_bytes=int(pool.capacity_blocks * off.block_bytes),
+        peak_bytes=int(pool.stats.peak_blocks * off.block_bytes),
+        hit_rate_global=got / prompt if prompt else 0.0,
+        fetched_tokens=sum(p.stats.fetched_tokens for p in off.ports),
+        fetched_bytes=sum(p.stats.fetched_blocks for p in off.ports) * bpg,
+        remote_bytes=sum(p.stats.remote_blocks for p in off.ports) * bpg,
+        published_bytes=sum(p.stats.published_blocks for p in off.ports) * bpg,
+        dropped_bytes=pool.stats.dropped_blocks * bpg,
+        declined_lookups=sum(p.stats.declined for p in off.ports),
+        eviction=off.sc.kv.global_pool.eviction,
+        pool_nodes=_pool_nodes_record(off, simulated) if isinstance(pool, PoolNodes) else None,
+        requests_waited=len(waits),
+        kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
+    )
+
+
+def _pool_nodes_record(off: OffloadWiring, simulated: float) -> PoolNodesRecord:
+    pool = off.pool
+    assert isinstance(pool, PoolNodes) and off.pool_link is not None
+    gp, bb = off.sc.kv.global_pool, off.block_bytes
+    return PoolNodesRecord(
+        nodes=gp.pool_nodes,
+        capacity_bytes_per_node=int(pool.shards[0].capacity_blocks * bb),
+        peak_bytes=tuple(int(sh.stats.peak_blocks * bb) for sh in pool.shards),
+        end_bytes=tuple(int(sh.used_blocks * bb) for sh in pool.shards),
+        nics_per_node=gp.pool_node_nics,
+        nic_bw_bytes_per_s=off.pool_link.bw_bytes_per_s,
+        cost_per_hour_usd=gp.pool_node_usd_per_hour(off.sc.cluster.host_dram_bytes),
+        cost_usd=simulated / 3600.0 * off.sc.pool_nodes_usd_per_hour,
+    )
+
+
+def _swap_record(off: OffloadWiring) -> SwapRecord:
+    assert off.swap is not None
+    bpg = off.block_bytes_per_gpu
+    return SwapRecord(
+        mode=off.sc.scheduler.preemption.value,
+        swap_space_bytes=int(off.swap[0].capacity_blocks * off.block_bytes),
+        swaps=sum(p.stats.swaps_out for p in off.ports),
+        recomputes=sum(p.stats.recomputed for p in off.ports),
+        swapped_bytes=sum(p.stats.swapped_blocks for p in off.ports) * bpg,
+        peak_bytes=int(max(s.peak_blocks for s in off.swap) * off.block_bytes),
+    )
+
+
+def _link_records(off: OffloadWiring, simulated: float) -> tuple[LinkRecord, ...]:
+    span = simulated if simulated > 0 else math.inf
+    queues = off.queues()
+    for q in queues:
+        q.settle(simulated)
+    return tuple(
+        LinkRecord(
+            name=q.label,
+            transfers=q.stats.transfers,
+            bytes=q.stats.bytes,
+            busy_s=(busy := q.busy_within(simulated)),
+            utilization=busy / span,
+            queued_s=q.stats.queued_s,
+            backlog_s=_backlog(q.work_asked_s(), busy),
+        )
+        for q in queues
+        if q.stats.transfers
+    )
+
+
+def _offload_record(w: OffloadWiring, seqs: list[Request], simulated: float) -> OffloadRecord:
+    assert w.tiers is not None
+    off = w.sc.kv.offload
+    bpg = w.block_bytes_per_gpu
+    admitted = [s for s in seqs if s.num_cached_tokens >= 0]
+    prompt = sum(s.prompt_len for s in admitted)
+    hit = sum(s.num_cached_tokens for s in admitted)
+    first: dict[int, int] = {}
+    waits: dict[int, float] = {}
+    for p in w.ports:
+        first.update(p.stats.first_admission_tokens)
+        waits.update(p.stats.waits)
+    dram_hit = sum(first.get(s.id, 0) for s in admitted)
+    pool_first: dict[int, int] = {}
+    for p in w.ports:
+        pool_first.update(p.stats.first_admission_global)
+    pool_hit = sum(pool_first.get(s.id, 0) for s in admitted)
+    ssd_first: dict[int, int] = {}
+    for p in w.ports:
+        ssd_first.update(p.stats.first_admission_ssd)
+    ssd_hit = sum(ssd_first.get(s.id, 0) for s in admitted)
+    tp = w.sc.cluster.tensor_parallel
+    return OffloadRecord(
+        preset=off.preset,
+        eviction=off.eviction,
+        write=off.write.value,
+        copy=off.copy.value,
+        host_capacity_bytes=w.capacity_bytes,
+        host_peak_bytes=int(max(t.stats.peak_blocks for t in w.tiers) * bpg * tp),
+        host_end_bytes=int(w.readable_at(simulated) * bpg * tp),
+        hit_rate_hbm=(hit - dram_hit - pool_hit - ssd_hit) / prompt if prompt else 0.0,
+        hit_rate_ssd=ssd_hit / prompt if prompt else 0.0,
+        ssd_capacity_bytes=0 if w.ssd is None else int(w.ssd[0].tier.capacity_blocks * w.block_bytes),
+        ssd_written_bytes=sum(p.arrived_by(p.ssd_write_log, simulated) for p in w.ports) * w.block_bytes,
+        ssd_loaded_bytes=sum(p.stats.ssd_loaded_blocks for p in w.ports) * w.block_bytes,
+        cold_demoted_bytes=sum(p.sched.kv.pool.demoted for p in w.ports) * bpg,
+        hit_rate_dram=dram_hit / prompt if prompt else 0.0,
+        loads=sum(p.stats.loads for p in w.ports),
+        loaded_tokens=sum(p.stats.loaded_tokens for p in w.ports),
+        loaded_bytes=sum(p.stats.loaded_blocks for p in w.ports) * bpg,
+        written_bytes=(written := sum(p.arrived_by(p.write_log, simulated) for p in w.ports)) * bpg,
+        write_backlog_bytes=(sum(p.stats.written_blocks for p in w.ports) - written) * bpg,
+        dropped_bytes=sum(t.stats.dropped_blocks for t in w.tiers) * bpg,
+        requests_waited=len(waits),
+        kv_wait_s=dist(np.array(list(waits.values()), dtype=np.float64)),
+    )
+
+
+def _backlog(asked: float, done: float) -> float:
+    """Occupancy asked for that the run left undone; 0 within float noise of the two sums."""
+    left = asked - done
+    return left if left > 1e-9 * max(1.0, asked) else 0.0
+
+
+def _session_record(
+    sc: Scenario, wl: Workload, seqs: list[Request], replicas: list[Replica]
+) -> SessionRecord:
+    """Agent sessions: how many completed every turn, their durations, and the prompt by segment."""
+    from kvsim.spec.agent import SEGMENTS
+
+    agent = wl.agent
+    assert agent is not None
+    sent = np.zeros(len(wl), dtype=bool)
+    done = np.zeros(len(wl), dtype=bool)
+    arrive = np.full(len(wl), np.nan)
+    finish = np.full(len(wl), np.nan)
+    for s in seqs:
+        sent[s.id] = True
+        arrive[s.id] = s.arrival_s
+        if s.status is RequestStatus.FINISHED:
+            done[s.id] = True
+            finish[s.id] = s.finish_s
+    ns = agent.num_sessions
+    turns = np.bincount(agent.session, minlength=ns)
+    turns_done = np.bincount(agent.session, weights=done, minlength=ns)
+    complete = turns_done == turns
+    start = np.full(ns, np.nan)
+    end = np.full(ns, np.nan)
+    first = agent.turn == 0
+    start[agent.session[first]] = arrive[first]
+    last = agent.next_request < 0
+    end[agent.session[last]] = finish[last]
+    durations = (end - start)[complete]
+    tokens = agent.segment_tokens[sent].sum(axis=0)
+    total = max(int(tokens.sum()), 1)
+    return SessionRecord(
+        sessions=ns,
+        completed=int(complete.sum()),
+        turns=len(wl),
+        turns_sent=int(sent.sum()),
+        turns_completed=int(done.sum()),
+        closed_loop=agent.closed_loop,
+        duration_s=_dist(durations),
+        prompt_tokens_by_segment={k: int(v) for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
+        prompt_share_by_segment={k: float(v) / total for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
+        pinned_segments=tuple(sc.kv.pin_segments),
+        pinned_blocks_peak=max(r.sched.kv.pool.pinned_peak for r in replicas),
+    )
+
+
+def _spec_record(
+    sc: Scenario, spec: SpecDecoder, replicas: list[Replica], plan: MemoryPlan
+) -> SpecDecodeRecord:
+    cfg = sc.scheduler.spec_decode
+    assert cfg is not None
+    rows = spec.verify_rows
+    hist = spec.accepted_hist
+    return SpecDecodeRecord(
+        k=cfg.k,
+        acceptance="constant" if cfg.concentration is None else "beta",
+        acceptance_mean=cfg.mean,
+        acceptance_concentration=cfg.concentration,
+        draft=cfg.draft_kind,
+        draft_model=None if cfg.draft_model is None else cfg.draft_model.name,
+        layer_fraction=cfg.layer_fraction if cfg.draft_model is None else None,
+        verify_rows=rows,
+        drafted_tokens=spec.drafted_tokens,
+        accepted_tokens=spec.accepted_tokens,
+        accepted_per_step_mean=spec.accepted_tokens / rows if rows else None,
+        tokens_per_step_mean=(spec.accepted_tokens + rows) / rows if rows else None,
+        accepted_per_step_hist=tuple(hist),
+        acceptance_rate_observed=spec.accepted_tokens / spec.drafted_tokens if spec.drafted_tokens else None,
+        kv_discarded_tokens=spec.discarded_tokens,
+        kv_discarded_bytes=int(spec.discarded_tokens * plan.block_bytes_per_gpu / sc.kv.block_size),
+        lookahead_slots_per_request=cfg.k,
+        draft_s=sum(r.stats.draft_s for r in replicas),
+        rollback="vllm_v1: num_computed rewound, blocks kept until the request ends",
+    )
+
+
+def _dist(x: np.ndarray) -> Distribution:
+    if not len(x):
+        return Distribution(mean=None, p50=None, p90=None, p99=None, p999=None)
+    p = np.percentile(x, [50, 90, 99, 99.9])
+    return Distribution(
+        mean=float(x.mean()), p50=float(p[0]), p90=float(p[1]), p99=float(p[2]), p999=float(p[3])
+    )
+
+
+def _eviction_record(
+    sc: Scenario, replicas: list[Replica], plan: MemoryPlan, simulated: float
+) -> EvictionRecord:
+    kvs = [r.sched.kv for r in replicas]
+    ev = sc.kv.eviction
+    return EvictionRecord(
+        policy=ev.policy.value,
+        trigger=ev.trigger.value,
+        pages=ev.pages.value,
+        heavy_ratio=ev.heavy_ratio if ev.policy == "h2o" else None,
+        keep_ratio=ev.keep_ratio if ev.policy == "entropy" else None,
+        recent_tokens=ev.recent_tokens,
+        sink_tokens=ev.sink_tokens if ev.policy == "streaming" else 0,
+        budget_tokens=ev.budget_tokens,
+        tokens_evicted=sum(k.tokens_evicted for k in kvs),
+        trims=sum(k.trims for k in kvs),
+        blocks_released=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        trim_s=sum(r.stats.eviction_s for r in replicas),
+        accuracy=part_from_dict(
+            AccuracyNote, eviction_accuracy(ev), source="kvsim.accuracy", path="eviction.accuracy"
+        ),
+    )
+
+
+def _window_record(sc: Scenario, replicas: list[Replica]) -> SlidingWindowRecord:
+    kvs = [r.sched.kv for r in replicas]
+    m = sc.model
+    return SlidingWindowRecord(
+        window_tokens=m.sliding_window,
+        global_tokens=m.global_tokens,
+        windowed_kv_layers=m.windowed_kv_layers(),
+        kv_layers=m.kv_layers,
+        tokens_out_of_window=sum(k.tokens_evicted for k in kvs),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+    )
+
+
+def _switch_record(sc: Scenario, replicas: list[Replica]) -> FormatSwitchRecord:
+    kvs = [r.sched.kv for r in replicas]
+    sw = sc.kv.format_switch
+    assert sw is not None
+    note = accuracy_note(
+        sw.format,
+        f"applies to the tokens of sequences past {sw.after_tokens:,} tokens (re-quantized there); "
+        f"below it the cache is {sc.kv.format.name}",
+    )
+    return FormatSwitchRecord(
+        after_tokens=sw.after_tokens,
+        format=sw.format.name,
+        requests_switched=len(set().union(*(k.switched_ids for k in kvs))),
+        switches=sum(k.trims for k in kvs),
+        tokens_requantized=sum(k.tokens_requantized for k in kvs),
+        requant_s=sum(r.stats.eviction_s for r in replicas),
+        blocks_freed=sum(k.blocks_released for k in kvs),
+        blocks_copied=sum(k.blocks_copied for k in kvs),
+        cache_entries_invalidated=sum(k.entries_uncached for k in kvs),
+        accuracy=None
+        if note is None
+        else part_from_dict(AccuracyNote, note, source="kvsim.accuracy", path="format_switch.accuracy"),
+    )
+
+
+def _pool_node_sources(sc: Scenario) -> tuple[tuple[str, str], ...]:
+    """The sources of the dedicated pool nodes' defaults the run uses (with pool nodes on, whatever
+    they cost): their DRAM unless ``pool_node_bytes`` is given, their price unless
+    ``pool_node_cost_per_hour`` is, their NICs always (a count given equal to the default is not
+    told apart)."""
+    gp = sc.kv.global_pool
+    if sc.kv.prefix_cache != "global" or not gp.pool_nodes:
+        return ()
+    given = {
+        "pool node dram": bool(gp.pool_node_bytes),
+        "pool node price": gp.pool_node_cost_per_hour is not None,
+    }
+    return tuple((k, v) for k, v in POOL_NODE_SOURCES if not given.get(k, False))
+
+
+def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
+    return RunConfig(
+        model=sc.model.name,
+        attention=sc.model.attention.value,
+        gpu=sc.cluster.gpu.name,
+        num_gpus=sc.cluster.num_gpus,
+        tensor_parallel=sc.cluster.tensor_parallel,
+        replicas=sc.cluster.num_replicas,
+        router=sc.cluster.router,
+        kv_format=sc.kv.format.name,
+        kv_format_mix="" if sc.kv.format_mix is None else sc.kv.format_mix.name,
+        kv_format_switch="" if sc.kv.format_switch is None else sc.kv.format_switch.name,
+        block_size=sc.kv.block_size,
+        prefix_cache=sc.kv.prefix_cache,
+        max_num_seqs=sc.scheduler.max_num_seqs,
+        max_batched_tokens=sc.scheduler.max_batched_tokens,
+        chunked_prefill=sc.scheduler.chunked_prefill,
+        cost_model=cost.name,
+        gpu_hour_usd=sc.gpu_hour_usd,
+        trace=str(wl.source),
+        trace_format=sc.workload.format,
+        rate_scale=sc.workload.rate_scale,
+        seed=sc.sim.seed,
+        fast_forward=sc.sim.fast_forward,
+        overrides=tuple(sc.overrides),
+        sources=dict(
+            [
+                *sc.cluster.gpu.sources,
+                ("price", sc.gpu_price.source_line),
+                *sc.cluster.topology.sources,
+                *_pool_node_sources(sc),
+            ]
+        ),
+        clip_to_context=sc.workload.clip_to_context,
+        scenario_path=sc.source,
+        profile="" if sc.cost_model.profile is None else str(sc.cost_model.profile),
+    )
+
+
+def _replica_records(
+    replicas: list[Replica], seqs: list[Request], simulated: float
+) -> tuple[ReplicaRecord, ...]:
+    routed = np.zeros(len(replicas), np.int64)
+    preempted = np.zeros(len(replicas), np.int64)
+    for s in seqs:
+        if s.replica >= 0:
+            routed[s.replica] += 1
+            preempted[s.replica] += s.preemptions
+    span = simulated if simulated > 0 else math.inf
+    return tuple(
+        ReplicaRecord(
+            index=r.index,
+            requests=int(routed[r.index]),
+            steps=r.stats.steps,
+            busy_fraction=r.stats.busy_s / span,
+            kv_peak_used_blocks=r.sched.kv.peak_used_blocks,
+            kv_mean_used_blocks=r.stats.kv_block_s / span,
+            preemptions=int(preempted[r.index]),
+        )
+        for r in replicas
+    )

@@ -1,0 +1,224 @@
+"""A run's parts, built once from the scenario: the clock, each replica's scheduler, KV cache
+manager and engine, the tiers below HBM and their links (`OffloadWiring`), token eviction,
+speculative decoding, the router and the arrival processes.
+
+`kvsim.run.run_scenario` assembles (`assemble`), drives the clock and hands the parts to
+`kvsim.results.summarize`. Design: docs/architecture.md ("The run, assembled").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from kvsim.core.block_hash import block_keys, private_keys
+from kvsim.core.eviction import Eviction, eviction_from_config, switch_eviction, window_eviction
+from kvsim.core.memory_plan import MemoryPlan
+from kvsim.core.request import Request, RequestStatus
+from kvsim.core.router import Router
+from kvsim.core.sched.scheduler import Scheduler
+from kvsim.core.spec_decode import SpecDecoder
+from kvsim.costs.analytic import AnalyticCostModel
+from kvsim.costs.base import CostModel
+from kvsim.costs.draft import DraftCost
+from kvsim.errors import KvsimError
+from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process
+from kvsim.sim.kv_events import KVEventLog
+from kvsim.sim.offload_wiring import OffloadWiring
+from kvsim.sim.replica import Replica
+from kvsim.spec.scenario import Scenario
+from kvsim.spec.workload import Workload
+
+
+@dataclass
+class AssembledRun:
+    """What `assemble` built: the parts the run drives and the summary reads (None: off)."""
+
+    env: simpy.Environment
+    wl: Workload
+    replicas: list[Replica]
+    router: Router
+    seqs: list[Request]  # every request that arrived, in arrival order (filled as they arrive)
+    offload: OffloadWiring | None  # host tiers, SSD, swap space, global pool and their links
+    evictor: Eviction | None  # kv.eviction
+    window: Eviction | None  # the model's sliding-window layers
+    switch: Eviction | None  # kv.format_switch
+    spec: SpecDecoder | None  # scheduler.spec_decode
+    end_s: float  # sim.max_time, or inf
+    span: float  # the last arrival of the trace, s
+
+    @property
+    def closed_loop(self) -> bool:
+        """Agent turns sent when the previous reply arrives (not at the trace's times)."""
+        return self.wl.agent is not None and self.wl.agent.closed_loop
+
+    def simulated_s(self) -> float:
+        """Simulated time after the run: to sim.max_time, else to the last step's end or the last
+        arrival. (env.now could lie later: a fast-forward window cut short leaves its first timeout
+        queued, which fires with nothing waiting on it.)"""
+        last_arrival = float(self.wl.arrival_s[-1]) if len(self.wl) else 0.0
+        if self.closed_loop:  # turns were sent when replies arrived
+            last_arrival = max((s.arrival_s for s in self.seqs), default=0.0)
+        last = max([r.clock for r in self.replicas] + [last_arrival])
+        return min(self.env.now, self.end_s) if math.isfinite(self.end_s) else last
+
+
+def assemble(
+    sc: Scenario,
+    wl: Workload,
+    plan: MemoryPlan,
+    cost: CostModel,
+    *,
+    make_scheduler: Callable[..., Scheduler],
+    kv_events: KVEventLog | None = None,
+) -> AssembledRun:
+    """Build `sc`'s run over workload `wl`: `make_scheduler` builds each replica's scheduler (called
+    as `kvsim.sim.cluster.make_pool_and_scheduler`: the plan's blocks and the scheduler's limits,
+    then the keywords ``eviction`` and ``spec``); `kv_events`: the log the replicas' KV events go to (None: none kept)."""
+    bs = sc.kv.block_size
+    caching = sc.kv.prefix_cache != "none"
+    use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
+    # The answer's content ids line up with engine blocks only when blocks are the trace's size.
+    out_ids = wl.output_hash_ids if use_prefix and wl.hash_block_tokens == bs else None
+    if use_prefix:
+        g = wl.hash_block_tokens
+        if g % bs and bs % g:
+            raise KvsimError(
+                f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
+                source=sc.source,
+                path="kv.block_size",
+            )
+    env = simpy.Environment()
+    end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
+    seqs: list[Request] = []
+    span = float(wl.arrival_s[-1]) if len(wl) else 0.0
+    sample_every = max(span / 2000.0, 0.05)
+    replicas: list[Replica] = []
+    uses_host = (
+        sc.kv.offload.enabled or sc.scheduler.preemption != "recompute" or sc.kv.prefix_cache == "global"
+    )
+    offload = OffloadWiring(sc, plan, env, cost) if uses_host else None
+    evictor = eviction_from_config(sc.kv.eviction)
+    window = window_eviction(sc.model)  # refused together with kv.eviction (kvsim.run)
+    switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
+    spec, draft = spec_decode(sc, cost)
+    for i in range(sc.cluster.num_replicas):
+        sched = make_scheduler(
+            plan.num_blocks,
+            bs,
+            sc.scheduler.max_num_seqs,
+            sc.scheduler.max_batched_tokens,
+            sc.scheduler.chunked_prefill,
+            caching,
+            eviction=evictor or window or switch,
+            spec=spec,
+        )
+        sink = None if kv_events is None else kv_events.pool_sink(i)
+        if sink is not None:
+            sched.kv.pool.listen(sink)
+        replicas.append(
+            Replica(
+                env,
+                i,
+                sched,
+                cost,
+                fast_forward=sc.sim.fast_forward,
+                next_outside_event=lambda: end_s,
+                sample_every_s=sample_every,
+                offload=None if offload is None else offload.port(i, sched, sink),
+                draft=draft,
+                kv_events=sink,
+            )
+        )
+    if sc.kv.pin_segments:
+        pin = pin_keys(sc, wl)
+        for r in replicas:
+            r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
+    router = Router(sc.cluster.router, replicas)
+    if router.indexed:
+        for r in replicas:
+            r.on_load_change = router.touch
+    max_ctx = sc.model.max_context
+    max_batched = sc.scheduler.max_batched_tokens
+    chunked = sc.scheduler.chunked_prefill
+    prompts, outputs, arrivals = wl.prompt_tokens, wl.output_tokens, wl.arrival_s
+
+    def stored(p: int, o: int) -> int:
+        """The most token slots a request holds at once: all but its last token (never stored);
+        with sliding windows, no more than its last kept tokens plus a step's new ones (a window
+        frees blocks between chunks, so a request that fits alone always runs)."""
+        n = p + o - 1
+        return n if window is None else min(n, window.kept(n) + max_batched)
+
+    def make_seq(i: int, t: float | None = None) -> Request:
+        p, o = int(prompts[i]), int(outputs[i])
+        if use_prefix:
+            keys, sizes = block_keys(wl.hash_ids[i], p, wl.hash_block_tokens, bs)  # type: ignore[index]
+        elif caching:
+            keys, sizes = private_keys(i, p // bs)
+        else:
+            keys, sizes = [], []
+        seq = Request(
+            i,
+            float(arrivals[i]) if t is None else t,
+            p,
+            o,
+            keys,
+            sizes,
+            None if out_ids is None else out_ids[i].tolist(),
+        )
+        seqs.append(seq)
+        if p + o > max_ctx:
+            seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
+        elif -(-stored(p, o) // bs) > plan.num_blocks:
+            seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
+        elif not chunked and p > max_batched:
+            seq.status, seq.reason = (
+                RequestStatus.REJECTED,
+                "prompt exceeds max_batched_tokens without chunked prefill",
+            )
+        return seq
+
+    agent = wl.agent
+    if agent is not None and agent.closed_loop:
+        starts = [(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)]
+        loop = ClosedLoopArrivals(env, starts, agent.gap_s, agent.next_request, make_seq, router)
+        for r in replicas:
+            r.on_finish = loop.on_finish
+    else:
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+
+
+def pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:
+    """Entry keys of the pinned segments' blocks (the workload names them by block id)."""
+    if wl.agent is None:
+        raise KvsimError(
+            "pinning needs a workload with marked segments (workload.agent)",
+            source=sc.source,
+            path="kv.prefix_cache.pin",
+        )
+    keys: set[int] = set()
+    for seg in sc.kv.pin_segments:
+        keys |= wl.agent.segment_ids[seg]
+    return frozenset(keys)
+
+
+def spec_decode(sc: Scenario, cost: CostModel) -> tuple[SpecDecoder | None, DraftCost | None]:
+    """Speculative decoding's acceptance model and draft cost (None, None when off)."""
+    cfg = sc.scheduler.spec_decode
+    if cfg is None:
+        return None, None
+    spec = SpecDecoder(cfg.k, mean=cfg.mean, concentration=cfg.concentration, seed=sc.sim.seed)
+    c = sc.cluster
+    if cfg.draft_model is not None:  # the draft model on the same GPUs, by the analytic model
+        dm = AnalyticCostModel(cfg.draft_model, c.gpu, c.tensor_parallel, sc.kv.format, c.topology)
+        return spec, DraftCost(dm, dm.overhead_s, kind="model")
+    # A pass of so many rows does not pay the loop's time at those rows again (a measured profile's
+    # `step_overhead` grows with them).
+    overhead = getattr(cost, "step_overhead", None) or float(getattr(cost, "overhead_s", 0.0))
+    return spec, DraftCost(cost, overhead, scale=cfg.layer_fraction / sc.model.num_layers, kind="mtp")
