@@ -657,6 +657,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:  # the output folder's lock, taken by the command's --out check (kvsim.report.outputs)
+        outputs = sys.modules.get("kvsim.report.outputs")
+        if outputs is not None:
+            outputs.release_output_locks()
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.report.compare import compare_page
 from kvsim.report.html import write_plotly_js
-from kvsim.report.outputs import check_output_dir
+from kvsim.report.outputs import LOCK_FILE, check_output_dir
 from kvsim.results.io import write_requests_csv, write_timeseries_csv
 from kvsim.results.record import BusyFraction, ReplicaRecord, RunSummary, write_summary
 from kvsim.results.summary import summarize
@@ -611,7 +611,7 @@ def _check_cuda() -> None:
 def _check_ours(out: Path, *, force: bool) -> None:
     """A non-empty --out must hold an earlier validation (its validate.json), unless --force."""
     try:
-        names = [p.name for p in out.iterdir() if p.name != ".kvsim-validate-probe"]
+        names = [p.name for p in out.iterdir() if p.name not in (".kvsim-validate-probe", LOCK_FILE)]
     except OSError as exc:
         raise KvsimError(f"cannot read {out}: {exc.strerror or exc}", source="--out") from None
     if not names or force:

@@ -157,6 +157,8 @@ def test_jobs_1_and_2_give_the_same_results(scenario: Path, tmp_path: Path):
     assert _sweep(scenario, tmp_path / "b", *axes, jobs=2) == 0
     a, b = (tmp_path / "a" / "results.csv").read_text(), (tmp_path / "b" / "results.csv").read_text()
     assert a == b
+    # the folder's lock: held by the parent only (forked workers close their copy), gone at the end
+    assert not (tmp_path / "b" / ".kvsim.lock").exists()
     rows = _rows(tmp_path / "a" / "results.csv")
     assert len({r["ttft_p99_s"] for r in rows}) > 1  # the axes change the answer
 
