@@ -198,7 +198,7 @@ def check_claims(sc: Scenario, *, progress: Callable[[str], None] | None = None)
     claims: list[Claim] = []
     # 1. H2O only above 32 concurrent sequences (000, section 8).
     rule = "H2O pays off only above 32 concurrent sequences"
-    src = "000, section 8 (selection advice)"
+    src = "000, section 8, selection advice"
     metric = f"cost per million tokens without vs with H2O (20% kept); pays off: over {GAIN:.0%} lower"
     if windowed:
         why = f"{sc.model.name}'s sliding-window layers: H2O is not simulated with them"

@@ -247,7 +247,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             for h in CLAIM_HEADER:
                 t.add_column(h)
             for c in data["claims"]:
-                t.add_row(*claim_cells(c))
+                t.add_row(*claim_cells(c, sep="\n"))
             console().print(t)
     if out is not None:
         try:

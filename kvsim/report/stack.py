@@ -60,9 +60,9 @@ def _run_cell(r: dict[str, Any]) -> str:
     )
 
 
-def claim_cells(c: dict[str, Any]) -> list[str]:
-    """One checked rule's cells as plain text (terminal and page)."""
-    runs = "; ".join(_run_cell(r) for r in c["runs"]) or "none"
+def claim_cells(c: dict[str, Any], sep: str = "; ") -> list[str]:
+    """One checked rule's cells as plain text (terminal and page; `sep` between its runs)."""
+    runs = sep.join(_run_cell(r) for r in c["runs"]) or "none"
     return [f"{c['rule']} ({c['source']})", str(c["verdict"]), str(c["why"]), str(c["metric"]), runs]
 
 
