@@ -217,6 +217,14 @@ def cmd_stack(args: argparse.Namespace) -> int:
         out = check_output_dir(args.out, reads=reads, force=args.force, files=files)
     try:
         data = stack_json(sc, stack_rows(sc, progress=not args.no_progress))
+        if args.claims:
+            from kvsim.claims import check_claims
+
+            def said(label: str) -> None:
+                if not args.no_progress:
+                    print(f"claims: running {label}", file=sys.stderr)
+
+            data["claims"] = [c.to_dict() for c in check_claims(sc, progress=said)]
     except BaseException:
         if out is not None:
             discard_if_empty(out, existed)
@@ -232,6 +240,15 @@ def cmd_stack(args: argparse.Namespace) -> int:
         console().print(t)
         print(f"claimed column: {data['claimed_source']}")
         print(f"cost column: {data['cost_basis']}")
+        if "claims" in data:
+            from kvsim.report.stack import CLAIM_HEADER, claim_cells
+
+            t = Table(title="the documents' rules, checked", title_justify="left")
+            for h in CLAIM_HEADER:
+                t.add_column(h)
+            for c in data["claims"]:
+                t.add_row(*claim_cells(c, sep="\n"))
+            console().print(t)
     if out is not None:
         try:
             write_stack_json(out / "stack.json", data)
@@ -485,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--force", action="store_true", help="replace files in --out that kvsim did not write")
     st.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a field")
     st.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
+    st.add_argument(
+        "--claims",
+        action="store_true",
+        help="also check the documents' selection rules on the scenario (about 8 more runs, 200 requests each)",
+    )
     st.set_defaults(func=cmd_stack)
 
     sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides; results.csv and sweep.html")

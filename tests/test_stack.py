@@ -112,3 +112,104 @@ def test_gpu_memory_counts_weights_reserve_and_referenced_blocks():
     want = s["weight_bytes_per_gpu"] + s["memory_plan"]["activation_reserve_bytes"]
     assert rows[1].hbm_peak_bytes == want + s["kv_peak_used_blocks"] * s["kv_block_bytes"]
     assert rows[4].hbm_peak_bytes < rows[3].hbm_peak_bytes  # H2O frees what fp8 + sharing held
+
+
+BURST = {
+    "synthetic": {
+        "num_requests": 80,
+        "rate": 400,
+        "input": {"dist": "constant", "mean": 600},
+        "output": {"dist": "constant", "mean": 100},
+    }
+}
+
+
+def test_each_claim_gets_a_verdict_that_follows_from_its_runs():
+    import dataclasses
+
+    from kvsim.claims import (
+        FAILS,
+        HOLDS,
+        UNCHECKED,
+        block_verdict,
+        check_claims,
+        h2o_verdict,
+        offload_verdict,
+        switch_verdict,
+    )
+
+    sc = small_scenario(workload=BURST)
+    sc = dataclasses.replace(sc, model=dataclasses.replace(sc.model, max_context=1 << 20))  # reach 500K
+    claims = {c.key: c for c in check_claims(sc)}
+    assert list(claims) == ["h2o_32", "fp8_4bit_500k", "offload_10pct", "block_32_128k", "h2o_ruler"]
+    runs = [r for c in claims.values() for r in c.runs]
+    assert all(r.settings and r.metrics["completed"] >= 1 for r in runs)
+    # H2O: the burst runs 16 at a time under the cap and all 80 at once without it: both sides of 32.
+    h = claims["h2o_32"]
+    peaks = [int(r.metrics["peak_concurrent_sequences"]) for r in h.runs]
+    assert len(h.runs) == 4 and peaks[0] <= 16 < 32 < peaks[2]
+    pts = [
+        (peaks[i], h.runs[i].metrics["cost_per_mtok_usd"], h.runs[i + 1].metrics["cost_per_mtok_usd"])
+        for i in (0, 2)
+    ]
+    assert h.verdict in (HOLDS, FAILS) and (h.verdict, h.why) == h2o_verdict(pts)
+    # FP8's pool on one H100 holds about 900K tokens of Llama-3.1-8B, 4-bit about 1.56M: FP8 serves
+    # 500K but not 1M, 4-bit does. The documents' switch point holds for this model and GPU.
+    f = claims["fp8_4bit_500k"]
+    pool = [int(r.metrics["kv_tokens_per_replica"]) for r in f.runs]
+    assert (
+        500_000 <= pool[0] < 1_000_000 <= pool[1] and f.verdict == HOLDS == switch_verdict(1 << 20, *pool)[0]
+    )
+    o = claims["offload_10pct"]
+    blocks = [r.metrics["kv_peak_used_blocks"] for r in o.runs]
+    assert (o.verdict, o.why) == offload_verdict(*blocks) and o.runs[0].label.startswith("+ H2O")
+    b = claims["block_32_128k"]  # 700-token sequences: the rule speaks of a 128K mean
+    assert b.verdict == UNCHECKED and "700 tokens" in b.why and len(b.runs) == 1
+    assert b.why == block_verdict(700, None, None)[1]
+    assert claims["h2o_ruler"].verdict == UNCHECKED and claims["h2o_ruler"].runs == []
+
+
+def test_verdicts_flip_when_the_compared_numbers_flip():
+    from kvsim.claims import (
+        FAILS,
+        HOLDS,
+        UNCHECKED,
+        block_verdict,
+        h2o_verdict,
+        offload_verdict,
+        switch_verdict,
+    )
+
+    assert h2o_verdict([(16, 1.0, 1.0), (80, 1.0, 0.9)])[0] == HOLDS
+    assert h2o_verdict([(16, 1.0, 0.9), (80, 1.0, 1.0)])[0] == FAILS  # pays off below, not above
+    assert h2o_verdict([(16, 1.0, 0.9), (80, 1.0, 0.9)])[0] == FAILS  # pays off below too
+    assert h2o_verdict([(10, 1.0, 1.0), (20, 1.0, 0.9)])[0] == UNCHECKED  # never above 32
+    assert switch_verdict(1 << 20, 900_000, 1_560_000)[0] == HOLDS
+    assert switch_verdict(1 << 20, 400_000, 1_560_000)[0] == FAILS  # FP8 not enough below 500K
+    assert switch_verdict(1 << 20, 1_100_000, 1_560_000)[0] == FAILS  # FP8 enough above it too
+    assert switch_verdict(1 << 20, 900_000, 950_000)[0] == FAILS  # 4-bit does not reach 1M either
+    assert switch_verdict(131_072, 900_000, 1_560_000)[0] == UNCHECKED
+    assert offload_verdict(100, 90)[0] == HOLDS and offload_verdict(100, 91)[0] == FAILS
+    assert offload_verdict(0, 0)[0] == UNCHECKED
+    assert block_verdict(200_000, 0.020, 0.019)[0] == HOLDS
+    assert block_verdict(200_000, 0.019, 0.020)[0] == FAILS
+    assert block_verdict(4_000, 0.020, 0.019)[0] == UNCHECKED
+
+
+def test_cli_claims_go_to_the_terminal_json_and_page(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        "model: llama-3.1-8b\ncluster: {gpu: h100-sxm, gpus_per_node: 1}\n"
+        "workload: {synthetic: {num_requests: 5, rate: 1, input: {dist: constant, mean: 500}, "
+        "output: {dist: constant, mean: 20}}}\n"
+    )
+    assert main(["stack", str(sc), "--out", str(tmp_path / "out"), "--claims", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "the documents' rules, checked" in printed and "not checkable here" in printed
+    saved = json.loads((tmp_path / "out" / "stack.json").read_text())
+    assert saved["claims"][0]["key"] == "h2o_32" and saved["claims"][0]["runs"]
+    page = (tmp_path / "out" / "stack.html").read_text()
+    assert "H2O pays off only above 32 concurrent sequences" in page and "max_num_seqs 16" in page
+    # Without --claims: no claims key, no section.
+    assert main(["stack", str(sc), "--json", "--no-progress"]) == 0
+    assert "claims" not in json.loads(capsys.readouterr().out)

@@ -48,6 +48,24 @@ HEADER = (
 )
 
 
+CLAIM_HEADER = ("rule (source)", "verdict", "why", "compared", "runs behind it")
+
+
+def _run_cell(r: dict[str, Any]) -> str:
+    m = r["metrics"]
+    return (
+        f"{r['label']} ({r['settings']}): cost ${m['cost_per_mtok_usd']:,.4f}/M, "
+        f"TPOT p99 {m['tpot_p99_s'] * 1e3:,.2f} ms, peak {m['peak_concurrent_sequences']} seqs, "
+        f"{m['kv_peak_used_blocks']:,} KV blocks at peak, pool {m['kv_tokens_per_replica']:,} tokens"
+    )
+
+
+def claim_cells(c: dict[str, Any], sep: str = "; ") -> list[str]:
+    """One checked rule's cells as plain text (terminal and page; `sep` between its runs)."""
+    runs = sep.join(_run_cell(r) for r in c["runs"]) or "none"
+    return [f"{c['rule']} ({c['source']})", str(c["verdict"]), str(c["why"]), str(c["metric"]), runs]
+
+
 def write_stack_report(out_dir: Path, data: dict[str, Any]) -> Path:
     page = h.render(
         "stack.html.j2",
@@ -56,6 +74,11 @@ def write_stack_report(out_dir: Path, data: dict[str, Any]) -> Path:
         gpu=data["gpu"],
         trace=data["trace"],
         table=_table([stack_cells(r) for r in data["rows"]], header=HEADER),
+        claims=(
+            _table([claim_cells(c) for c in data["claims"]], header=CLAIM_HEADER)
+            if "claims" in data
+            else None
+        ),
         claimed_source=data["claimed_source"],
         cost_basis=data.get("cost_basis", ""),
         plotly_src=None,
