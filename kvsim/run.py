@@ -273,7 +273,6 @@ def write_run(result: RunResult, out: Path | str, *, compress: bool = False) -> 
     form, or under one this run has no rows for, is removed (the CLI has checked it is kvsim's)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_summary(out / "summary.json", result.record)
     written = {"requests.csv", "timeseries.csv"}
     write_requests_csv(out / csv_name("requests.csv", compress), result.seqs)
     samples = [row for s in result.stats for row in s.samples]
@@ -289,3 +288,18 @@ def write_run(result: RunResult, out: Path | str, *, compress: bool = False) -> 
             stale = out / csv_name(name, form)
             if stale.exists():
                 stale.unlink()
+    # Last, so that a value summary.json cannot hold loses none of the CSVs: one line naming the
+    # field and what was written, and no summary or report of an earlier run left beside them.
+    try:
+        write_summary(out / "summary.json", result.record)
+    except KvsimError as exc:
+        for name in ("summary.json", "report.html"):
+            (out / name).unlink(missing_ok=True)
+        kept = ", ".join(
+            csv_name(n, compress)
+            for n in ("requests.csv", "timeseries.csv", "tiers.csv", "links.csv")
+            if n in written
+        )
+        raise KvsimError(
+            f"{exc.message}; wrote {kept} in {out}, not summary.json or the report", source=exc.source
+        ) from None

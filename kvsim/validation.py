@@ -177,7 +177,12 @@ def _scenario(
     d["sim"] = sim
     sim["fast_forward"] = False  # every step through schedule(), recorded
     sim.pop("max_time", None)
-    return scenario_from_dict(d, source=setup.source, base_dir=setup.base_dir)
+    # The GPU figures set here are validate's (a CPU's peaks, HBM sized to the blocks), not the
+    # user's: no warning that they are far from any real GPU.
+    quiet = [f"cluster.gpu.{k}" for k in (gpu_peaks or {})] + (
+        ["cluster.gpu.hbm"] if num_blocks is not None else []
+    )
+    return scenario_from_dict(d, source=setup.source, base_dir=setup.base_dir, quiet=quiet)
 
 
 def _refuse_discarded(setup: _Setup) -> None:

@@ -158,3 +158,30 @@ def test_piped_run_prints_a_progress_line_per_quarter(scenario, tmp_path, capsys
     assert all(line.startswith("simulated ") and " s of arrivals " in line for line in err)
     assert main(["run", str(scenario), "--out", str(tmp_path / "b"), "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_finished_run_whose_summary_cannot_be_written_is_one_line_exit_2(
+    scenario, tmp_path, capsys, monkeypatch
+):
+    """A non-finite number reaching the record (a defect) loses neither the run's CSVs nor a
+    traceback's worth of stderr: one line naming the field, exit 2."""
+    import dataclasses
+
+    import kvsim.run
+
+    real = kvsim.run.run_scenario
+
+    def infinite(*args, **kw):  # type: ignore[no-untyped-def]
+        res = real(*args, **kw)
+        res.record = dataclasses.replace(res.record, cost_per_mtok_usd=float("inf"))
+        return res
+
+    monkeypatch.setattr(kvsim.run, "run_scenario", infinite)
+    out = tmp_path / "out"
+    assert main(["run", str(scenario), "--out", str(out), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: ")
+    assert "summary.json: cost_per_mtok_usd is inf, which strict JSON cannot hold" in lines[0]
+    assert "wrote requests.csv, timeseries.csv" in lines[0]
+    assert (out / "requests.csv").read_text().count("\n") == 61
+    assert not (out / "summary.json").exists() and not (out / "report.html").exists()

@@ -149,3 +149,32 @@ def test_mean_kv_use_of_one_request_is_its_blocks_weighted_by_step_time(fast_for
     assert res.record.simulated_s == pytest.approx(prefill + decode.sum(), rel=1e-12)
     assert rep.kv_mean_used_blocks == pytest.approx(expected, rel=1e-12)
     assert rep.kv_peak_used_blocks == 64 and rep.busy_fraction == pytest.approx(1.0)
+
+
+def test_a_value_summary_json_cannot_hold_names_its_field_and_loses_no_csv(run_dir, tmp_path, monkeypatch):
+    """An infinity or NaN in the record (a defect: the bounds refuse the inputs that make one) is
+    one line naming each field's dotted path; the CSVs are still written, no summary beside them."""
+    res = run_scenario(small_scenario(), workload=make_workload([0.0], [100], [3]))
+    good, first = res.record, res.record.replicas[0]
+    bad = dataclasses.replace(
+        res.record,
+        simulated_s=float("inf"),
+        replicas=(dataclasses.replace(first, busy_fraction=float("nan")), *res.record.replicas[1:]),
+    )
+    monkeypatch.setattr(res, "record", bad)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text((run_dir / "summary.json").read_text())  # an earlier run's
+    with pytest.raises(KvsimError) as exc:
+        write_run(res, out)
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith(f"{out / 'summary.json'}: ")
+    assert "simulated_s is inf, replicas.0.busy_fraction is nan, which strict JSON cannot hold" in line
+    assert line.endswith(f"; wrote requests.csv, timeseries.csv in {out}, not summary.json or the report")
+    assert (out / "requests.csv").read_text().count("\n") == 2 and (out / "timeseries.csv").is_file()
+    assert not (out / "summary.json").exists()  # not the earlier run's beside this run's CSVs
+    with pytest.raises(
+        KvsimError, match=r"^summary\.json: simulated_s is inf, replicas\.0\.busy_fraction is nan"
+    ):
+        bad.to_json()
+    assert json.loads(good.to_json())["simulated_s"] == good.simulated_s

@@ -68,6 +68,7 @@ def test_validate_cpu_quick_end_to_end(tmp_path):
             assert (out / d / f).is_file(), (d, f)
         s = read_summary(out / d)
         assert s.requests.completed == 12 and s.requests.unfinished == 0 and s.requests.rejected == 0
+        assert not [w for w in s.warnings if "far from any real device" in w], d  # a CPU's peaks: validate's
     ex, sim = read_summary(out / "exec-1"), read_summary(out / "sim-profile-1")
     assert ex.steps == sim.steps and ex.kv_peak_used_blocks == sim.kv_peak_used_blocks
     assert ex.config.cost_model.startswith("measured:CPU")

@@ -19,6 +19,7 @@ Deliberately left out: per-request rows (``requests.csv``) and the occupancy tim
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
@@ -477,7 +478,18 @@ class RunSummary:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        """``summary.json``'s text; a `KvsimError` naming the fields that strict JSON cannot hold
+        (an infinity or NaN: a defect, since the bounds refuse the inputs that make them)."""
+        data = self.to_dict()
+        bad = non_finite(data)
+        if bad:
+            shown = ", ".join(f"{where} is {v}" for where, v in bad[:3])
+            more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+            raise KvsimError(
+                f"{shown}{more}, which strict JSON cannot hold (a defect; please report it)",
+                source="summary.json",
+            )
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: object, *, source: str = "summary") -> RunSummary:
@@ -541,7 +553,27 @@ def read_summary(path: Path | str) -> RunSummary:
 
 
 def write_summary(path: Path, summary: RunSummary) -> None:
-    path.write_text(summary.to_json())
+    """Write ``summary.json``; a value it cannot hold is a `KvsimError` naming `path` and the
+    field (`RunSummary.to_json`), before anything is written."""
+    try:
+        text = summary.to_json()
+    except KvsimError as exc:
+        raise KvsimError(exc.message, source=str(path)) from None
+    path.write_text(text)
+
+
+def non_finite(data: object, where: str = "") -> list[tuple[str, float]]:
+    """The dotted paths (``links.0.utilization``) and values of the infinities and NaNs in the
+    JSON form `data`."""
+    if isinstance(data, float):
+        return [] if math.isfinite(data) else [(where, data)]
+    if isinstance(data, dict):
+        items: Any = data.items()
+    elif isinstance(data, list | tuple):
+        items = enumerate(data)
+    else:
+        return []
+    return [bad for k, v in items for bad in non_finite(v, f"{where}.{k}" if where else str(k))]
 
 
 def part_from_dict(cls: type[T], data: object, *, source: str, path: str = "") -> T:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -1115,8 +1116,27 @@ def scenario_from_dict(
     base_dir: Path,
     overrides: tuple[str, ...] = (),
     file_gpu: str | None = None,
+    quiet: Collection[str] = (),
 ) -> Scenario:
-    """`file_gpu`: the GPU preset the file names before overrides (for `resolve_gpu_price`'s warning)."""
+    """`file_gpu`: the GPU preset the file names before overrides (for `resolve_gpu_price`'s warning).
+    A value legal but far from any real device is a warning in `Scenario.notes` (`bounds.far`),
+    except at the field paths in `quiet` (those its caller set itself: validate's CPU peaks)."""
+    with B.collect() as far:
+        sc = _scenario_from_dict(
+            data, source=source, base_dir=base_dir, overrides=overrides, file_gpu=file_gpu
+        )
+    unusual = tuple(dict.fromkeys(line for path, line in far if path not in quiet))
+    return dataclasses.replace(sc, notes=unusual + sc.notes) if unusual else sc
+
+
+def _scenario_from_dict(
+    data: Any,
+    *,
+    source: str,
+    base_dir: Path,
+    overrides: tuple[str, ...],
+    file_gpu: str | None,
+) -> Scenario:
     root = Section(data, source=source, path="")
     name = root.str("name", Path(source).stem)
     model_raw = root.raw("model")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
+from kvsim.spec import bounds
 
 T = TypeVar("T")
 MAX_SHOWN = 60  # characters of a value quoted in an error message
@@ -57,11 +58,13 @@ class Section:
         if default is not _MISSING and (key not in self.data or (value is None and default is None)):
             return value  # type: ignore[return-value]
         try:
-            return parse(value)
+            out = parse(value)
         except KvsimError as exc:
             if exc.source is not None:  # names a file of its own (a model's config.json): keep it
                 raise
             raise KvsimError(exc.message, source=self.source, path=self._p(key)) from None
+        bounds.note(out, parse, self.source, self._p(key))  # legal, but far from any device?
+        return out
 
     def int(self, key: str, default: object = _MISSING, *, lo: int = 0, hi: int = 2**62) -> int:
         v = self.raw(key, default)
