@@ -37,7 +37,7 @@ LAYERS = [
     ("costs",),
     ("sim",),
     ("results", "accuracy"),  # accuracy: the cited estimates a summary carries (spec only)
-    ("kvsize", "render", "run", "stack"),
+    ("kvsize", "render", "run", "stack", "claims"),
     ("sweep",),
     ("report",),
     ("validation", "validation_ops", "interop"),
