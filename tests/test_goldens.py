@@ -37,6 +37,42 @@ def test_goldens_cover_the_issue_cases() -> None:
     }
 
 
+def test_goldens_cover_the_tier_mechanisms() -> None:
+    """Issue 30: the tier mechanisms each have a scaled-down golden (their numbers, not only their
+    invariants): offload with loads, the global pool with the cache-aware router, pool nodes, swap
+    and auto preemption, speculative decoding, a lossy format, token eviction."""
+    assert set(golden_names()) >= {
+        "tier_offload_writeback",
+        "tier_global_pool_cache_aware",
+        "tier_pool_nodes",
+        "tier_preempt_swap",
+        "tier_preempt_auto",
+        "tier_spec_decode",
+        "tier_format_int4",
+        "tier_eviction_h2o",
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "section", "fields"),
+    [
+        ("tier_offload_writeback", "offload", ("loads", "loaded_bytes", "written_bytes")),
+        ("tier_global_pool_cache_aware", "global_pool", ("fetched_bytes", "remote_bytes", "published_bytes")),
+        ("tier_pool_nodes", "global_pool", ("fetched_bytes", "published_bytes")),
+        ("tier_preempt_swap", "swap", ("swaps",)),
+        ("tier_preempt_auto", "swap", ("swaps", "recomputes")),
+        ("tier_spec_decode", "spec_decode", ("drafted_tokens", "accepted_tokens")),
+        ("tier_eviction_h2o", "eviction", ("tokens_evicted", "trims")),
+    ],
+)
+def test_each_tier_golden_exercises_its_mechanism(name: str, section: str, fields: tuple[str, ...]) -> None:
+    """A golden pins a mechanism only if its run uses it: the pinned counts are positive."""
+    golden = json.loads((EXPECTED / name / "summary.json").read_text())
+    assert golden[section] is not None, name
+    for f in fields:
+        assert golden[section][f] > 0, f"{name}: {section}.{f}"
+
+
 def test_diff_catches_a_changed_number() -> None:
     assert diff_summary({"a": {"b": 1.0}}, {"a": {"b": 1.0 + 1e-6}})
     assert not diff_summary({"a": {"b": 1.0}}, {"a": {"b": 1.0 + 1e-13}, "new": 3})
