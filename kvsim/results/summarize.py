@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -206,19 +207,24 @@ def run_summary(
     )
 
 
+def _merged(off: OffloadWiring, stat: str) -> dict[int, Any]:
+    """One per-request statistic of every replica's offload port (`OffloadStats.<stat>`), merged:
+    request id -> value (a request is admitted by one replica)."""
+    out: dict[int, Any] = {}
+    for p in off.ports:
+        out.update(getattr(p.stats, stat))
+    return out
+
+
 def _pool_record(off: OffloadWiring, seqs: list[Request], simulated: float) -> GlobalPoolRecord:
     pool = off.pool
     assert pool is not None
     bpg = off.block_bytes_per_gpu
     admitted = [s for s in seqs if s.num_cached_tokens >= 0]
     prompt = sum(s.prompt_len for s in admitted)
-    first: dict[int, int] = {}
-    for p in off.ports:
-        first.update(p.stats.first_admission_global)
+    first = _merged(off, "first_admission_global")
     got = sum(first.get(s.id, 0) for s in admitted)
-    waits: dict[int, float] = {}
-    for p in off.ports:
-        waits.update(p.stats.waits)
+    waits = _merged(off, "waits")
     return GlobalPoolRecord(
         fetch=off.sc.kv.global_pool.fetch,
         capacity_bytes=int(pool.capacity_blocks * off.block_bytes),
@@ -293,19 +299,12 @@ def _offload_record(w: OffloadWiring, seqs: list[Request], simulated: float) -> 
     admitted = [s for s in seqs if s.num_cached_tokens >= 0]
     prompt = sum(s.prompt_len for s in admitted)
     hit = sum(s.num_cached_tokens for s in admitted)
-    first: dict[int, int] = {}
-    waits: dict[int, float] = {}
-    for p in w.ports:
-        first.update(p.stats.first_admission_tokens)
-        waits.update(p.stats.waits)
+    waits = _merged(w, "waits")
+    first, pool_first, ssd_first = (
+        _merged(w, f"first_admission_{tier}") for tier in ("tokens", "global", "ssd")
+    )
     dram_hit = sum(first.get(s.id, 0) for s in admitted)
-    pool_first: dict[int, int] = {}
-    for p in w.ports:
-        pool_first.update(p.stats.first_admission_global)
     pool_hit = sum(pool_first.get(s.id, 0) for s in admitted)
-    ssd_first: dict[int, int] = {}
-    for p in w.ports:
-        ssd_first.update(p.stats.first_admission_ssd)
     ssd_hit = sum(ssd_first.get(s.id, 0) for s in admitted)
     tp = w.sc.cluster.tensor_parallel
     return OffloadRecord(

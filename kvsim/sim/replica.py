@@ -79,8 +79,9 @@ class TokenGaps:
         self.gap_id: list[int] = []
         # (request id, tokens, len(gap_s) then) emitted with another, gap 0
         self.zeros: list[tuple[int, int, int]] = []
-        # (gaps, requests each had them, len(gap_s) then): the position orders `per_request`
-        self.shared: list[tuple[np.ndarray, tuple[int, ...], int]] = []
+        # (a window's step ends, requests that had their gaps, len(gap_s) then): the gaps are the
+        # ends' differences, taken after the run (`_shared_gaps`); the position orders `per_request`
+        self.shared: list[tuple[list[float], list[int], int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -96,14 +97,19 @@ class TokenGaps:
         """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
         last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
         t0, t1 = ends[0], ends[-1]
+        ids = []
         for req in reqs:  # decoding: each emitted before
-            gap_s.append(t0 - last[req.id])
-            gap_id.append(req.id)
-            last[req.id] = t1
-        if len(ends) > 1 and reqs:
-            self.shared.append(
-                (np.diff(np.asarray(ends, dtype=np.float64)), tuple(r.id for r in reqs), len(gap_s))
-            )
+            rid = req.id
+            gap_s.append(t0 - last[rid])
+            gap_id.append(rid)
+            last[rid] = t1
+            ids.append(rid)
+        if len(ends) > 1 and ids:
+            self.shared.append((ends, ids, len(gap_s)))
+
+    def _shared_gaps(self) -> list[tuple[np.ndarray, list[int], int]]:
+        """`shared` with each window's gaps (the differences of its step ends)."""
+        return [(np.diff(np.asarray(e, dtype=np.float64)), ids, pos) for e, ids, pos in self.shared]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
@@ -114,7 +120,7 @@ class TokenGaps:
             counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
         ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
-        for shared, ids, _ in self.shared:
+        for shared, ids, _ in self._shared_gaps():
             w = len(ids) if not others else sum(1 for r in ids if r in keep)
             vals.append(shared)
             ns.append(np.full(len(shared), w, dtype=np.int64))
@@ -130,7 +136,7 @@ class TokenGaps:
         for r, n, pos in self.zeros:
             if r in keep:
                 parts[r].append((pos, 0, [0.0] * n))
-        for shared, ids, pos in self.shared:
+        for shared, ids, pos in self._shared_gaps():
             gaps = shared.tolist()
             for r in ids:
                 if r in keep:
