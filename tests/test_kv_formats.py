@@ -5,6 +5,9 @@ profile refusing a format it has no data for. Direction and size, with exact num
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import ForwardBatch
 from kvsim.costs.profile import ProfileCostModel
 from kvsim.errors import KvsimError
+from kvsim.results.summarize import typical_shape
 from kvsim.run import make_cost_model, run_scenario
 from kvsim.spec.formats import format_from_name
 from tests.helpers import small_scenario
@@ -268,6 +272,72 @@ def test_profile_with_kvquant4_rates_adds_only_the_difference_of_outliers():
 def test_fast_forward_equals_stepping_with_a_profile_and_kvquant4():
     a, _ = profile_under_load("kv.format=kvquant4", "cost_model.force=true")
     assert any("outlier merge" in w for w in a.summary["warnings"])
+
+
+def _fp8_profile(fp8_time: float, *, bf16: bool = True) -> dict:
+    """The synthetic profile with fp8 decode and prefill points `fp8_time` times bf16's (at half the
+    bytes, so fp8's modelled time is exactly that multiple); without its bf16 points if not `bf16`."""
+    prof = _synthetic()
+    for op in ("paged_decode", "chunked_prefill"):
+        pts = prof["ops"][op]["points"]
+        fp8 = [
+            {
+                **p,
+                "format": "fp8_e4m3/per_tensor",
+                "bytes": p["bytes"] / 2,
+                **{k: p[k] * fp8_time for k in ("t_p20", "t_p50", "t_p80")},
+            }
+            for p in pts
+        ]
+        prof["ops"][op]["points"] = (pts if bf16 else []) + fp8
+    return prof
+
+
+def _sign_model(tmp_path: Path, prof: dict, fmt: str = "fp8", **kv: object) -> ProfileCostModel:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    sc = small_scenario(kv={"format": fmt, **kv}, cost_model={"kind": "profile", "profile": str(path)})
+    cm = make_cost_model(sc)
+    assert isinstance(cm, ProfileCostModel)
+    return cm
+
+
+def test_a_profile_that_disagrees_with_the_fitted_model_on_a_formats_direction_says_so(tmp_path):
+    # The fitted H100 model: fp8 decode attention 1.26x faster. This profile: fp8 twice as slow.
+    cm = _sign_model(tmp_path, _fp8_profile(2.0))
+    (line,) = cm.format_sign_warnings(8, 1000.0)
+    assert line.startswith(
+        "cost model: the profile and the fitted analytic model disagree on fp8_e4m3/per_tensor's "
+        "direction: a decode step of 8 sequences x 1,000 tokens (the run's mean) takes +"
+    )
+    assert "on analytic (fitted to aiconfigurator h100_sxm tables)" in line and "% vs bf16" in line
+    # Agreeing (fp8 faster on both), a bf16 cache, a profile with no bf16 to compare: silent.
+    assert _sign_model(tmp_path, _fp8_profile(0.5)).format_sign_warnings(8, 1000.0) == []
+    assert _sign_model(tmp_path, _fp8_profile(2.0), "bf16").format_sign_warnings(8, 1000.0) == []
+    no_bf16 = _sign_model(tmp_path, _fp8_profile(2.0, bf16=False))
+    assert no_bf16.format_sign_warnings(8, 1000.0) == []
+    # A change too small for a direction (under 0.1% of the step), and the analytic model itself.
+    assert _sign_model(tmp_path, _fp8_profile(1.001)).format_sign_warnings(8, 1000.0) == []
+    assert _analytic(format="fp8").format_sign_warnings(8, 1000.0) == []
+
+
+def test_the_run_warns_once_at_its_typical_shape_stepping_and_fast_forward(tmp_path):
+    wl = {"synthetic": {"num_requests": 12, "rate": 50, "input": {"dist": "constant", "mean": 600}}}
+    for fp8_time, warned in ((2.0, 1), (0.5, 0)):
+        path = tmp_path / f"p{fp8_time}.json"
+        path.write_text(json.dumps(_fp8_profile(fp8_time)))
+        sc = small_scenario(
+            kv={"format": "fp8"}, workload=wl, cost_model={"kind": "profile", "profile": str(path)}
+        )
+        res = run_scenario(sc)
+        lines = [w for w in res.summary["warnings"] if "disagree on fp8_e4m3/per_tensor" in w]
+        assert len(lines) == warned
+        stepped = run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=False)))
+        assert stepped.summary["warnings"] == res.summary["warnings"]  # the shape is the requests'
+    finished = [r for r in res.seqs if r.output_len > 1]
+    n, ctx = typical_shape(finished, math.fsum(s.busy_s for s in res.stats)) or (0, 0.0)
+    assert 1 <= n <= 12 and 600 < ctx < 600 + max(r.output_len for r in finished)
+    assert typical_shape([], 1.0) is None
 
 
 def test_profile_prices_each_part_of_a_mix_at_its_own_rates():

@@ -79,6 +79,7 @@ from kvsim.costs.profile_schema import (
     model_shapes,
 )
 from kvsim.costs.work import (
+    BF16,
     attended_pairs,
     attended_prefix,
     attn_flops_per_pair_layer,
@@ -222,6 +223,7 @@ class ProfileCostModel(StepCostModel):
             )
         self.name = f"profile:{label}"
         self.source = source
+        self._profile, self._label = profile, label  # for `format_sign_warnings`' bf16 twin
         self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
         self.mix, self.force = mix, force
         self.overhead_s = Efficiencies().step_overhead_s
@@ -966,6 +968,57 @@ class ProfileCostModel(StepCostModel):
                     how += "; a prefix beyond the longest measured: its share is warned below"
                 out.append(f"profile: {flag} extrapolated beyond the measured grid ({how})")
         return out
+
+    def format_sign_warnings(self, num_seqs: int, ctx_per_seq: float) -> list[str]:
+        """The cache's format over bf16 in a decode step of `num_seqs` sequences over `ctx_per_seq`
+        tokens each, as this profile prices it and as the analytic model for the GPU (fitted where
+        its tables are) does, without eviction or a format switch: one line when one says faster and
+        the other slower, each change at least `SIGN_DEAD_BAND`. None for a bf16/fp16 cache, or a
+        profile without bf16 decode points. Builds four models: once per run, after it."""
+        if num_seqs < 1 or not any(f.lossy for f, _ in format_parts(self.fmt, self.mix)):
+            return []
+        a = self.analytic
+        fmt_a = AnalyticCostModel(
+            a.model, a.gpu, a.tp, self.fmt, a.topology, mix=self.mix, block_size=a.block_size
+        )
+        bf16_a = AnalyticCostModel(a.model, a.gpu, a.tp, BF16, a.topology, block_size=a.block_size)
+        try:
+            bf16_p = ProfileCostModel(
+                self._profile, self.model, self.tp, BF16, bf16_a, source=self.source, label=self._label
+            )
+        except KvsimError:  # no bf16 points: nothing measured to compare against
+            return []
+        fmt_p = ProfileCostModel(
+            self._profile,
+            self.model,
+            self.tp,
+            self.fmt,
+            fmt_a,
+            source=self.source,
+            label=self._label,
+            mix=self.mix,
+            force=self.force,
+        )
+        ctx = np.array([float(num_seqs) * ctx_per_seq])
+        prof, ana = (
+            float(f.decode_step_times(num_seqs, ctx)[0] / b.decode_step_times(num_seqs, ctx)[0]) - 1.0
+            for f, b in ((fmt_p, bf16_p), (fmt_a, bf16_a))
+        )
+        if prof * ana >= 0.0 or min(abs(prof), abs(ana)) < SIGN_DEAD_BAND:
+            return []
+        what = self.fmt.name if self.mix is None else f"{self.fmt.name} with {self.mix.name}"
+        return [
+            f"cost model: the profile and the fitted analytic model disagree on {what}'s direction: a "
+            f"decode step of {num_seqs} sequences x {ctx_per_seq:,.0f} tokens (the run's mean) takes "
+            f"{prof:+.1%} vs bf16 on the profile, {ana:+.1%} on {fmt_a.name}; which is faster depends "
+            "on the cost model (docs/cost-model-accuracy.md)"
+        ]
+
+
+# A change to a step smaller than this has no direction worth a warning: far inside either model's
+# error (median 6-9% per decode-attention call on the tables, docs/cost-model-accuracy.md). A kvsim
+# choice, not a measurement.
+SIGN_DEAD_BAND = 1e-3
 
 
 def load_profile_cost_model(sc: Any) -> ProfileCostModel:
