@@ -55,7 +55,6 @@ import torch
 
 from calibrate.harness import MAX_COPIES, num_copies, rotation_bytes
 from kvsim.costs.work import (
-    QUANT_FLOPS_PER_ELEMENT,
     attn_flops_per_pair_layer,
     causal_pairs,
     compact_bytes_per_token_layer,
@@ -64,6 +63,7 @@ from kvsim.costs.work import (
     h2o_accumulate_bytes_per_token_layer,
     h2o_select_bytes_per_token_layer,
     kv_bytes_per_token_layer_gpu,
+    quant_ops_per_element,
     quant_write_bytes_per_token_layer,
     step_rest_bytes_per_token,
 )
@@ -729,7 +729,7 @@ def _write_points(
                 params,
                 fn,
                 n * per_tok,
-                float(n * elements * QUANT_FLOPS_PER_ELEMENT[fmt.kind]),
+                float(n * elements * quant_ops_per_element(fmt, sh.head_dim)),
                 before=after,
             )
 

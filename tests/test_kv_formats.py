@@ -5,6 +5,9 @@ profile refusing a format it has no data for. Direction and size, with exact num
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +16,14 @@ from kvsim.accuracy import accuracy_note
 from kvsim.core.memory_plan import plan_memory
 from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import ForwardBatch
+from kvsim.costs.profile import ProfileCostModel
 from kvsim.errors import KvsimError
+from kvsim.results.summarize import typical_shape
 from kvsim.run import make_cost_model, run_scenario
+from kvsim.spec.formats import format_from_name
 from tests.helpers import small_scenario
+from tests.test_engine import profile_under_load
+from tests.test_profile import _synthetic
 
 AIC = "scenarios/profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json"
 MIX = {"format": "int8", "format_mix": {"format": "int4", "share": 0.75}}
@@ -138,6 +146,71 @@ def test_more_sequences_fit_in_int4_so_fewer_preemptions():
     assert q["simulated_s"] < b["simulated_s"]
 
 
+# kvquant4/1.0% on Llama-3.1-8B: ceil(0.01 x 128) = 2 outliers per vector, 32 layers x 16 vectors.
+OUTLIER_BYTES = 32 * 16 * 2 * 4  # fp16 value + int16 index each
+OUTLIER_OPS = 32 * 16 * 128 * 2 * 2  # a compare and a select over the vector per outlier
+
+
+def test_kvquant4_pays_its_outlier_path_over_int4():
+    int4, kvq = _analytic(format="int4"), _analytic(format="kvquant4")
+    zero = _analytic(format="kvquant4", outlier_fraction=0.0)
+    bw = int4.bw * int4.ops.decode_attn.e_max
+    vector = int4.gpu.bf16_flops / 15
+    tokens = 64 * 4096.0 + 64
+    ctx = np.array([64 * 4096.0])
+    a, q, z = (float(c._decode_attn_time(64, ctx)[0]) for c in (int4, kvq, zero))
+    # The 4-bit codes at int4's speed-up, plus the outliers' bytes and their merge, not overlapped.
+    assert q - a == pytest.approx(tokens * (OUTLIER_BYTES / bw + OUTLIER_OPS / vector), rel=1e-9)
+    assert z == a  # no outliers: int4's decode attention exactly
+    # Quantize-on-write: the codebook search and, per outlier, a selection pass of 9 ops an element.
+    assert kvq.work.quant_write_flops_per_token == 32 * 16 * 128 * (34 + 9 * 2)
+    assert zero.work.quant_write_flops_per_token == 32 * 16 * 128 * 34
+    # A cached prefix's outliers are merged once per prefill chunk (its bytes hide under the FLOPs).
+    merged = kvq._prefill_attn_time(512, 2048) - zero._prefill_attn_time(512, 2048)
+    assert merged == pytest.approx(2048 * OUTLIER_OPS / vector, rel=1e-9)
+    assert kvq._prefill_attn_time(512, 0) == zero._prefill_attn_time(512, 0)
+    # The write is bytes-bound (50% of HBM) for all three: kvquant4/0% writes 66 B a vector, int4 72.
+    w_bw = int4.gpu.hbm_bw_bytes_per_s * 0.5
+    assert zero._write_time(100) == pytest.approx(100 * (131072 + 32 * 16 * 66) / w_bw, rel=1e-12)
+    assert int4._write_time(100) == pytest.approx(100 * (131072 + 32 * 16 * 72) / w_bw, rel=1e-12)
+
+
+def _decode_heavy(fmt: str, fast_forward: bool, **kv: object) -> dict:
+    """64 requests arriving together, 2,000-token prompts and 400-token answers: decode steps of
+    up to 64 sequences over ~2,000-2,400 tokens each."""
+    wl = {
+        "synthetic": {
+            "num_requests": 64,
+            "rate": 1000,
+            "input": {"dist": "constant", "mean": 2000},
+            "output": {"dist": "constant", "mean": 400},
+        }
+    }
+    sc = small_scenario(kv={"format": fmt, "prefix_cache": False, **kv}, workload=wl)
+    sc = dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=fast_forward))
+    return run_scenario(sc).summary
+
+
+def test_kvquant4_tpot_is_a_few_percent_over_int4_stepping_and_fast_forward():
+    runs = {
+        (name, ff): _decode_heavy(fmt, ff, **kv)
+        for name, fmt, kv in (
+            ("int4", "int4", {}),
+            ("kvquant4", "kvquant4", {}),
+            ("kvquant4/0%", "kvquant4", {"outlier_fraction": 0.0}),
+        )
+        for ff in (True, False)
+    }
+    for name in ("int4", "kvquant4", "kvquant4/0%"):
+        assert runs[(name, True)]["tpot_s"] == runs[(name, False)]["tpot_s"]  # float for float
+    tpot = {name: runs[(name, True)]["tpot_s"]["mean"] for name in ("int4", "kvquant4", "kvquant4/0%")}
+    # The documents' outlier path: about 3-5% of a decode step (000, section 3.3).
+    assert 1.02 < tpot["kvquant4"] / tpot["int4"] < 1.08  # 1.054 here, where attention is heavy
+    # No outliers: int4's decode attention; 66 B a vector written instead of 72 (a hair faster).
+    assert tpot["kvquant4/0%"] == pytest.approx(tpot["int4"], rel=2e-3)
+    assert tpot["kvquant4/0%"] <= tpot["int4"]
+
+
 def test_profile_without_the_format_is_refused_naming_what_it_has():
     sc = small_scenario(
         cluster={"gpu": "h200-sxm"}, kv={"format": "int4"}, cost_model={"kind": "profile", "profile": AIC}
@@ -156,6 +229,115 @@ def test_profile_without_the_format_is_refused_naming_what_it_has():
     assert any(
         "kv_write not measured (schema 1.1 op); quantize-on-write priced by the analytic" in n for n in notes
     )
+
+
+def test_profile_without_kvquant4_rates_adds_its_outlier_merge_and_says_so():
+    base = {"cluster": {"gpu": "h200-sxm"}, "cost_model": {"kind": "profile", "profile": AIC, "force": True}}
+    kvq = make_cost_model(small_scenario(kv={"format": "kvquant4"}, **base))
+    zero = make_cost_model(small_scenario(kv={"format": "kvquant4", "outlier_fraction": 0.0}, **base))
+    assert isinstance(kvq, ProfileCostModel) and isinstance(zero, ProfileCostModel)
+    merge = kvq.analytic.outlier_merge_s(kvq.fmt)
+    assert merge == pytest.approx(OUTLIER_OPS / (kvq.analytic.gpu.bf16_flops / 15), rel=1e-12)
+    assert kvq._outlier_s_per_token == merge and zero._outlier_s_per_token == 0.0
+    assert any(
+        "paged_decode's bf16 rates for KV format kvquant4/1.0%: kvquant4's outlier merge (added)" in n
+        for n in kvq.warnings()
+    )
+    assert not any("outlier merge" in n for n in zero.warnings())
+    # The bf16 rates scaled by kvquant4's bytes (its outliers' included), plus the merge.
+    ctx = np.array([32 * 3000.0])
+    tokens = 32 * 3000.0 + 32
+    scaled = (kvq.kv_bytes_per_token_layer / zero.kv_bytes_per_token_layer) * zero._decode_attn_time(32, ctx)
+    assert kvq._decode_attn_time(32, ctx)[0] == pytest.approx(scaled[0] + tokens * merge, rel=1e-12)
+
+
+def test_profile_with_kvquant4_rates_adds_only_the_difference_of_outliers():
+    prof = _synthetic()
+    for op in ("paged_decode", "chunked_prefill"):
+        prof["ops"][op]["points"] = [{**p, "format": "kvquant4/1.0%"} for p in prof["ops"][op]["points"]]
+    prof["kv_formats"] = ["kvquant4/1.0%"]
+    ana = _analytic(format="kvquant4")
+
+    def model(fraction: float) -> ProfileCostModel:
+        fmt = format_from_name(f"kvquant4/{fraction:.1%}")
+        return ProfileCostModel(prof, ana.model, 1, fmt, ana, source="t.json", label="t.json")
+
+    same, more = model(0.01), model(0.03)  # 2 and 4 outliers a vector
+    assert same._outlier_s_per_token == 0.0 and same._prefill_outlier_s == [0.0]
+    assert not any("outlier merge" in n for n in same.warnings())
+    assert more._outlier_s_per_token == pytest.approx(ana.outlier_merge_s(ana.fmt), rel=1e-12)  # 2 more
+    assert any("kvquant4/1.0% rates for KV format kvquant4/3.0%" in n for n in more.warnings())
+
+
+def test_fast_forward_equals_stepping_with_a_profile_and_kvquant4():
+    a, _ = profile_under_load("kv.format=kvquant4", "cost_model.force=true")
+    assert any("outlier merge" in w for w in a.summary["warnings"])
+
+
+def _fp8_profile(fp8_time: float, *, bf16: bool = True) -> dict:
+    """The synthetic profile with fp8 decode and prefill points `fp8_time` times bf16's (at half the
+    bytes, so fp8's modelled time is exactly that multiple); without its bf16 points if not `bf16`."""
+    prof = _synthetic()
+    for op in ("paged_decode", "chunked_prefill"):
+        pts = prof["ops"][op]["points"]
+        fp8 = [
+            {
+                **p,
+                "format": "fp8_e4m3/per_tensor",
+                "bytes": p["bytes"] / 2,
+                **{k: p[k] * fp8_time for k in ("t_p20", "t_p50", "t_p80")},
+            }
+            for p in pts
+        ]
+        prof["ops"][op]["points"] = (pts if bf16 else []) + fp8
+    return prof
+
+
+def _sign_model(tmp_path: Path, prof: dict, fmt: str = "fp8", **kv: object) -> ProfileCostModel:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    sc = small_scenario(kv={"format": fmt, **kv}, cost_model={"kind": "profile", "profile": str(path)})
+    cm = make_cost_model(sc)
+    assert isinstance(cm, ProfileCostModel)
+    return cm
+
+
+def test_a_profile_that_disagrees_with_the_fitted_model_on_a_formats_direction_says_so(tmp_path):
+    # The fitted H100 model: fp8 decode attention 1.26x faster. This profile: fp8 twice as slow.
+    cm = _sign_model(tmp_path, _fp8_profile(2.0))
+    (line,) = cm.format_sign_warnings(8, 1000.0)
+    assert line.startswith(
+        "cost model: the profile and the fitted analytic model disagree on fp8_e4m3/per_tensor's "
+        "direction: a decode step of 8 sequences x 1,000 tokens (the run's mean) takes +"
+    )
+    assert "on analytic (fitted to aiconfigurator h100_sxm tables)" in line and "% vs bf16" in line
+    # Agreeing (fp8 faster on both), a bf16 cache, a profile with no bf16 to compare: silent.
+    assert _sign_model(tmp_path, _fp8_profile(0.5)).format_sign_warnings(8, 1000.0) == []
+    assert _sign_model(tmp_path, _fp8_profile(2.0), "bf16").format_sign_warnings(8, 1000.0) == []
+    no_bf16 = _sign_model(tmp_path, _fp8_profile(2.0, bf16=False))
+    assert no_bf16.format_sign_warnings(8, 1000.0) == []
+    # A change too small for a direction (under 0.1% of the step), and the analytic model itself.
+    assert _sign_model(tmp_path, _fp8_profile(1.001)).format_sign_warnings(8, 1000.0) == []
+    assert _analytic(format="fp8").format_sign_warnings(8, 1000.0) == []
+
+
+def test_the_run_warns_once_at_its_typical_shape_stepping_and_fast_forward(tmp_path):
+    wl = {"synthetic": {"num_requests": 12, "rate": 50, "input": {"dist": "constant", "mean": 600}}}
+    for fp8_time, warned in ((2.0, 1), (0.5, 0)):
+        path = tmp_path / f"p{fp8_time}.json"
+        path.write_text(json.dumps(_fp8_profile(fp8_time)))
+        sc = small_scenario(
+            kv={"format": "fp8"}, workload=wl, cost_model={"kind": "profile", "profile": str(path)}
+        )
+        res = run_scenario(sc)
+        lines = [w for w in res.summary["warnings"] if "disagree on fp8_e4m3/per_tensor" in w]
+        assert len(lines) == warned
+        stepped = run_scenario(dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=False)))
+        assert stepped.summary["warnings"] == res.summary["warnings"]  # the shape is the requests'
+    finished = [r for r in res.seqs if r.output_len > 1]
+    n, ctx = typical_shape(finished, math.fsum(s.busy_s for s in res.stats)) or (0, 0.0)
+    assert 1 <= n <= 12 and 600 < ctx < 600 + max(r.output_len for r in finished)
+    assert typical_shape([], 1.0) is None
 
 
 def test_profile_prices_each_part_of_a_mix_at_its_own_rates():

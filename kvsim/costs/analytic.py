@@ -33,8 +33,19 @@ Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
   on H100; GPUs with tables use their fitted fp8 speed-up and an fp8 prefill-attention factor,
-  ``fp8_kv`` in the fit file: 1.26x and 1.18x slower prefill on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4 1.7x (KVQuant's kernel
+  ``fp8_kv`` in the fit file: 1.26x and 1.18x slower prefill on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4's 4-bit codes 1.7x (KVQuant's kernel
   about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
+- kvquant4's outlier path, on top of its codes' 1.7x (estimate, `kvsim.costs.work`): its outliers'
+  bytes (fp16 value + int16 index) at the decode efficiency, and their merge into the dequantized
+  vectors, 2 vector operations per element per outlier (``kernels/kv_cache.py``), at the
+  quantize-on-write vector rate, not overlapped with the reads; a prefill chunk merges its cached
+  prefix's once; quantize-on-write adds the outlier selection, 9 operations per element per outlier
+  (``kernels/kv_write.py``). At 1% (2 outliers of 128) it adds 4.4% to the default scenario's
+  TPOT at 8x load on H100 (5.4% at 64 sequences of 2K tokens, 0.1% at batch 1): the design documents
+  put the outlier dequantize-requantize path at 3-5% of each decode step (000, section 3.3).
+  KVQuant's "up to ~1.7x over fp16" (Hooper et al. 2024, arXiv 2401.18079, abstract) is its 4-bit
+  kernel with 1% sparse outliers, the path included: charging the path on top is conservative
+  (a kvsim assumption). outlier_fraction 0 prices decode attention exactly as int4.
 - quantize-on-write of new tokens (lossy formats): 50% of HBM peak for its bytes (estimate: a
   short elementwise kernel over a few MB per step, no measurement on file), its vector operations
   at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
@@ -84,11 +95,13 @@ from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import (
     REFERENCE_BLOCK_SIZE,
     ModelWork,
+    attended_prefix,
     block_extra_tokens,
     block_gather_factor,
     decode_tokens_read,
     format_parts,
     kv_bytes_per_token_gpu,
+    outlier_read_work_per_token,
     quant_write_work_per_token,
     requant_work_per_token,
 )
@@ -185,6 +198,15 @@ class AnalyticCostModel(StepCostModel):
             share * (w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / self.speedup.get(f.kind.value, 1.0))
             for f, share in format_parts(fmt, mix)
         )
+        # kvquant4's outlier path on top of its 4-bit codes' speed-up (int4's): the outliers' bytes
+        # at the decode efficiency, their merge into the vectors at the vector rate, not overlapped.
+        self.vector_flops = gpu.bf16_flops * self.eff.vector_flops_fraction
+        self.outlier_s_per_token = 0.0  # merge seconds per cached token read (0 without outliers)
+        for f, share in format_parts(fmt, mix):
+            ob, _ = outlier_read_work_per_token(m, f, tp)
+            if ob:
+                self.decode_attn_s_per_token += share * ob / (self.bw * d.e_max)
+                self.outlier_s_per_token += share * self.outlier_merge_s(f)
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
         self.eviction = eviction
         self.score_s_per_token = 0.0  # H2O score accumulation (or entropy statistics) + selection
@@ -208,6 +230,7 @@ class AnalyticCostModel(StepCostModel):
         # speed-up (per first-format token slot: times b1 / b2 tokens), writes its new tokens in it,
         # and its crossing reads every token in the first format and writes it in the second.
         self.switch_s_per_slot = 0.0
+        self.switch_outlier_s_per_slot = 0.0
         self.switch_flops_s_per_slot = 0.0
         self.switch_write_s_per_token = 0.0
         self.requant_bytes_per_token = 0.0
@@ -217,6 +240,10 @@ class AnalyticCostModel(StepCostModel):
             slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
             speed = self.speedup.get(f2.kind.value, 1.0)
             self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speed
+            ob, _ = outlier_read_work_per_token(m, f2, tp)
+            if ob:  # kvquant4 as the second format: its outlier path, as above
+                self.switch_s_per_slot += slots * ob / (self.bw * d.e_max)
+                self.switch_outlier_s_per_slot = slots * self.outlier_merge_s(f2)
             self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
             qb, qf = quant_write_work_per_token(m, f2, tp, None)
             self.switch_write_s_per_token = max(
@@ -229,6 +256,11 @@ class AnalyticCostModel(StepCostModel):
         self.gather = block_gather_factor(block_size)  # a prefill's paged KV reads, per token
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
+
+    def outlier_merge_s(self, fmt: KVFormat) -> float:
+        """Seconds per cached token that attention spends merging kvquant4's outliers into the
+        dequantized vectors of `fmt` (all of the cache in it; 0 without outliers), at the vector rate."""
+        return outlier_read_work_per_token(self.model, fmt, self.tp)[1] / self.vector_flops
 
     # ---- parts ------------------------------------------------------------------------------------
     def _gemm_time(self, num_tokens: int, num_sampling: int) -> float:
@@ -262,6 +294,8 @@ class AnalyticCostModel(StepCostModel):
             rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot,
             rest * self.decode_attn_flops_s_per_token + sw * self.switch_flops_s_per_slot,
         )
+        if self.outlier_s_per_token or self.switch_outlier_s_per_slot:
+            out = out + (rest * self.outlier_s_per_token + sw * self.switch_outlier_s_per_slot)
         return out
 
     def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
@@ -276,10 +310,13 @@ class AnalyticCostModel(StepCostModel):
         if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
             per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
             out: np.ndarray = fixed + tokens * (per_token + self.score_s_per_token)
-            return out
-        return fixed + np.maximum(
-            tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
-        )
+        else:
+            out = fixed + np.maximum(
+                tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
+            )
+        if self.outlier_s_per_token:  # kvquant4's outliers merged into the tokens it reads
+            out = out + tokens * self.outlier_s_per_token
+        return out
 
     def _verify_attn_time(self, n: int, ctx: int) -> float:
         # A verify row's n = k + 1 queries read the cache once, like a decode (at k + 1 <= 33 the
@@ -287,9 +324,12 @@ class AnalyticCostModel(StepCostModel):
         # for n queries if larger, plus its per-sequence time. Estimate: the prefill fit's ramp
         # (n_half) is fitted to chunks of hundreds of tokens and would price 5 queries like 1,000.
         tokens = ctx + n + float(block_extra_tokens(1, ctx + n, self.block_size))
-        return self.decode_per_seq_s + max(
+        t = self.decode_per_seq_s + max(
             tokens * self.decode_attn_s_per_token, n * tokens * self.decode_attn_flops_s_per_token
         )
+        if self.outlier_s_per_token:
+            t += tokens * self.outlier_s_per_token
+        return t
 
     def decode_score_time(self, tokens: np.ndarray) -> np.ndarray:
         """H2O score accumulation (or attention-entropy statistics) and selection over ``tokens``
@@ -343,6 +383,8 @@ class AnalyticCostModel(StepCostModel):
         )
         if self.prefill_score:
             t += self.prefill_score_time(n, ctx)
+        if self.outlier_s_per_token and ctx:  # the cached prefix's outliers, merged once per chunk
+            t += attended_prefix(self.model, ctx) * self.outlier_s_per_token
         return t
 
     prefix_rule = (

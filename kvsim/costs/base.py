@@ -147,6 +147,13 @@ class CostModel(Protocol):
         """The model's notes, and one line per off-grid flag in ``ran`` (what the engine ran)."""
         ...
 
+    def format_sign_warnings(self, num_seqs: int, ctx_per_seq: float) -> list[str]:
+        """One line where this model and the fitted analytic model disagree on the direction of the
+        KV format's change to a decode step of `num_seqs` sequences over `ctx_per_seq` tokens each
+        (the format's step over bf16's: one faster, the other slower); none otherwise, and none for
+        a model that is the analytic one. Asked once per run, after it, at its typical shape."""
+        ...
+
     def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
         """Seconds of a prefill chunk's attention (``n`` new tokens over ``ctx`` cached ones) that
         its data did not measure: the part over a cached prefix longer than its tables' longest
@@ -360,6 +367,9 @@ class StepCostModel:
         return StepPrice(self.eviction_time(work))
 
     def warnings(self, ran: frozenset[str] = NO_FLAGS) -> list[str]:
+        return []
+
+    def format_sign_warnings(self, num_seqs: int, ctx_per_seq: float) -> list[str]:
         return []
 
     prefix_rule = ""  # how the attention over a cached prefix beyond the measured ones is priced

@@ -29,7 +29,10 @@ other block-table writes as the analytic model's kernel), and the write of a los
 tokens (none for a bf16/fp16 cache, as in the analytic model; its decode rows' plain write is priced
 below), a format switch's second format included. An op the profile lacks, or lacks for a format of
 the cache, is priced by the analytic model, with a note in `warnings` naming it; a profile with none
-of them prices exactly as the analytic model does.
+of them prices exactly as the analytic model does. kvquant4's outlier merge is inside a measured
+kvquant4 table; where ``paged_decode`` or ``chunked_prefill`` rates are another format's (forced:
+scaled by bytes, which hold the outliers' bytes but not their merge) the analytic estimate of the
+merge is added (between two outlier fractions, the difference), with a note.
 
 The 1.2 ops price the rest of a step (`_step_base`), per layer x step: ``step_rest``'s ``layer``
 part (one layer's RMSNorms, rotary, residual adds, SiLU-and-mul) over the step's tokens times the
@@ -76,6 +79,7 @@ from kvsim.costs.profile_schema import (
     model_shapes,
 )
 from kvsim.costs.work import (
+    BF16,
     attended_pairs,
     attended_prefix,
     attn_flops_per_pair_layer,
@@ -90,7 +94,7 @@ from kvsim.costs.work import (
     step_rest_bytes_per_token,
 )
 from kvsim.errors import KvsimError
-from kvsim.spec.formats import FormatMix, KVFormat
+from kvsim.spec.formats import FormatKind, FormatMix, KVFormat, format_from_name
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
 from kvsim.spec.topology import Link
 
@@ -219,6 +223,7 @@ class ProfileCostModel(StepCostModel):
             )
         self.name = f"profile:{label}"
         self.source = source
+        self._profile, self._label = profile, label  # for `format_sign_warnings`' bf16 twin
         self.model, self.tp, self.fmt, self.analytic = model, tp, fmt, analytic
         self.mix, self.force = mix, force
         self.overhead_s = Efficiencies().step_overhead_s
@@ -229,6 +234,7 @@ class ProfileCostModel(StepCostModel):
         self._prefill_cache: dict[tuple[int, int], tuple[float, bool]] = {}
         self._extra_cache: dict[tuple[int, int], float] = {}
         self._decode_rows: dict[int, tuple[np.ndarray, bool]] = {}
+        self._picked: dict[tuple[str, str], str] = {}  # (op, format wanted) -> the points' format
         ops = profile["ops"]
         for op in ("gemm", "paged_decode", "chunked_prefill"):
             if op not in ops:
@@ -260,6 +266,16 @@ class ProfileCostModel(StepCostModel):
         ]
         self._decode = self._decodes[0]
         self._prefill = self._prefills[0]
+        # kvquant4's outlier merge where its rates are another format's (`_outlier_adjust_s`).
+        self._outlier_s_per_token = sum(
+            share * self._outlier_adjust_s("paged_decode", f)
+            for f, share in parts
+            if f.kind is FormatKind.KVQUANT4
+        )
+        self._prefill_outlier_s = [
+            self._outlier_adjust_s("chunked_prefill", f) if f.kind is FormatKind.KVQUANT4 else 0.0
+            for f, _ in parts
+        ]
         self._best_prefill_rate = [float(np.exp(tab.log_rate.max())) for tab in self._prefills]
         # Bytes per cached token and layer of each part's format, at share 1 (`_prefill_part`).
         self._bytes_layer = [kv_bytes_per_token_layer_gpu(m, f, tp) for f, _ in parts]
@@ -267,6 +283,7 @@ class ProfileCostModel(StepCostModel):
         # profile without that format is refused unless forced, as for kv.format).
         sw = analytic.switch
         self._switch_decode: RateTable | None = None
+        self._switch_outlier_s = 0.0  # per switched token read, as `_outlier_s_per_token`
         self._switch_bytes_layer = 0.0
         self._switch_tokens_per_slot = 1.0
         if sw is not None:
@@ -274,6 +291,8 @@ class ProfileCostModel(StepCostModel):
                 ops, "paged_decode", ("batch", "context"), "bytes", sw.format
             )
             self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
+            if sw.format.kind is FormatKind.KVQUANT4:
+                self._switch_outlier_s = self._outlier_adjust_s("paged_decode", sw.format)
             self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
             self._notes.append(
                 "profile: the format switch's re-quantization is not measured; analytic estimate used"
@@ -317,11 +336,32 @@ class ProfileCostModel(StepCostModel):
             self._notes.append(
                 f"profile: {op} was not measured for KV format {want}; using {pick} rates scaled by bytes"
             )
+        self._picked[(op, want)] = pick
         sel = [p for p in pts if str(p.get("format")) == pick]
         coords = [
             tuple(float(p["prefix"]) + 1 if a == "prefix_plus_1" else float(p[a]) for a in axes) for p in sel
         ]
         return RateTable.build(op, coords, [_rate(p, work) for p in sel], self.source)
+
+    def _outlier_adjust_s(self, op: str, fmt: KVFormat) -> float:
+        """Seconds per cached token to add to `op`'s rates for `fmt`: kvquant4's outlier merge where
+        the rates are another format's (scaled by bytes, which hold the outliers' bytes but not their
+        merge), or the difference from the measured kvquant4's, at the analytic estimate
+        (`AnalyticCostModel.outlier_merge_s`); 0 when the rates are `fmt`'s own, and noted otherwise."""
+        pick = self._picked[(op, fmt.name)]
+        try:
+            measured = format_from_name(pick)
+        except KvsimError:
+            measured = KVFormat(kind=FormatKind.BF16)
+        a = self.analytic
+        extra = a.outlier_merge_s(fmt) - a.outlier_merge_s(measured)
+        if extra:
+            self._notes.append(
+                f"profile: {op}'s {pick} rates for KV format {fmt.name}: kvquant4's outlier merge "
+                f"({'added' if extra > 0 else 'the difference taken off'}) at the analytic estimate, "
+                f"{abs(extra) * 1e9:.2f} ns per cached token"
+            )
+        return extra
 
     def _init_kv_ops(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
         """The optional ops' tables (schema 1.1) this scenario uses: H2O's score accumulation per
@@ -597,6 +637,8 @@ class ProfileCostModel(StepCostModel):
             out: np.ndarray = self.model.num_layers * nbytes / rate
             if self.analytic.score_s_per_token:
                 out = out + self._score_time(num_seqs, tokens, x)
+            if self._outlier_s_per_token:
+                out = out + paged * self._outlier_s_per_token
             return out
         t = np.zeros(tokens.shape)
         for part, (tab, per_tok) in enumerate(zip(self._decodes, self._part_bytes_layer, strict=True)):
@@ -604,6 +646,8 @@ class ProfileCostModel(StepCostModel):
             t = t + self.model.num_layers * (paged * per_tok) / np.exp(np.interp(x, tab.axes[1], row))
         if self.analytic.score_s_per_token:
             t = t + self._score_time(num_seqs, tokens, x)
+        if self._outlier_s_per_token:
+            t = t + paged * self._outlier_s_per_token
         return t
 
     def _kv_row(self, op: str, part: int, tab: RateTable, num_seqs: int) -> tuple[np.ndarray, bool]:
@@ -680,6 +724,8 @@ class ProfileCostModel(StepCostModel):
         row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
         rate = np.exp(np.interp(np.log(tokens / num_switched), tab.axes[1], row))
         out: np.ndarray = t + self.model.num_layers * tokens * self._switch_bytes_layer / rate
+        if self._switch_outlier_s:
+            out = out + tokens * self._switch_outlier_s
         return out
 
     def _switched_write_time(self, num_tokens: int) -> float:
@@ -746,6 +792,8 @@ class ProfileCostModel(StepCostModel):
                 tp, out, _ = self._prefill_part(part, n, ctx)
                 t += self.model.num_layers * share * tp
                 outside = outside or out
+                if self._prefill_outlier_s[part] and ctx:  # the prefix's outliers, as the analytic model
+                    t += share * attended_prefix(self.model, ctx) * self._prefill_outlier_s[part]
             hit = (t, outside)
             if self.analytic.prefill_score:
                 hit = (hit[0] + self.analytic.prefill_score_time(n, ctx), hit[1])
@@ -920,6 +968,57 @@ class ProfileCostModel(StepCostModel):
                     how += "; a prefix beyond the longest measured: its share is warned below"
                 out.append(f"profile: {flag} extrapolated beyond the measured grid ({how})")
         return out
+
+    def format_sign_warnings(self, num_seqs: int, ctx_per_seq: float) -> list[str]:
+        """The cache's format over bf16 in a decode step of `num_seqs` sequences over `ctx_per_seq`
+        tokens each, as this profile prices it and as the analytic model for the GPU (fitted where
+        its tables are) does, without eviction or a format switch: one line when one says faster and
+        the other slower, each change at least `SIGN_DEAD_BAND`. None for a bf16/fp16 cache, or a
+        profile without bf16 decode points. Builds four models: once per run, after it."""
+        if num_seqs < 1 or not any(f.lossy for f, _ in format_parts(self.fmt, self.mix)):
+            return []
+        a = self.analytic
+        fmt_a = AnalyticCostModel(
+            a.model, a.gpu, a.tp, self.fmt, a.topology, mix=self.mix, block_size=a.block_size
+        )
+        bf16_a = AnalyticCostModel(a.model, a.gpu, a.tp, BF16, a.topology, block_size=a.block_size)
+        try:
+            bf16_p = ProfileCostModel(
+                self._profile, self.model, self.tp, BF16, bf16_a, source=self.source, label=self._label
+            )
+        except KvsimError:  # no bf16 points: nothing measured to compare against
+            return []
+        fmt_p = ProfileCostModel(
+            self._profile,
+            self.model,
+            self.tp,
+            self.fmt,
+            fmt_a,
+            source=self.source,
+            label=self._label,
+            mix=self.mix,
+            force=self.force,
+        )
+        ctx = np.array([float(num_seqs) * ctx_per_seq])
+        prof, ana = (
+            float(f.decode_step_times(num_seqs, ctx)[0] / b.decode_step_times(num_seqs, ctx)[0]) - 1.0
+            for f, b in ((fmt_p, bf16_p), (fmt_a, bf16_a))
+        )
+        if prof * ana >= 0.0 or min(abs(prof), abs(ana)) < SIGN_DEAD_BAND:
+            return []
+        what = self.fmt.name if self.mix is None else f"{self.fmt.name} with {self.mix.name}"
+        return [
+            f"cost model: the profile and the fitted analytic model disagree on {what}'s direction: a "
+            f"decode step of {num_seqs} sequences x {ctx_per_seq:,.0f} tokens (the run's mean) takes "
+            f"{prof:+.1%} vs bf16 on the profile, {ana:+.1%} on {fmt_a.name}; which is faster depends "
+            "on the cost model (docs/cost-model-accuracy.md)"
+        ]
+
+
+# A change to a step smaller than this has no direction worth a warning: far inside either model's
+# error (median 6-9% per decode-attention call on the tables, docs/cost-model-accuracy.md). A kvsim
+# choice, not a measurement.
+SIGN_DEAD_BAND = 1e-3
 
 
 def load_profile_cost_model(sc: Any) -> ProfileCostModel:

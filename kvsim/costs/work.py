@@ -20,8 +20,12 @@ same arithmetic.
   2 (tp - 1) / tp of the bf16 activations per token cross the link.
 - Quantize-on-write (vLLM's ``reshape_and_cache`` with a quantizing ``kv_cache_dtype``;
   ``kernels/kv_write.py``): every new token's K and V are read in bf16 and written in the cache's
-  format, with `QUANT_FLOPS_PER_ELEMENT` vector operations per element. Only lossy parts of the
-  cache count: a bf16 cache's plain copy is left inside the attention and overhead terms, as before.
+  format, with `quant_ops_per_element` vector operations per element (kvquant4's outlier selection
+  included). Only lossy parts of the cache count: a bf16 cache's plain copy is left inside the
+  attention and overhead terms, as before.
+- kvquant4's outlier path (`outlier_read_work_per_token`): reading a cached token merges its fp16
+  outliers into the dequantized codebook values, a compare and a select over the vector per outlier
+  (``kernels/kv_cache.py``, ``load_kv_tile``); the outliers' bytes are in the format's bytes.
 - MLA prefill over a cached prefix (vLLM's chunked-context MLA prefill): the prefix's latents are
   up-projected to per-head K (nope part) and V before attention, 2 x ctx x kv_lora_rank x heads x
   (qk_nope_head_dim + v_head_dim) FLOPs per layer (`mla_upproj_flops`); new tokens' up-projection
@@ -46,7 +50,7 @@ from typing import overload
 
 import numpy as np
 
-from kvsim.spec.formats import FormatKind, FormatMix, KVFormat
+from kvsim.spec.formats import FP16_BYTES, OUTLIER_INDEX_BYTES, FormatKind, FormatMix, KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
 
 BF16 = KVFormat(kind=FormatKind.BF16)
@@ -55,7 +59,7 @@ Size = int | float | np.ndarray  # a count, or counts element by element
 # Vector operations per element to quantize one new K/V element on write (estimates from the
 # kernels' arithmetic in kernels/kv_write.py, not measured): fp8 scale and convert; int8/int4 the
 # group's min and max, scale, round and pack; kvquant4 the nearest of 16 codebook entries (a
-# subtract and a compare each) plus the scale, the outlier selection left out.
+# subtract and a compare each) plus the scale; its outlier selection is `OUTLIER_SELECT_OPS`.
 QUANT_FLOPS_PER_ELEMENT: dict[FormatKind, int] = {
     FormatKind.FP16: 0,
     FormatKind.BF16: 0,
@@ -64,6 +68,32 @@ QUANT_FLOPS_PER_ELEMENT: dict[FormatKind, int] = {
     FormatKind.INT4: 6,
     FormatKind.KVQUANT4: 34,
 }
+# kvquant4's outliers, vector operations per element of a vector, per outlier it keeps (estimates
+# from the kernels' arithmetic, not measured). Write (kernels/kv_write.py): each outlier is found by
+# a pass over the vector: the max of |x|, its first index (compare, select, min), its value
+# (compare, select, sum) and the mask update (compare, select): 9. Read (kernels/kv_cache.py,
+# load_kv_tile): each outlier overwrites its coordinate of the dequantized vector (compare, select): 2.
+OUTLIER_SELECT_OPS = 9
+OUTLIER_MERGE_OPS = 2
+
+
+def quant_ops_per_element(fmt: KVFormat, dim: int) -> int:
+    """Vector operations per element of quantizing one new vector of ``dim`` elements in `fmt`:
+    `QUANT_FLOPS_PER_ELEMENT`, plus kvquant4's outlier selection (`OUTLIER_SELECT_OPS` per outlier)."""
+    return QUANT_FLOPS_PER_ELEMENT[fmt.kind] + OUTLIER_SELECT_OPS * fmt.outliers_per_vector(dim)
+
+
+def outlier_read_work_per_token(model: ModelSpec, fmt: KVFormat, tp: int) -> tuple[float, float]:
+    """(bytes, vector operations) of kvquant4's outliers when attention reads one cached token in
+    `fmt`, one GPU, all layers (0, 0 for other formats and for outlier_fraction 0): the outliers' fp16
+    values and int16 indices (part of the format's bytes per token), and their merge into the
+    dequantized vectors, `OUTLIER_MERGE_OPS` per element per outlier."""
+    n = fmt.outliers_per_vector(model.kv_vector_dim)
+    if not n:
+        return 0.0, 0.0
+    vectors = model.kv_layers * model.kv_vectors_per_layer * model.kv_share(tp)
+    nbytes = vectors * n * (FP16_BYTES + OUTLIER_INDEX_BYTES)
+    return nbytes, vectors * model.kv_vector_dim * n * OUTLIER_MERGE_OPS
 
 
 @overload
@@ -178,7 +208,7 @@ def quant_write_work_per_token(
         if not f.lossy:
             continue
         nbytes += share * (kv_bytes_per_token_gpu(model, BF16, tp) + kv_bytes_per_token_gpu(model, f, tp))
-        flops += share * elements * QUANT_FLOPS_PER_ELEMENT[f.kind]
+        flops += share * elements * quant_ops_per_element(f, model.kv_vector_dim)
     return nbytes, flops
 
 
@@ -187,11 +217,12 @@ def requant_work_per_token(
 ) -> tuple[float, float]:
     """(bytes, vector FLOPs) of re-quantizing one cached token from `first` to `second` (a format
     switch's crossing), one GPU, all layers: read in the first format, written in the second, and
-    dequantize plus quantize operations per element (`QUANT_FLOPS_PER_ELEMENT` of each: dequantizing
-    is taken to cost as much as quantizing, an estimate)."""
-    elements = model.kv_layers * model.kv_vectors_per_layer * model.kv_vector_dim * model.kv_share(tp)
+    dequantize plus quantize operations per element (`quant_ops_per_element` of each: dequantizing
+    is taken to cost as much as quantizing, an estimate; kvquant4's outlier selection counted in both)."""
+    d = model.kv_vector_dim
+    elements = model.kv_layers * model.kv_vectors_per_layer * d * model.kv_share(tp)
     nbytes = kv_bytes_per_token_gpu(model, first, tp) + kv_bytes_per_token_gpu(model, second, tp)
-    ops = QUANT_FLOPS_PER_ELEMENT[first.kind] + QUANT_FLOPS_PER_ELEMENT[second.kind]
+    ops = quant_ops_per_element(first, d) + quant_ops_per_element(second, d)
     return nbytes, elements * ops
 
 

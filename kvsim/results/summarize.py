@@ -53,6 +53,22 @@ from kvsim.spec.workload import Workload
 EXTRAPOLATED_WARN_SHARE = 1e-3
 
 
+def typical_shape(finished: list[Request], busy_s: float) -> tuple[int, float] | None:
+    """The run's typical decode step, from its finished requests (the same with fast-forward and
+    stepping): the sequences decoding at once on average over the replicas' busy time (each request
+    decodes from its first token to its finish), and their context weighted by that time (a request's
+    prompt plus half its answer); None without a request that decoded."""
+    spans = [
+        (s.finish_s - s.first_token_s, s.prompt_len + s.output_len / 2)
+        for s in finished
+        if s.output_len > 1 and s.finish_s > s.first_token_s
+    ]
+    decoding = math.fsum(d for d, _ in spans)
+    if decoding <= 0.0 or busy_s <= 0.0:
+        return None
+    return max(1, round(decoding / busy_s)), math.fsum(d * c for d, c in spans) / decoding
+
+
 def run_summary(
     sc: Scenario,
     run: AssembledRun,
@@ -98,6 +114,9 @@ def run_summary(
     parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran
+    shape = typical_shape(finished, math.fsum(s.busy_s for s in stats))
+    if shape is not None:  # a profile and the fitted model on the format's direction, once per run
+        warnings.extend(cost.format_sign_warnings(*shape))
     extrapolated = math.fsum(s.prefix_extrapolated_s for s in stats)
     share = extrapolated / max(math.fsum(s.busy_s for s in stats), extrapolated) if extrapolated > 0 else 0.0
     if share >= EXTRAPOLATED_WARN_SHARE:
