@@ -34,7 +34,7 @@ from kvsim.core.horizon import VerifyWindow, decode_window, mixed_window, steps_
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput, SeqKind
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch
+from kvsim.costs.base import CostModel, StepRun
 from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
@@ -46,6 +46,7 @@ MAX_FF_STEPS = 2048
 # where it lands: a shorter cap wastes less of that work under load.
 MAX_VERIFY_FF_STEPS = 32
 MIN_VERIFY_FF_STEPS = 4  # the cap after a cut window; doubled after each window that ran whole
+_NO_DECODE = np.zeros(0)  # the decode part of a step without decoding rows (read only)
 
 
 @dataclass
@@ -325,17 +326,20 @@ class Replica:
             self.stats.kv_block_s, self.stats.draft_s = acc, dsum
             win.applied += n
             return [], done
-        used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
         a = win.applied
-        self.gaps.window(win.plan.decode_reqs, win.ends[a : a + n])
-        if win.chunk:
-            (p,) = win.plan.prefill_reqs
-            g0 = p.num_generated
-            first, done = sched.advance_mixed(win.plan, n)
-            if p.num_generated > g0:  # its prefill's last chunk sampled a token
-                self.gaps.emit(p.id, win.ends[a + n - 1], p.num_generated - g0)
+        used0 = sched.kv.pool.num_used if win.used0 is None else win.used0  # its first step's blocks held
+        plan = win.plan
+        self.gaps.window(plan.decode_reqs, win.ends[a : a + n])
+        others = plan.verify_reqs + plan.prefill_reqs if plan.verify_reqs else plan.prefill_reqs
+        if others:
+            g0 = [r.num_generated for r in others]
+            first, done = sched.advance(plan, n)
+            t = win.ends[a + n - 1]
+            for r, g in zip(others, g0, strict=True):
+                if r.num_generated > g:  # a prefill's last chunk sampled; a verify row's tokens
+                    self.gaps.emit(r.id, t, r.num_generated - g)
         else:
-            first, done = [], sched.advance_decode(win.plan, n)
+            first, done = sched.advance(plan, n)
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
@@ -346,6 +350,8 @@ class Replica:
         else:
             block_s = (used0 + np.cumsum(taken)) * d
             self.stats.kv_block_s = float(np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1])
+        if win.draft_s:  # a single step's draft passes, counted once it ran
+            self.stats.draft_s += win.draft_s[0]
         win.applied += n
         return first, done
 
@@ -392,8 +398,11 @@ class Replica:
                 self.clock = now
                 continue
             self._sample()
-            win = self._window(plan) if self.fast_forward else None
-            if win is not None:
+            for seq in plan.admitted:
+                if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
+                    seq.first_scheduled_s = self.clock
+            win = (self._window(plan) if self.fast_forward else None) or self._single_step(plan)
+            if win.k > 1:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -402,76 +411,25 @@ class Replica:
                     except simpy.Interrupt:  # an arrival cut the window shorter
                         continue
                 self._win = None
-                k = win.k
-                if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
-                    whole = k == len(win.verify.tokens)
-                    self._verify_cap = (
-                        min(2 * self._verify_cap, MAX_VERIFY_FF_STEPS) if whole else MIN_VERIFY_FF_STEPS
-                    )
-                t_end = win.ends[k - 1]
-                self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
-                self.stats.prefix_extrapolated_s += win.prefix_extrapolated(k)
-                self.clock = t_end
-                first, done = self._apply_part(win, k - win.applied)
-                self.stats.steps += k
-                pause = self._end_step(first, done, t_end)
-                if pause:
-                    yield env.timeout(max(0.0, self.clock + pause - env.now))
-                    self.clock += pause
             else:
-                for seq in plan.admitted:
-                    if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
-                        seq.first_scheduled_s = self.clock
-                # -- cost: price the step that runs, and record its off-grid flags --
-                m = len(plan.decode_reqs)
-                if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
-                    v = len(plan.verify_reqs)
-                    batch = ForwardBatch(
-                        (SeqKind.DECODE,) * m
-                        + (SeqKind.VERIFY,) * v
-                        + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                        (1,) * m + tuple(d + 1 for d in plan.verify_drafts) + tuple(plan.prefill_new),
-                        tuple(plan.decode_ctx + plan.verify_ctx + plan.prefill_ctx),
-                        plan.num_sampling,
-                    )
-                else:
-                    batch = ForwardBatch(
-                        (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                        (1,) * m + tuple(plan.prefill_new),
-                        tuple(plan.decode_ctx + plan.prefill_ctx),
-                        plan.num_sampling,
-                        plan.decode_switched,
-                        plan.decode_switched_ctx,
-                    )
-                price = self.cost.price(batch)
-                self.off_grid |= price.off_grid
-                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True):
-                    if c:
-                        self.stats.prefix_extrapolated_s += self.cost.prefix_extrapolated_s(n, c)
-                dt = price.seconds
-                draft_s = 0.0
-                if plan.verify_reqs and self.draft is not None:
-                    draft_s = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
-                    dt += draft_s
-                t_end = self.clock + dt
-                # -- end cost --
-                used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
-                yield env.timeout(max(0.0, t_end - env.now))
-                self.clock = t_end
-                self.stats.kv_block_s += used * dt
-                if draft_s:  # counted once the step ran, as a window counts its steps
-                    self.stats.draft_s += draft_s
-                rows = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
-                g0 = [r.num_generated for r in rows]
-                first, done = sched.complete(plan)
-                for r, g in zip(rows, g0, strict=True):
-                    if r.num_generated > g:
-                        self.gaps.emit(r.id, t_end, r.num_generated - g)
-                self.stats.steps += 1
-                pause = self._end_step(first, done, t_end)
-                if pause:
-                    yield env.timeout(max(0.0, self.clock + pause - env.now))
-                    self.clock += pause
+                yield env.timeout(max(0.0, win.ends[0] - env.now))
+            k = win.k
+            if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
+                whole = k == len(win.verify.tokens)
+                self._verify_cap = (
+                    min(2 * self._verify_cap, MAX_VERIFY_FF_STEPS) if whole else MIN_VERIFY_FF_STEPS
+                )
+            t_end = win.ends[k - 1]
+            self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
+            for x in win.prefix_extrapolated(k):
+                self.stats.prefix_extrapolated_s += x
+            self.clock = t_end
+            first, done = self._apply_part(win, k - win.applied)
+            self.stats.steps += k
+            pause = self._end_step(first, done, t_end)
+            if pause:
+                yield env.timeout(max(0.0, self.clock + pause - env.now))
+                self.clock += pause
             self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
@@ -506,6 +464,47 @@ class Replica:
         self.stats.kv_block_s += kv.pool.num_used * dt
         return dt
 
+    def _single_step(self, plan: SchedulerOutput) -> _Window:
+        """The scheduled step as a window of one: priced by the same `CostModel.step_times` as a
+        window's steps (plus its draft passes), applied by the same `Scheduler.advance`."""
+        cost, sched = self.cost, self.sched
+        m = len(plan.decode_reqs)
+        rows: list[tuple[SeqKind, int]] = []
+        ctxs: list[tuple[int]] = []
+        if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
+            rows += [(SeqKind.VERIFY, d + 1) for d in plan.verify_drafts]
+            ctxs += [(c,) for c in plan.verify_ctx]
+            switched, switched_ctx = 0, None
+        else:
+            switched = plan.decode_switched
+            switched_ctx = np.array([plan.decode_switched_ctx], dtype=np.float64) if switched else None
+        if plan.prefill_reqs:
+            rows += [(SeqKind.PREFILL, n) for n in plan.prefill_new]
+            ctxs += [(c,) for c in plan.prefill_ctx]
+        dec = np.array([sum(plan.decode_ctx)], dtype=np.float64) if m else _NO_DECODE
+        run = StepRun(m, dec, plan.num_sampling, 1, tuple(rows), tuple(ctxs), switched, switched_ctx)
+        dt = float(cost.step_times(run)[0])
+        flags = cost.step_off_grid(run)
+        draft_s: list[float] = []
+        if plan.verify_reqs and self.draft is not None:
+            ds = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
+            dt += ds
+            if ds:
+                draft_s.append(ds)
+        reqs = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
+        d = np.array([dt])
+        win = _Window(plan, reqs, [self.clock + dt], 1, 0, 0, False, d, lambda _k: flags)
+        win.used0 = sched.kv.pool.num_used
+        win.draft_s = draft_s
+        if plan.prefill_reqs and any(plan.prefill_ctx):
+            terms = tuple(
+                cost.prefix_extrapolated_s(n, c)
+                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True)
+                if c
+            )
+            win.prefix_extrapolated = lambda _k: terms
+        return win
+
     def _window(self, plan: SchedulerOutput) -> _Window | None:
         """The fast-forward window starting with the scheduled step, or None to run it alone.
 
@@ -531,11 +530,12 @@ class Replica:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
             evicts = window.new_blocks > kv.num_empty_blocks
-            d = self.cost.decode_step_times(m, sum_ctx, window.num_switched, window.switched_ctx)
+            run = StepRun.decode(m, sum_ctx, window.num_switched, window.switched_ctx)
+            d = self.cost.step_times(run)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:
-                return cost.decode_off_grid(m, sum_ctx[:k])
+                return cost.step_off_grid(run, k)
 
             chunk, tokens, changes = 0, m, evicts
         else:
@@ -549,18 +549,26 @@ class Replica:
                 return (
                     None  # its registrations are written through (or logged) at the schedules that make them
                 )
-            args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
-            d = self.cost.mixed_step_times(*args, mw.num_switched, mw.dec_switched_ctx)
+            run = StepRun.mixed(
+                mw.num_decode,
+                mw.dec_sum_ctx,
+                mw.chunk,
+                mw.prefill_ctx,
+                mw.num_sampling,
+                mw.num_switched,
+                mw.dec_switched_ctx,
+            )
+            d = self.cost.step_times(run)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:
-                return cost.mixed_off_grid(
-                    mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
-                )
+                return cost.step_off_grid(run, k)
 
-            def extrapolated(k: int) -> float:
-                return math.fsum(
-                    cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+            def extrapolated(k: int) -> tuple[float, ...]:
+                return (
+                    math.fsum(
+                        cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+                    ),
                 )
 
             reqs = [*plan.decode_reqs, p]
@@ -613,21 +621,24 @@ class Replica:
             ver = [(c, d) for c, d in zip(ctx, drafts, strict=True) if d]
             v_ctx, v_d = [c for c, _ in ver], [d for _, d in ver]
             m, v = len(dec), len(ver)
-            batch = ForwardBatch(
-                (SeqKind.DECODE,) * m + (SeqKind.VERIFY,) * v,
-                (1,) * m + tuple(d + 1 for d in v_d),
-                tuple(dec + v_ctx),
+            dec_arr = np.array([sum(dec)], dtype=np.float64) if m else _NO_DECODE
+            run = StepRun(
+                m,
+                dec_arr,
                 m + v + sum(v_d),
+                1,
+                tuple((SeqKind.VERIFY, d + 1) for d in v_d),
+                tuple((c,) for c in v_ctx),
             )
-            price = self.cost.price(batch)
-            dt = price.seconds
+            dt = float(self.cost.step_times(run)[0])
+            flag = self.cost.step_off_grid(run)
             ds = 0.0
             if v and self.draft is not None:
                 ds = self.draft.seconds(v_ctx, v_d)
                 dt += ds
             durations.append(dt)
             drafts_s.append(ds)
-            flags.append(price.off_grid)
+            flags.append(flag)
         d_arr = np.array(durations, dtype=np.float64)
         ends = np.cumsum(np.concatenate(([self.clock], d_arr)))[1:].tolist()
         k = self._steps_within(ends)  # the bounds of `_window`'s windows: a load's end, a cold entry
@@ -658,6 +669,10 @@ class _Window:
     applied: int = 0  # steps already applied (the router read this replica mid-window)
     verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
     tokens_cum: list[int] | None = None  # verify window: tokens computed by its first j steps
-    draft_s: list[float] = field(default_factory=list)  # verify window: draft seconds per step
-    # Seconds of its first k steps' prefill attention beyond the measured prefixes (mixed window).
-    prefix_extrapolated: Callable[[int], float] = field(default=lambda k: 0.0)
+    # Draft seconds per step: a verify window's; a single step's (one entry, only if it drafted)
+    draft_s: list[float] = field(default_factory=list)
+    # A single step's blocks in use, read when it was scheduled (a load landing mid-step may share
+    # them); None: a window's, read as each part is applied (no load lands inside a window).
+    used0: int | None = None
+    # Seconds of its first k steps' prefill attention beyond the measured prefixes, added in order.
+    prefix_extrapolated: Callable[[int], tuple[float, ...]] = field(default=lambda k: ())
