@@ -23,6 +23,7 @@ counts; they end where the other windows end for the tiers below HBM (`_steps_wi
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -76,13 +77,15 @@ class TokenGaps:
 
     def __init__(self) -> None:
         self.last: dict[int, float] = {}  # request id -> when it last emitted
-        self.gap_s: list[float] = []  # one token's gap each, of request gap_id[i]
-        self.gap_id: list[int] = []
+        # One token's gap each, of request gap_id[i]: typed arrays, 8 bytes an entry (a run of a
+        # million requests keeps tens of millions; Python floats and ints in lists took 4x more).
+        self.gap_s = array("d")
+        self.gap_id = array("q")
         # (request id, tokens, len(gap_s) then) emitted with another, gap 0
         self.zeros: list[tuple[int, int, int]] = []
         # (a window's step ends, requests that had their gaps, len(gap_s) then): the gaps are the
         # ends' differences, taken after the run (`_shared_gaps`); the position orders `per_request`
-        self.shared: list[tuple[list[float], list[int], int]] = []
+        self.shared: list[tuple[list[float], array[int], int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -98,7 +101,7 @@ class TokenGaps:
         """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
         last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
         t0, t1 = ends[0], ends[-1]
-        ids = []
+        ids = array("q")
         for req in reqs:  # decoding: each emitted before
             rid = req.id
             gap_s.append(t0 - last[rid])
@@ -108,21 +111,23 @@ class TokenGaps:
         if len(ends) > 1 and ids:
             self.shared.append((ends, ids, len(gap_s)))
 
-    def _shared_gaps(self) -> list[tuple[np.ndarray, list[int], int]]:
+    def _shared_gaps(self) -> list[tuple[np.ndarray, array[int], int]]:
         """`shared` with each window's gaps (the differences of its step ends)."""
         return [(np.diff(np.asarray(e, dtype=np.float64)), ids, pos) for e, ids, pos in self.shared]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
-        gaps = np.asarray(self.gap_s, dtype=np.float64)
-        counts = np.ones(len(gaps), dtype=np.int64)
+        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
+        equal gaps (the decode rows of one step share theirs) come as one value with their count:
+        the distribution is the same, its arrays a step's size rather than a token's."""
+        gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), None)
         others = set(self.last) - keep  # emitted, never completed (sim.max_time)
         if others:
-            counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
+            ids = np.frombuffer(self.gap_id, dtype=np.int64)
+            gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), ~np.isin(ids, list(others)))
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
         ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
-        for shared, ids, _ in self._shared_gaps():
-            w = len(ids) if not others else sum(1 for r in ids if r in keep)
+        for shared, ids_w, _ in self._shared_gaps():
+            w = len(ids_w) if not others else sum(1 for r in ids_w if r in keep)
             vals.append(shared)
             ns.append(np.full(len(shared), w, dtype=np.int64))
         return np.concatenate(vals), np.concatenate(ns)
@@ -147,6 +152,19 @@ class TokenGaps:
             items.sort(key=lambda x: (x[0], x[1]))
             out[r] = [g for *_, gs in items for g in gs]
         return out
+
+
+def _runs(values: np.ndarray, kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """`values` (each counted once, or where `kept`) as runs of equal neighbours: (value, count)."""
+    if not len(values):
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    if kept is not None:
+        values = values[kept]
+        if not len(values):
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    counts = np.diff(np.append(starts, len(values)))
+    return values[starts], counts
 
 
 class Replica:
