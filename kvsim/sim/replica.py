@@ -83,9 +83,9 @@ class TokenGaps:
         self.gap_id = array("q")
         # (request id, tokens, len(gap_s) then) emitted with another, gap 0
         self.zeros: list[tuple[int, int, int]] = []
-        # (a window's step ends, requests that had their gaps, len(gap_s) then): the gaps are the
-        # ends' differences, taken after the run (`_shared_gaps`); the position orders `per_request`
-        self.shared: list[tuple[list[float], array[int], int]] = []
+        # (a window's step ends, and the span of gap_id holding its requests, the end of which orders
+        # `per_request`): the gaps are the ends' differences, taken after the run (`_shared_gaps`)
+        self.shared: list[tuple[list[float], int, int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -99,21 +99,22 @@ class TokenGaps:
 
     def window(self, reqs: list[Request], ends: list[float]) -> None:
         """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
-        last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
-        t0, t1 = ends[0], ends[-1]
-        ids = array("q")
-        for req in reqs:  # decoding: each emitted before
-            rid = req.id
-            gap_s.append(t0 - last[rid])
-            gap_id.append(rid)
-            last[rid] = t1
-            ids.append(rid)
-        if len(ends) > 1 and ids:
-            self.shared.append((ends, ids, len(gap_s)))
+        if not reqs:
+            return
+        last, gap_s = self.last, self.gap_s
+        t0 = ends[0]
+        ids = [r.id for r in reqs]  # decoding: each emitted before
+        start = len(gap_s)
+        gap_s.extend([t0 - last[i] for i in ids])
+        self.gap_id.extend(ids)
+        last.update(dict.fromkeys(ids, ends[-1]))
+        if len(ends) > 1:
+            self.shared.append((ends, start, len(gap_s)))
 
     def _shared_gaps(self) -> list[tuple[np.ndarray, array[int], int]]:
-        """`shared` with each window's gaps (the differences of its step ends)."""
-        return [(np.diff(np.asarray(e, dtype=np.float64)), ids, pos) for e, ids, pos in self.shared]
+        """`shared` with each window's gaps (the differences of its step ends) and its requests."""
+        gid = self.gap_id
+        return [(np.diff(np.asarray(e, dtype=np.float64)), gid[a:b], b) for e, a, b in self.shared]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
