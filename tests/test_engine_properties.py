@@ -84,13 +84,8 @@ class CheckedScheduler(Scheduler):
         self.check()
         return plan
 
-    def complete(self, plan):  # type: ignore[no-untyped-def]
-        out = super().complete(plan)
-        self.check()
-        return out
-
-    def advance_decode(self, plan, k):  # type: ignore[no-untyped-def]
-        out = super().advance_decode(plan, k)
+    def advance(self, plan, k=1, *, scheduled=True):  # type: ignore[no-untyped-def]
+        out = super().advance(plan, k, scheduled=scheduled)
         self.check()
         return out
 

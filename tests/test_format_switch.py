@@ -54,15 +54,15 @@ def test_the_crossing_requantizes_and_frees_blocks():
     sched.add(short)
     plan = sched.schedule()
     assert (long.num_blocks, short.num_blocks) == (188, 62)
-    sched.complete(plan)
+    sched.advance(plan)
     # The 3,000-token prompt is re-quantized whole after it is computed: 188 blocks down to 109.
     assert (long.num_blocks, long.evicted, kv.blocks_released) == (109, 3000 - 1735, 79)
     assert kv.take_eviction_work().requant_tokens == 3000
     plan = sched.schedule()
     assert plan.decode_ctx == [1735, 990] and (plan.decode_switched, plan.decode_switched_ctx) == (1, 1735)
-    sched.complete(plan)
+    sched.advance(plan)
     for _ in range(10):  # the short one passes 1,000 tokens after its 11th token
-        sched.complete(sched.schedule())
+        sched.advance(sched.schedule())
     assert short.evicted == 1001 - 579 and short.num_blocks == blocks_for(579, 16) == 37
     assert kv.tokens_requantized == 3000 + 1001 and kv.switched_ids == {0, 1}
 

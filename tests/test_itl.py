@@ -35,10 +35,10 @@ class _Recording:
     def __init__(self, cost) -> None:  # type: ignore[no-untyped-def]
         self.cost, self.seconds = cost, []
 
-    def price(self, batch):  # type: ignore[no-untyped-def]
-        p = self.cost.price(batch)
-        self.seconds.append(p.seconds)
-        return p
+    def step_times(self, run):  # type: ignore[no-untyped-def]
+        times = self.cost.step_times(run)
+        self.seconds.extend(times.tolist())
+        return times
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self.cost, name)

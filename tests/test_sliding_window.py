@@ -78,14 +78,14 @@ def test_a_request_frees_its_out_of_window_blocks_after_the_prompt():
     sched.add(req)
     plan = sched.schedule()
     assert req.num_blocks == 512  # the prompt's blocks, held while it prefills
-    sched.complete(plan)
+    sched.advance(plan)
     # After the prompt: 4,096 tokens out of the window, blocks down to 257, 255 back in the pool.
     assert (req.num_blocks, req.evicted, kv.blocks_released) == (257, 4096, 255)
     assert kv.num_free_blocks == 2000 - 257
     for _ in range(5):
         plan = sched.schedule()
         assert plan.decode_ctx == [4096]  # attention reads the window
-        sched.complete(plan)
+        sched.advance(plan)
         assert req.num_blocks == 257  # one token in, one out: the slot is reused
     assert req.evicted == 4096 + 5
 
@@ -100,7 +100,7 @@ def test_a_chunked_prompt_frees_its_out_of_window_blocks_between_chunks():
     while not req.num_generated:
         plan = sched.schedule()
         held.append(req.num_blocks)  # during the step
-        sched.complete(plan)
+        sched.advance(plan)
     # The first chunk's 8,192 tokens (512 blocks); then each chunk writes into the window's 4,096
     # kept tokens plus its own 8,192: 768 blocks, never the 2,000 of the whole prompt; the last
     # chunk of 7,424 tokens: ceil((4,096 + 7,424) / 16) = 720.
@@ -124,10 +124,10 @@ def test_hybrid_model_holds_half_way():
     sched = Scheduler(kv, max_num_seqs=8, max_batched_tokens=8192, chunked_prefill=True)
     req = Request(0, 0.0, 8192, 40, [], [])
     sched.add(req)
-    sched.complete(sched.schedule())
+    sched.advance(sched.schedule())
     assert (req.num_blocks, req.evicted) == (385, 8192 - 6144)
     for _ in range(32):
-        sched.complete(sched.schedule())
+        sched.advance(sched.schedule())
     # 32 tokens later: ceil((16 x 8224 + 16 x 4096) / 32) = 6,160 kept, ceil(6161 / 16) = 386 blocks.
     assert (req.num_computed - req.evicted, req.num_blocks) == (6160, 386)
 

@@ -165,18 +165,18 @@ def test_rollback_rewinds_computed_tokens_and_keeps_the_blocks():
     sched.spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
     req = Request(0, 0.0, 10, 20, [], [])
     sched.add(req)
-    sched.complete(sched.schedule())  # prefill: 10 computed, the first token sampled
+    sched.advance(sched.schedule())  # prefill: 10 computed, the first token sampled
     assert (req.num_computed, req.num_generated, req.num_blocks) == (10, 1, 1)
     out = sched.schedule()
     assert out.verify_reqs == [req] and out.verify_drafts == [7] and out.verify_ctx == [10]
     assert req.num_blocks == 2  # slots 10..17 taken before the step
-    sched.complete(out)
+    sched.advance(out)
     # Every draft rejected: 11 computed (its last token), 7 slots discarded, the second block kept.
     assert (req.num_computed, req.num_generated, req.num_blocks) == (11, 2, 2)
     assert sched.spec.discarded_tokens == 7
     assert sched.outstanding_tokens == 10 + 20 - 1 - 11
     while sched.running:
-        sched.complete(sched.schedule())
+        sched.advance(sched.schedule())
     assert req.num_generated == 20 and req.num_computed == 29 and sched.outstanding_tokens == 0
     assert sched.kv.pool.num_used == 0
 
@@ -237,7 +237,7 @@ def _two_request_scheduler():  # type: ignore[no-untyped-def]
     a, b = Request(0, 0.0, 10, 5, [], []), Request(1, 0.0, 10, 4, [], [])
     sched.add(a)
     sched.add(b)
-    sched.complete(sched.schedule())  # both prefill and sample: 4 and 3 tokens left
+    sched.advance(sched.schedule())  # both prefill and sample: 4 and 3 tokens left
     return sched, a, b
 
 
@@ -247,10 +247,10 @@ def test_a_verify_window_finishes_requests_in_steppings_order():
     sched, a, b = _two_request_scheduler()
     step = sched.schedule()
     assert step.verify_drafts == [1, 1]
-    sched.complete(step)
+    sched.advance(step)
     last = sched.schedule()
     assert last.verify_reqs == [a] and last.decode_reqs == [b]
-    _, stepped = sched.complete(last)
+    _, stepped = sched.advance(last)
     assert stepped == [b, a]
 
     sched, a, b = _two_request_scheduler()

@@ -54,7 +54,7 @@ def test_a_swap_copies_the_look_ahead_blocks_and_resumes_with_its_computed_token
                 sched.finish_load(r)
                 assert (r.num_computed, r.spec_steps, r.num_blocks) == (*state, 4)
             continue
-        sched.complete(out)
+        sched.advance(out)
     assert asked == [(1, 4, 42)]  # computed tokens' blocks: ceil(42 / 16) = 3
     assert state == (42, 9)
     assert swaps == [(1, 4, True), (1, 4, False)]
@@ -187,8 +187,8 @@ def _swapped_b(extra: int):  # type: ignore[no-untyped-def]
     a, b = Request(0, 0.0, 16, 100, [], []), Request(1, 0.0, 40, 40, [], [])
     sched.add(a)
     sched.add(b)
-    sched.complete(sched.schedule())
-    sched.complete(sched.schedule())
+    sched.advance(sched.schedule())
+    sched.advance(sched.schedule())
     assert (b.num_computed, b.num_blocks) == (41, 3)
     sched.running.remove(b)
     sched._preempt(b)

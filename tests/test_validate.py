@@ -142,13 +142,13 @@ def test_block_tables_follow_the_pool_counts():
     out = sched.schedule()
     tables.sync(out.prefill_reqs)
     assert tables.tables == {0: [0, 1, 2], 1: [3, 4]}  # 9 and 5 tokens in blocks of 4
-    _, done = sched.complete(out)
+    _, done = sched.advance(out)
     tables.release(done)
     tables.check()
     for _ in range(4):  # b finishes at its second token; a's 13th token takes b's first id back
         out = sched.schedule()
         tables.sync(out.decode_reqs)
-        _, done = sched.complete(out)
+        _, done = sched.advance(out)
         tables.release(done)
         tables.check()
     assert tables.tables == {0: [0, 1, 2, 3]}
@@ -181,7 +181,7 @@ for triton in (False, True):
         t.sync([*o.decode_reqs, *o.prefill_reqs])
         ids = m.forward(_build(o, t, toks, 16, "cpu")).tolist()
         rows = [*o.decode_reqs, *(r for r, f in zip(o.prefill_reqs, o.prefill_sampling) if f)]
-        _, done = s.complete(o)
+        _, done = s.advance(o)
         for r, x in zip(rows, ids):
             toks[r.id].append(x)
         t.release(done)

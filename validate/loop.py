@@ -121,7 +121,7 @@ def step(
         *out.decode_reqs,
         *(r for r, s in zip(out.prefill_reqs, out.prefill_sampling, strict=True) if s),
     ]
-    first, done = sched.complete(out)
+    first, done = sched.advance(out)
     for r, tok in zip(rows, sampled, strict=True):
         tokens[r.id].append(int(tok))
     return rows, first, done

@@ -9,7 +9,7 @@ records the flags of the steps it actually ran and hands them back to `CostModel
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,6 +72,78 @@ class StepPrice:
     off_grid: frozenset[str] = NO_FLAGS
 
 
+@dataclass(frozen=True)
+class StepRun:
+    """The engine's one pricing question: `num_steps` steps of one composition, a single step being a
+    run of one. Each step runs `num_decode` decode rows whose cached contexts sum to
+    ``dec_sum_ctx[j]`` (``num_switched`` of them in a format switch's second format, their part
+    ``switched_ctx[j]``) and the same prefill or verify `rows` ((kind, new tokens), in batch order)
+    on ``rows_ctx[i][j]`` cached tokens; ``num_sampling`` LM-head rows (one count for every step, or
+    one per step). Fast-forward windows and single steps build it alike (`kvsim.sim.replica`)."""
+
+    num_decode: int
+    dec_sum_ctx: np.ndarray  # (num_steps,)
+    num_sampling: int | Sequence[int]
+    num_steps: int
+    rows: tuple[tuple[SeqKind, int], ...] = ()
+    rows_ctx: tuple[Sequence[int], ...] = ()  # one sequence of num_steps contexts per row
+    num_switched: int = 0
+    switched_ctx: np.ndarray | None = None
+
+    @property
+    def row_tokens(self) -> int:
+        return sum(n for _, n in self.rows)
+
+    @staticmethod
+    def of(batch: ForwardBatch) -> StepRun:
+        """One step: the batch's composition."""
+        kinds, num_new, ctx_before = batch.kinds, batch.num_new, batch.ctx_before
+        dec_n = kinds.count(SeqKind.DECODE)
+        dec_ctx = sum(ctx_before)
+        rows: list[tuple[SeqKind, int]] = []
+        ctxs: list[tuple[int]] = []
+        if dec_n < len(kinds):
+            for kind, n, c in zip(kinds, num_new, ctx_before, strict=True):
+                if kind is not SeqKind.DECODE:
+                    rows.append((kind, n))
+                    ctxs.append((c,))
+                    dec_ctx -= c
+        assert batch.num_tokens - sum(n for _, n in rows) == dec_n, "a decode computes one token"
+        sw = np.array([batch.switched_ctx], dtype=np.float64) if batch.num_switched else None
+        dec = np.array([dec_ctx], dtype=np.float64) if dec_n else _NO_DECODE
+        return StepRun(dec_n, dec, batch.num_sampling, 1, tuple(rows), tuple(ctxs), batch.num_switched, sw)
+
+    @staticmethod
+    def decode(
+        num_seqs: int, sum_ctx: np.ndarray, num_switched: int = 0, switched_ctx: np.ndarray | None = None
+    ) -> StepRun:
+        """Decode-only steps: `num_seqs` rows, one token each, sampling each."""
+        return StepRun(num_seqs, sum_ctx, num_seqs, len(sum_ctx), (), (), num_switched, switched_ctx)
+
+    @staticmethod
+    def mixed(
+        num_decode: int,
+        dec_sum_ctx: np.ndarray,
+        chunk: int,
+        prefill_ctx: np.ndarray,
+        num_sampling: np.ndarray,
+        num_switched: int = 0,
+        dec_switched_ctx: np.ndarray | None = None,
+    ) -> StepRun:
+        """Decodes plus one prefill chunk of `chunk` tokens per step (a mixed window)."""
+        ctx = prefill_ctx.tolist()
+        return StepRun(
+            num_decode,
+            dec_sum_ctx,
+            num_sampling.tolist(),
+            len(ctx),
+            ((SeqKind.PREFILL, chunk),),
+            (ctx,),
+            num_switched,
+            dec_switched_ctx,
+        )
+
+
 class CostModel(Protocol):
     name: str
     prefix_rule: str  # how a prefill chunk's attention over a prefix beyond the measured is priced
@@ -84,51 +156,15 @@ class CostModel(Protocol):
         """``price(batch).seconds``."""
         ...
 
-    def decode_step_times(
-        self,
-        num_seqs: int,
-        sum_ctx: np.ndarray,
-        num_switched: int = 0,
-        switched_ctx: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Seconds of decode-only steps: `num_seqs` sequences, one token each, whose cached
-        contexts sum to ``sum_ctx[j]`` at step j (``num_switched`` of them in a format switch's
-        second format, their contexts ``switched_ctx[j]`` of that sum). Must agree exactly with
-        `price` of the decode-only batch, element by element, so multi-step fast-forward equals
-        stepping one by one. No side effects: fast-forward prices candidate steps past the next
+    def step_times(self, run: StepRun) -> np.ndarray:
+        """Seconds of each of `run`'s steps (a single step is a run of one): fast-forward windows and
+        single steps are priced by this one path, so a window of k steps costs what k single steps
+        do, float for float. No side effects: fast-forward prices candidate steps past the next
         event too."""
         ...
 
-    def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
-        """The off-grid flags of the decode-only steps ``sum_ctx`` (as above), together."""
-        ...
-
-    def mixed_step_times(
-        self,
-        num_decode: int,
-        dec_sum_ctx: np.ndarray,
-        chunk: int,
-        prefill_ctx: np.ndarray,
-        num_sampling: np.ndarray,
-        num_switched: int = 0,
-        dec_switched_ctx: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Seconds of steps j that each run `num_decode` decodes (contexts summing to
-        ``dec_sum_ctx[j]``, ``num_switched`` of them switched as in `decode_step_times`) and one
-        prefill chunk of `chunk` tokens on ``prefill_ctx[j]`` cached ones, with ``num_sampling[j]``
-        LM-head rows. Equal, element by element, to `price` of the same batches (fast-forward
-        relies on it). No side effects."""
-        ...
-
-    def mixed_off_grid(
-        self,
-        num_decode: int,
-        dec_sum_ctx: np.ndarray,
-        chunk: int,
-        prefill_ctx: np.ndarray,
-        num_sampling: np.ndarray,
-    ) -> frozenset[str]:
-        """The off-grid flags of those steps, together."""
+    def step_off_grid(self, run: StepRun, k: int | None = None) -> frozenset[str]:
+        """The off-grid flags of `run`'s first `k` steps (all: None), together."""
         ...
 
     def transfer_time(self, nbytes: float, link: Link, num_calls: int = 1) -> float:
@@ -253,44 +289,82 @@ class StepCostModel:
         step's alternative, and its steps' own count)."""
         return NO_FLAGS
 
-    def price(self, batch: ForwardBatch) -> StepPrice:
-        total = batch.num_tokens
-        kinds, num_new, ctx_before = batch.kinds, batch.num_new, batch.ctx_before
-        dec_n = kinds.count(SeqKind.DECODE)
-        dec_ctx = sum(ctx_before)
-        prefill = self.prefill_launch_s if dec_n < len(kinds) else 0.0
-        chunks: list[tuple[int, int]] = []
-        # The few prefill (or verify) rows, found from the end, where the scheduler puts them: a
-        # batch is mostly decodes, and this is the simulator's hottest pricing path.
-        i = len(kinds)
-        while len(chunks) < len(kinds) - dec_n:
-            i -= 1
-            kind = kinds[i]
-            if kind is not SeqKind.DECODE:  # n queries attending causally over c cached keys
-                n, c = num_new[i], ctx_before[i]
+    def step_times(self, run: StepRun) -> np.ndarray:
+        """Seconds of each of `run`'s steps: the one pricing path (a single step is a run of one).
+        Parts in one order: base + GEMMs + all-reduces + writes + (prefill launch + the prefill and
+        verify rows' attention, last row first), then + the decode rows' attention together."""
+        nd, rows = run.num_decode, run.rows
+        total = nd + run.row_tokens
+        nrows = nd + len(rows)
+        comm = self._comm_time(total)
+        write = self._write_part(total, run.num_switched, nd)
+        samp = run.num_sampling
+        t: np.ndarray | float
+        if isinstance(samp, int):
+            fixed = self._step_base(total, nrows, nd, samp) + self._gemm_time(total, samp) + comm + write
+            if rows:
+                t = np.array([fixed + p for p in self._rows_attn(run)], dtype=np.float64)
+            else:
+                t = fixed
+        else:
+            head = {s: self._step_base(total, nrows, nd, s) + self._gemm_time(total, s) for s in set(samp)}
+            if rows:
+                pre = self._rows_attn(run)
+                t = np.array([head[s] + comm + write + p for s, p in zip(samp, pre, strict=True)])
+            else:
+                t = np.array([head[s] + comm + write for s in samp], dtype=np.float64)
+        if nd:
+            sw = run.switched_ctx
+            return t + self._decode_part(nd, run.dec_sum_ctx.astype(np.float64), run.num_switched, sw)
+        if isinstance(t, float):
+            return np.full(run.num_steps, t)
+        return t
+
+    def _rows_attn(self, run: StepRun) -> list[float]:
+        """Per step: the prefill launch plus the attention of the prefill and verify rows, summed
+        last row first (where the scheduler puts them)."""
+        launch = self.prefill_launch_s
+        rows = run.rows
+        if len(rows) == 1:
+            ((kind, n),) = rows
+            attn = self._verify_attn_time if kind is SeqKind.VERIFY else self._prefill_attn_time
+            return [launch + attn(n, c) for c in run.rows_ctx[0]]
+        out = []
+        for j in range(run.num_steps):
+            p = launch
+            for (kind, n), ctx in zip(reversed(rows), reversed(run.rows_ctx), strict=True):
                 if kind is SeqKind.VERIFY:
-                    prefill += self._verify_attn_time(n, c)
+                    p += self._verify_attn_time(n, ctx[j])
                 else:
-                    prefill += self._prefill_attn_time(n, c)
-                chunks.append((n, c))
-                dec_ctx -= c
-        assert total - sum(n for n, _ in chunks) == dec_n, "a decode computes one token"
-        t = (
-            self._step_base(total, len(kinds), dec_n, batch.num_sampling)
-            + self._gemm_time(total, batch.num_sampling)
-            + self._comm_time(total)
-            + self._write_part(total, batch.num_switched, dec_n)
-            + prefill
-        )
-        ctx = _NO_DECODE
-        if dec_n:
-            ctx = np.array([dec_ctx], dtype=np.float64)
-            sw = np.array([batch.switched_ctx], dtype=np.float64) if batch.num_switched else None
-            t += float(self._decode_part(dec_n, ctx, batch.num_switched, sw)[0])
-        return StepPrice(t, self._off_grid(total, batch.num_sampling, chunks, dec_n, ctx))
+                    p += self._prefill_attn_time(n, ctx[j])
+            out.append(p)
+        return out
+
+    def step_off_grid(self, run: StepRun, k: int | None = None) -> Flags:
+        """The off-grid flags of `run`'s first `k` steps (all of them: None), together."""
+        if type(self)._off_grid is StepCostModel._off_grid:  # a model without a grid: nothing to flag
+            return NO_FLAGS
+        k = run.num_steps if k is None else k
+        nd, rows = run.num_decode, run.rows
+        total = nd + run.row_tokens
+        chunks = [
+            (n, int(ctx[j]))
+            for j in range(k)
+            for (_, n), ctx in zip(reversed(rows), reversed(run.rows_ctx), strict=True)
+        ]
+        dec = run.dec_sum_ctx[:k].astype(np.float64) if nd else _NO_DECODE
+        samp = run.num_sampling
+        flags: frozenset[str] = NO_FLAGS
+        for s in (samp,) if isinstance(samp, int) else sorted(set(samp[:k])):
+            flags = flags | self._off_grid(total, s, chunks, nd, dec, nd + len(rows))
+        return flags
+
+    def price(self, batch: ForwardBatch) -> StepPrice:
+        run = StepRun.of(batch)
+        return StepPrice(float(self.step_times(run)[0]), self.step_off_grid(run))
 
     def step_time(self, batch: ForwardBatch) -> float:
-        return self.price(batch).seconds
+        return float(self.step_times(StepRun.of(batch))[0])
 
     def decode_step_times(
         self,
@@ -299,18 +373,10 @@ class StepCostModel:
         num_switched: int = 0,
         switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
-        fixed = (
-            self._step_base(num_seqs, num_seqs, num_seqs, num_seqs)
-            + self._gemm_time(num_seqs, num_seqs)
-            + self._comm_time(num_seqs)
-            + self._write_part(num_seqs, num_switched, num_seqs)
-        )
-        return fixed + self._decode_part(num_seqs, sum_ctx.astype(np.float64), num_switched, switched_ctx)
+        return self.step_times(StepRun.decode(num_seqs, sum_ctx, num_switched, switched_ctx))
 
     def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
-        if type(self)._off_grid is StepCostModel._off_grid:  # a model without a grid: nothing to flag
-            return NO_FLAGS
-        return self._off_grid(num_seqs, num_seqs, [], num_seqs, sum_ctx.astype(np.float64))
+        return self.step_off_grid(StepRun.decode(num_seqs, sum_ctx))
 
     def mixed_step_times(
         self,
@@ -322,27 +388,10 @@ class StepCostModel:
         num_switched: int = 0,
         dec_switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
-        # The same operations in the same order as `price`, one step per element.
-        total = num_decode + chunk
-        comm = self._comm_time(total)
-        write = self._write_part(total, num_switched, num_decode)
-        gemm = {
-            int(s): self._step_base(total, num_decode + 1, num_decode, int(s))
-            + self._gemm_time(total, int(s))
-            for s in set(num_sampling.tolist())
-        }
-        t = np.array(
-            [
-                gemm[s] + comm + write + (self.prefill_launch_s + self._prefill_attn_time(chunk, c))
-                for s, c in zip(num_sampling.tolist(), prefill_ctx.tolist(), strict=True)
-            ],
-            dtype=np.float64,
+        run = StepRun.mixed(
+            num_decode, dec_sum_ctx, chunk, prefill_ctx, num_sampling, num_switched, dec_switched_ctx
         )
-        if num_decode:
-            t = t + self._decode_part(
-                num_decode, dec_sum_ctx.astype(np.float64), num_switched, dec_switched_ctx
-            )
-        return t
+        return self.step_times(run)
 
     def mixed_off_grid(
         self,
@@ -352,13 +401,7 @@ class StepCostModel:
         prefill_ctx: np.ndarray,
         num_sampling: np.ndarray,
     ) -> frozenset[str]:
-        total = num_decode + chunk
-        chunks = [(chunk, int(c)) for c in prefill_ctx.tolist()]
-        dec = dec_sum_ctx.astype(np.float64) if num_decode else _NO_DECODE
-        flags: frozenset[str] = NO_FLAGS
-        for rows in sorted(set(num_sampling.tolist())):
-            flags = flags | self._off_grid(total, int(rows), chunks, num_decode, dec, num_decode + 1)
-        return flags
+        return self.step_off_grid(StepRun.mixed(num_decode, dec_sum_ctx, chunk, prefill_ctx, num_sampling))
 
     def eviction_time(self, work: EvictionWork) -> float:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvsim.costs.base import CostModel, ForwardBatch
+from kvsim.costs.base import CostModel, ForwardBatch, StepRun
 
 
 class DraftCost:
@@ -51,7 +51,7 @@ class DraftCost:
         if min(drafts) == dmax:  # every row drafts alike (the common case): the passes in one call
             n, s0 = len(ctx), sum(ctx)
             sums = np.array([s0 + j * n for j in range(dmax)], dtype=np.int64)
-            times = self.cost.decode_step_times(n, sums).tolist()  # equal to `price`, element-wise
+            times = self.cost.step_times(StepRun.decode(n, sums)).tolist()  # equal to `price`, element-wise
             rows = [n] * dmax
         else:
             batches = [

@@ -23,6 +23,7 @@ counts; they end where the other windows end for the tiers below HBM (`_steps_wi
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from kvsim.core.horizon import VerifyWindow, decode_window, mixed_window, steps_
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput, SeqKind
 from kvsim.core.sched.scheduler import Scheduler
-from kvsim.costs.base import CostModel, ForwardBatch
+from kvsim.costs.base import CostModel, StepRun
 from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
@@ -46,6 +47,7 @@ MAX_FF_STEPS = 2048
 # where it lands: a shorter cap wastes less of that work under load.
 MAX_VERIFY_FF_STEPS = 32
 MIN_VERIFY_FF_STEPS = 4  # the cap after a cut window; doubled after each window that ran whole
+_NO_DECODE = np.zeros(0)  # the decode part of a step without decoding rows (read only)
 
 
 @dataclass
@@ -75,13 +77,15 @@ class TokenGaps:
 
     def __init__(self) -> None:
         self.last: dict[int, float] = {}  # request id -> when it last emitted
-        self.gap_s: list[float] = []  # one token's gap each, of request gap_id[i]
-        self.gap_id: list[int] = []
+        # One token's gap each, of request gap_id[i]: typed arrays, 8 bytes an entry (a run of a
+        # million requests keeps tens of millions; Python floats and ints in lists took 4x more).
+        self.gap_s = array("d")
+        self.gap_id = array("q")
         # (request id, tokens, len(gap_s) then) emitted with another, gap 0
         self.zeros: list[tuple[int, int, int]] = []
-        # (a window's step ends, requests that had their gaps, len(gap_s) then): the gaps are the
-        # ends' differences, taken after the run (`_shared_gaps`); the position orders `per_request`
-        self.shared: list[tuple[list[float], list[int], int]] = []
+        # (a window's step ends, and the span of gap_id holding its requests, the end of which orders
+        # `per_request`): the gaps are the ends' differences, taken after the run (`_shared_gaps`)
+        self.shared: list[tuple[list[float], int, int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -95,33 +99,36 @@ class TokenGaps:
 
     def window(self, reqs: list[Request], ends: list[float]) -> None:
         """`reqs` emitted one token each at every one of `ends` (a decode window's applied steps)."""
-        last, gap_s, gap_id = self.last, self.gap_s, self.gap_id
-        t0, t1 = ends[0], ends[-1]
-        ids = []
-        for req in reqs:  # decoding: each emitted before
-            rid = req.id
-            gap_s.append(t0 - last[rid])
-            gap_id.append(rid)
-            last[rid] = t1
-            ids.append(rid)
-        if len(ends) > 1 and ids:
-            self.shared.append((ends, ids, len(gap_s)))
+        if not reqs:
+            return
+        last, gap_s = self.last, self.gap_s
+        t0 = ends[0]
+        ids = [r.id for r in reqs]  # decoding: each emitted before
+        start = len(gap_s)
+        gap_s.extend([t0 - last[i] for i in ids])
+        self.gap_id.extend(ids)
+        last.update(dict.fromkeys(ids, ends[-1]))
+        if len(ends) > 1:
+            self.shared.append((ends, start, len(gap_s)))
 
-    def _shared_gaps(self) -> list[tuple[np.ndarray, list[int], int]]:
-        """`shared` with each window's gaps (the differences of its step ends)."""
-        return [(np.diff(np.asarray(e, dtype=np.float64)), ids, pos) for e, ids, pos in self.shared]
+    def _shared_gaps(self) -> list[tuple[np.ndarray, array[int], int]]:
+        """`shared` with each window's gaps (the differences of its step ends) and its requests."""
+        gid = self.gap_id
+        return [(np.diff(np.asarray(e, dtype=np.float64)), gid[a:b], b) for e, a, b in self.shared]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones)."""
-        gaps = np.asarray(self.gap_s, dtype=np.float64)
-        counts = np.ones(len(gaps), dtype=np.int64)
+        """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
+        equal gaps (the decode rows of one step share theirs) come as one value with their count:
+        the distribution is the same, its arrays a step's size rather than a token's."""
+        gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), None)
         others = set(self.last) - keep  # emitted, never completed (sim.max_time)
         if others:
-            counts[np.isin(np.asarray(self.gap_id, dtype=np.int64), list(others))] = 0
+            ids = np.frombuffer(self.gap_id, dtype=np.int64)
+            gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), ~np.isin(ids, list(others)))
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
         ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
-        for shared, ids, _ in self._shared_gaps():
-            w = len(ids) if not others else sum(1 for r in ids if r in keep)
+        for shared, ids_w, _ in self._shared_gaps():
+            w = len(ids_w) if not others else sum(1 for r in ids_w if r in keep)
             vals.append(shared)
             ns.append(np.full(len(shared), w, dtype=np.int64))
         return np.concatenate(vals), np.concatenate(ns)
@@ -146,6 +153,19 @@ class TokenGaps:
             items.sort(key=lambda x: (x[0], x[1]))
             out[r] = [g for *_, gs in items for g in gs]
         return out
+
+
+def _runs(values: np.ndarray, kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """`values` (each counted once, or where `kept`) as runs of equal neighbours: (value, count)."""
+    if not len(values):
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    if kept is not None:
+        values = values[kept]
+        if not len(values):
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    counts = np.diff(np.append(starts, len(values)))
+    return values[starts], counts
 
 
 class Replica:
@@ -193,6 +213,16 @@ class Replica:
         # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
         # a router that keeps loads in heaps), before the process next waits; None: not read so.
         self.on_load_change: Callable[[int], None] | None = None
+        # Whether a step of another composition may open a window (`_chain`): not where a mechanism
+        # acts between steps (lower tiers and their links, token eviction, speculative decoding) or
+        # KV events are written per schedule.
+        self._chains = (
+            fast_forward
+            and offload is None
+            and kv_events is None
+            and scheduler.kv.eviction is None
+            and scheduler.spec is None
+        )
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -309,6 +339,8 @@ class Replica:
         """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
         stepping's order. Returns (sampled their first token, finished)."""
         sched = self.sched
+        if not n:  # a chain cut after its first step, which it applied when it began
+            return [], []
         if win.verify is not None:
             a = win.applied
             in_use, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
@@ -325,17 +357,20 @@ class Replica:
             self.stats.kv_block_s, self.stats.draft_s = acc, dsum
             win.applied += n
             return [], done
-        used0 = sched.kv.pool.num_used  # the part's first step's blocks are held already
         a = win.applied
-        self.gaps.window(win.plan.decode_reqs, win.ends[a : a + n])
-        if win.chunk:
-            (p,) = win.plan.prefill_reqs
-            g0 = p.num_generated
-            first, done = sched.advance_mixed(win.plan, n)
-            if p.num_generated > g0:  # its prefill's last chunk sampled a token
-                self.gaps.emit(p.id, win.ends[a + n - 1], p.num_generated - g0)
+        used0 = sched.kv.pool.num_used if win.used0 is None else win.used0  # its first step's blocks held
+        plan = win.plan
+        self.gaps.window(plan.decode_reqs, win.ends[a : a + n])
+        others = plan.verify_reqs + plan.prefill_reqs if plan.verify_reqs else plan.prefill_reqs
+        if others:
+            g0 = [r.num_generated for r in others]
+            first, done = sched.advance(plan, n, scheduled=not win.chained)
+            t = win.ends[a + n - 1]
+            for r, g in zip(others, g0, strict=True):
+                if r.num_generated > g:  # a prefill's last chunk sampled; a verify row's tokens
+                    self.gaps.emit(r.id, t, r.num_generated - g)
         else:
-            first, done = [], sched.advance_decode(win.plan, n)
+            first, done = sched.advance(plan, n, scheduled=not (win.chained and a == 1))
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
@@ -346,6 +381,8 @@ class Replica:
         else:
             block_s = (used0 + np.cumsum(taken)) * d
             self.stats.kv_block_s = float(np.cumsum(np.concatenate(([self.stats.kv_block_s], block_s)))[-1])
+        if win.draft_s:  # a single step's draft passes, counted once it ran
+            self.stats.draft_s += win.draft_s[0]
         win.applied += n
         return first, done
 
@@ -392,8 +429,15 @@ class Replica:
                 self.clock = now
                 continue
             self._sample()
+            for seq in plan.admitted:
+                if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
+                    seq.first_scheduled_s = self.clock
             win = self._window(plan) if self.fast_forward else None
-            if win is not None:
+            if win is None and self._chains:
+                win = self._chain(plan)
+            if win is None:
+                win = self._single_step(plan)
+            if win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -402,76 +446,25 @@ class Replica:
                     except simpy.Interrupt:  # an arrival cut the window shorter
                         continue
                 self._win = None
-                k = win.k
-                if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
-                    whole = k == len(win.verify.tokens)
-                    self._verify_cap = (
-                        min(2 * self._verify_cap, MAX_VERIFY_FF_STEPS) if whole else MIN_VERIFY_FF_STEPS
-                    )
-                t_end = win.ends[k - 1]
-                self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
-                self.stats.prefix_extrapolated_s += win.prefix_extrapolated(k)
-                self.clock = t_end
-                first, done = self._apply_part(win, k - win.applied)
-                self.stats.steps += k
-                pause = self._end_step(first, done, t_end)
-                if pause:
-                    yield env.timeout(max(0.0, self.clock + pause - env.now))
-                    self.clock += pause
             else:
-                for seq in plan.admitted:
-                    if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
-                        seq.first_scheduled_s = self.clock
-                # -- cost: price the step that runs, and record its off-grid flags --
-                m = len(plan.decode_reqs)
-                if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
-                    v = len(plan.verify_reqs)
-                    batch = ForwardBatch(
-                        (SeqKind.DECODE,) * m
-                        + (SeqKind.VERIFY,) * v
-                        + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                        (1,) * m + tuple(d + 1 for d in plan.verify_drafts) + tuple(plan.prefill_new),
-                        tuple(plan.decode_ctx + plan.verify_ctx + plan.prefill_ctx),
-                        plan.num_sampling,
-                    )
-                else:
-                    batch = ForwardBatch(
-                        (SeqKind.DECODE,) * m + (SeqKind.PREFILL,) * len(plan.prefill_reqs),
-                        (1,) * m + tuple(plan.prefill_new),
-                        tuple(plan.decode_ctx + plan.prefill_ctx),
-                        plan.num_sampling,
-                        plan.decode_switched,
-                        plan.decode_switched_ctx,
-                    )
-                price = self.cost.price(batch)
-                self.off_grid |= price.off_grid
-                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True):
-                    if c:
-                        self.stats.prefix_extrapolated_s += self.cost.prefix_extrapolated_s(n, c)
-                dt = price.seconds
-                draft_s = 0.0
-                if plan.verify_reqs and self.draft is not None:
-                    draft_s = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
-                    dt += draft_s
-                t_end = self.clock + dt
-                # -- end cost --
-                used = sched.kv.pool.num_used  # allocated by schedule(), held through the step
-                yield env.timeout(max(0.0, t_end - env.now))
-                self.clock = t_end
-                self.stats.kv_block_s += used * dt
-                if draft_s:  # counted once the step ran, as a window counts its steps
-                    self.stats.draft_s += draft_s
-                rows = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
-                g0 = [r.num_generated for r in rows]
-                first, done = sched.complete(plan)
-                for r, g in zip(rows, g0, strict=True):
-                    if r.num_generated > g:
-                        self.gaps.emit(r.id, t_end, r.num_generated - g)
-                self.stats.steps += 1
-                pause = self._end_step(first, done, t_end)
-                if pause:
-                    yield env.timeout(max(0.0, self.clock + pause - env.now))
-                    self.clock += pause
+                yield env.timeout(max(0.0, win.ends[0] - env.now))
+            k = win.k
+            if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
+                whole = k == len(win.verify.tokens)
+                self._verify_cap = (
+                    min(2 * self._verify_cap, MAX_VERIFY_FF_STEPS) if whole else MIN_VERIFY_FF_STEPS
+                )
+            t_end = win.ends[k - 1]
+            self.off_grid |= win.off_grid(k)  # cost: only the steps that ran
+            for x in win.prefix_extrapolated(k):
+                self.stats.prefix_extrapolated_s += x
+            self.clock = t_end
+            first, done = self._apply_part(win, k - win.applied)
+            self.stats.steps += k
+            pause = self._end_step(first, done, t_end)
+            if pause:
+                yield env.timeout(max(0.0, self.clock + pause - env.now))
+                self.clock += pause
             self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
@@ -506,6 +499,114 @@ class Replica:
         self.stats.kv_block_s += kv.pool.num_used * dt
         return dt
 
+    def _single_step(self, plan: SchedulerOutput) -> _Window:
+        """The scheduled step as a window of one: priced by the same `CostModel.step_times` as a
+        window's steps (plus its draft passes), applied by the same `Scheduler.advance`."""
+        cost, sched = self.cost, self.sched
+        m = len(plan.decode_reqs)
+        rows: list[tuple[SeqKind, int]] = []
+        ctxs: list[tuple[int]] = []
+        if plan.verify_reqs:  # speculative decoding: k+1 tokens per row, and the drafts' cost
+            rows += [(SeqKind.VERIFY, d + 1) for d in plan.verify_drafts]
+            ctxs += [(c,) for c in plan.verify_ctx]
+            switched, switched_ctx = 0, None
+        else:
+            switched = plan.decode_switched
+            switched_ctx = np.array([plan.decode_switched_ctx], dtype=np.float64) if switched else None
+        if plan.prefill_reqs:
+            rows += [(SeqKind.PREFILL, n) for n in plan.prefill_new]
+            ctxs += [(c,) for c in plan.prefill_ctx]
+        dec = np.array([sum(plan.decode_ctx)], dtype=np.float64) if m else _NO_DECODE
+        run = StepRun(m, dec, plan.num_sampling, 1, tuple(rows), tuple(ctxs), switched, switched_ctx)
+        dt = float(cost.step_times(run)[0])
+        flags = cost.step_off_grid(run)
+        draft_s: list[float] = []
+        if plan.verify_reqs and self.draft is not None:
+            ds = self.draft.seconds(plan.verify_ctx, plan.verify_drafts)
+            dt += ds
+            if ds:
+                draft_s.append(ds)
+        reqs = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
+        d = np.array([dt])
+        win = _Window(plan, reqs, [self.clock + dt], 1, 0, 0, False, d, lambda _k: flags)
+        win.used0 = sched.kv.pool.num_used
+        win.draft_s = draft_s
+        if plan.prefill_reqs and any(plan.prefill_ctx):
+            terms = tuple(
+                cost.prefix_extrapolated_s(n, c)
+                for n, c in zip(plan.prefill_new, plan.prefill_ctx, strict=True)
+                if c
+            )
+            win.prefix_extrapolated = lambda _k: terms
+        return win
+
+    def _chain(self, plan: SchedulerOutput) -> _Window | None:
+        """The scheduled step (admitting requests, finishing prompts) and after it the decode-only
+        steps of everyone running, as one window, where stepping's next schedule is known in closed
+        form: every prefill row samples at this step, nobody finishes at it, verify rows and
+        preemptions none, and nobody can be admitted next (nothing waits, the running cap is
+        reached, or the first waiting request is out for want of blocks, which the decode steps take
+        only from empty ones). Its first step is applied now: the router reads it through the
+        window's token counts (`outstanding_tokens_at`), and an arrival cuts it where it lands,
+        as any window. Only without the mechanisms that act between steps (`_chains`)."""
+        sched, kv = self.sched, self.sched.kv
+        running = sched.running
+        if (
+            not plan.prefill_reqs
+            or plan.verify_reqs
+            or plan.preempted
+            or sched.loading
+            or sched.swapped
+            or len(plan.decode_reqs) + len(plan.prefill_reqs) != len(running)
+            or (sched.waiting and not plan.waiting_blocked and len(running) < sched.max_num_seqs)
+            or not all(plan.prefill_sampling)
+            or any(r.output_len <= 1 for r in plan.prefill_reqs)
+            or any(r.num_generated + 1 >= r.output_len for r in plan.decode_reqs)
+        ):
+            return None
+        win0 = self._single_step(plan)
+        dt0 = float(win0.durations[0])
+        # Step 0 applied now, in stepping's order: its blocks in use x seconds, its tokens.
+        self.stats.kv_block_s += kv.pool.num_used * dt0
+        t0 = win0.ends[0]
+        self.gaps.window(plan.decode_reqs, win0.ends)
+        g0 = [r.num_generated for r in plan.prefill_reqs]
+        first, done = sched.advance(plan, 1)
+        assert not done, "a chain's first step finishes nobody"
+        for r, g in zip(plan.prefill_reqs, g0, strict=True):
+            self.gaps.emit(r.id, t0, r.num_generated - g)
+        for seq in first:
+            seq.first_token_s = t0
+        tok0 = len(plan.decode_reqs) + sum(plan.prefill_new)
+        reqs = list(running)  # all decoding now, in running order: the next schedule's rows
+        part = SchedulerOutput(decode_reqs=reqs, decode_ctx=[r.num_computed for r in reqs])
+        if kv.blocks_needed_through(reqs, 0) > kv.num_empty_blocks:
+            dw = None  # the next step's blocks do not fit in the empty ones: it is scheduled alone
+        else:
+            dw = decode_window(part, kv, MAX_FF_STEPS - 1, may_evict=False)
+        n = len(reqs)
+        if dw is None:
+            d = win0.durations
+        else:
+            run = StepRun.decode(n, dw.sum_ctx)
+            d = np.concatenate((win0.durations, self.cost.step_times(run)))
+        ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
+        ends[0] = t0
+        k = self._steps_within(ends)
+        cost = self.cost
+        flags0 = win0.off_grid(1)
+
+        def off_grid(j: int) -> frozenset[str]:
+            if j <= 1 or dw is None:
+                return flags0
+            return flags0 | cost.step_off_grid(StepRun.decode(n, dw.sum_ctx), j - 1)
+
+        cum = [0, tok0, *(tok0 + n * j for j in range(1, k))]
+        win = _Window(part, reqs, ends[:k], k, 0, n, False, d[:k], off_grid, applied=1, chained=True)
+        win.tokens_cum = cum
+        win.prefix_extrapolated = win0.prefix_extrapolated
+        return win
+
     def _window(self, plan: SchedulerOutput) -> _Window | None:
         """The fast-forward window starting with the scheduled step, or None to run it alone.
 
@@ -531,11 +632,12 @@ class Replica:
                 return None  # a window of one step costs more bookkeeping than the step
             sum_ctx = window.sum_ctx
             evicts = window.new_blocks > kv.num_empty_blocks
-            d = self.cost.decode_step_times(m, sum_ctx, window.num_switched, window.switched_ctx)
+            run = StepRun.decode(m, sum_ctx, window.num_switched, window.switched_ctx)
+            d = self.cost.step_times(run)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:
-                return cost.decode_off_grid(m, sum_ctx[:k])
+                return cost.step_off_grid(run, k)
 
             chunk, tokens, changes = 0, m, evicts
         else:
@@ -549,18 +651,26 @@ class Replica:
                 return (
                     None  # its registrations are written through (or logged) at the schedules that make them
                 )
-            args = (mw.num_decode, mw.dec_sum_ctx, mw.chunk, mw.prefill_ctx, mw.num_sampling)
-            d = self.cost.mixed_step_times(*args, mw.num_switched, mw.dec_switched_ctx)
+            run = StepRun.mixed(
+                mw.num_decode,
+                mw.dec_sum_ctx,
+                mw.chunk,
+                mw.prefill_ctx,
+                mw.num_sampling,
+                mw.num_switched,
+                mw.dec_switched_ctx,
+            )
+            d = self.cost.step_times(run)
             cost = self.cost
 
             def off_grid(k: int) -> frozenset[str]:
-                return cost.mixed_off_grid(
-                    mw.num_decode, mw.dec_sum_ctx[:k], mw.chunk, mw.prefill_ctx[:k], mw.num_sampling[:k]
-                )
+                return cost.step_off_grid(run, k)
 
-            def extrapolated(k: int) -> float:
-                return math.fsum(
-                    cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+            def extrapolated(k: int) -> tuple[float, ...]:
+                return (
+                    math.fsum(
+                        cost.prefix_extrapolated_s(mw.chunk, int(c)) for c in mw.prefill_ctx[:k].tolist() if c
+                    ),
                 )
 
             reqs = [*plan.decode_reqs, p]
@@ -613,21 +723,24 @@ class Replica:
             ver = [(c, d) for c, d in zip(ctx, drafts, strict=True) if d]
             v_ctx, v_d = [c for c, _ in ver], [d for _, d in ver]
             m, v = len(dec), len(ver)
-            batch = ForwardBatch(
-                (SeqKind.DECODE,) * m + (SeqKind.VERIFY,) * v,
-                (1,) * m + tuple(d + 1 for d in v_d),
-                tuple(dec + v_ctx),
+            dec_arr = np.array([sum(dec)], dtype=np.float64) if m else _NO_DECODE
+            run = StepRun(
+                m,
+                dec_arr,
                 m + v + sum(v_d),
+                1,
+                tuple((SeqKind.VERIFY, d + 1) for d in v_d),
+                tuple((c,) for c in v_ctx),
             )
-            price = self.cost.price(batch)
-            dt = price.seconds
+            dt = float(self.cost.step_times(run)[0])
+            flag = self.cost.step_off_grid(run)
             ds = 0.0
             if v and self.draft is not None:
                 ds = self.draft.seconds(v_ctx, v_d)
                 dt += ds
             durations.append(dt)
             drafts_s.append(ds)
-            flags.append(price.off_grid)
+            flags.append(flag)
         d_arr = np.array(durations, dtype=np.float64)
         ends = np.cumsum(np.concatenate(([self.clock], d_arr)))[1:].tolist()
         k = self._steps_within(ends)  # the bounds of `_window`'s windows: a load's end, a cold entry
@@ -658,6 +771,13 @@ class _Window:
     applied: int = 0  # steps already applied (the router read this replica mid-window)
     verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
     tokens_cum: list[int] | None = None  # verify window: tokens computed by its first j steps
-    draft_s: list[float] = field(default_factory=list)  # verify window: draft seconds per step
-    # Seconds of its first k steps' prefill attention beyond the measured prefixes (mixed window).
-    prefix_extrapolated: Callable[[int], float] = field(default=lambda k: 0.0)
+    # Draft seconds per step: a verify window's; a single step's (one entry, only if it drafted)
+    draft_s: list[float] = field(default_factory=list)
+    # A single step's blocks in use, read when it was scheduled (a load landing mid-step may share
+    # them); None: a window's, read as each part is applied (no load lands inside a window).
+    used0: int | None = None
+    # A chain (`Replica._chain`): its first step, of another composition, was applied when it began;
+    # its decode steps after it take their first step's blocks when applied.
+    chained: bool = False
+    # Seconds of its first k steps' prefill attention beyond the measured prefixes, added in order.
+    prefix_extrapolated: Callable[[int], tuple[float, ...]] = field(default=lambda k: ())

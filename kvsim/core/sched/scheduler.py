@@ -38,7 +38,7 @@ they are copied back, and resumes where it stopped. A victim the decider refuses
 above (with token eviction: its whole context, which trims again after its prompt).
 
 Speculative decoding (`spec`, `kvsim.core.spec_decode`): a decoding request computes its last token
-plus up to k drafts in one verify row, blocks for all those slots taken before the step; `complete`
+plus up to k drafts in one verify row, blocks for all those slots taken before the step; `advance`
 draws its accepted drafts and advances it by accepted + 1 tokens, the rejected drafts' slots rolled
 back (vLLM v1: ``num_computed`` rewound, blocks kept until the request ends). A swapped victim
 copies the blocks it holds, look-ahead ones too (`swap_blocks`), and resumes with the same computed
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,6 +59,8 @@ from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import TierLookup
+
+_NO_NEW_BLOCKS = (0,)  # a single step's blocks: all taken when it was scheduled
 
 
 class Scheduler:
@@ -80,9 +82,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.outstanding_tokens = 0
         self.num_steps = 0  # steps applied; the pool's last-access stamp
-        # Of the last window part applied (`advance_decode`, `advance_mixed`): the blocks taken at
-        # each of its steps, for the engine's blocks-in-use integral.
-        self.last_new_blocks: list[int] | np.ndarray = []
+        # Of the last steps applied (`advance`): the blocks taken at each of them (the first's by
+        # `schedule`, so 0), for the engine's blocks-in-use integral.
+        self.last_new_blocks: Sequence[int] | np.ndarray = _NO_NEW_BLOCKS
         self.host: TierLookup | None = None  # lower tiers to load prefix entries from (None: off)
         self.loading: list[tuple[Request, int]] = []  # (request, entries it loads), waiting for KV
         self.new_loads: list[tuple[Request, int, int]] = []  # admitted to load since the engine looked:
@@ -274,6 +276,7 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             if not kv.admit(req, hits, num_new):
+                out.waiting_blocked = True  # for blocks: as long as none is freed, it stays out
                 break
             self.waiting.popleft()
             self.outstanding_tokens -= computed
@@ -326,41 +329,67 @@ class Scheduler:
         return computed
 
     # ---- after the step ---------------------------------------------------------------------------
-    def complete(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
-        """Apply a finished step. Returns (requests that sampled their first token, finished)."""
+    def advance(
+        self, out: SchedulerOutput, k: int = 1, *, scheduled: bool = True
+    ) -> tuple[list[Request], list[Request]]:
+        """Apply `k` steps of `out`: the engine's one way to advance (a single step is k = 1). Each
+        decode row computes one token a step; each prefill row its chunk a step, sampling when its
+        computed tokens reach its token count; verify rows (k = 1 only: a speculative-decoding
+        window applies through `advance_verify`) their accepted drafts. A fast-forward window
+        (k > 1: decode-only, or decodes plus one prefill chunk, `kvsim.core.horizon`) takes the
+        blocks of its steps after the first here (the first's were taken by `schedule`) and
+        registers the prefilling request's full blocks. `scheduled` false: the first step's blocks
+        are not held either (a window's steps after a step of another composition) and are taken
+        here too. Returns (requests that sampled their first token, finished); a window applied in
+        parts finishes nobody before its last part."""
+        decoders = out.decode_reqs
+        done = _advance_decoding(decoders, k)
         first: list[Request] = []
-        done: list[Request] = []
-        self.num_steps += 1
-        self.outstanding_tokens -= len(out.decode_reqs) + sum(out.prefill_new)
-        for req in out.decode_reqs:
-            req.num_computed += 1
-            req.num_generated += 1
-            req.num_tokens += 1
+        tokens = k * len(decoders)
+        if out.verify_reqs:
+            assert k == 1, "verify steps run in windows of their own (advance_verify)"
+            tokens += self._verify(out, done)
+        kv = self.kv
+        for req, n in zip(out.prefill_reqs, out.prefill_new, strict=True):
+            req.num_computed += k * n
+            tokens += k * n
+        if k > 1 or not scheduled:
+            chunk = out.prefill_new[0] if out.prefill_reqs else 0
+            self.last_new_blocks = kv.grow_decode([*decoders, *out.prefill_reqs], k, chunk)
+            if chunk and len((p := out.prefill_reqs[0]).held_keys) < len(p.keys):
+                kv.cache_blocks(p, p.num_computed)  # registered as each step was scheduled
+        else:
+            self.last_new_blocks = _NO_NEW_BLOCKS
+        for req in out.prefill_reqs:
+            if req.num_computed == req.num_tokens:  # its last chunk (or the window's): it samples
+                _sample(req, first, done)
+        self.num_steps += k
+        self.outstanding_tokens -= tokens
+        if done:
+            if k > 1 and kv.eviction is not None:
+                kv.settle_window(done, k)
+            self._finish(done)
+        if kv.eviction is not None:
+            kv.apply_evictions(self.running, k)
+        return first, done
+
+    def _verify(self, out: SchedulerOutput, done: list[Request]) -> int:
+        """A step's verify rows: each keeps its last token and its accepted drafts (the rejected
+        drafts' slots rolled back: num_computed rewound, blocks kept, as vLLM v1). Returns the
+        tokens they computed; the finished are added to `done`."""
+        spec = self.spec
+        assert spec is not None
+        tokens = 0
+        for req, d in zip(out.verify_reqs, out.verify_drafts, strict=True):
+            e = spec.verify(req.id, req.spec_steps, d) + 1
+            req.spec_steps += 1
+            req.num_computed += e
+            req.num_generated += e
+            req.num_tokens += e
+            tokens += e
             if req.num_generated >= req.output_len:
                 done.append(req)
-        if out.verify_reqs:
-            spec = self.spec
-            assert spec is not None
-            for req, d in zip(out.verify_reqs, out.verify_drafts, strict=True):
-                # Its last token and the accepted drafts keep their KV; the rejected drafts' slots
-                # are rolled back (num_computed rewound, blocks kept: vLLM v1).
-                e = spec.verify(req.id, req.spec_steps, d) + 1
-                req.spec_steps += 1
-                req.num_computed += e
-                req.num_generated += e
-                req.num_tokens += e
-                self.outstanding_tokens -= e
-                if req.num_generated >= req.output_len:
-                    done.append(req)
-        for req, n, sampled in zip(out.prefill_reqs, out.prefill_new, out.prefill_sampling, strict=True):
-            req.num_computed += n
-            if sampled:
-                _sample(req, first, done)
-        if done:
-            self._finish(done)
-        if self.kv.eviction is not None:
-            self.kv.apply_evictions(self.running)
-        return first, done
+        return tokens
 
     def _finish(self, done: list[Request]) -> None:
         kv = self.kv
@@ -372,33 +401,6 @@ class Scheduler:
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
 
-    def advance_mixed(self, out: SchedulerOutput, k: int) -> tuple[list[Request], list[Request]]:
-        """Apply k steps of a mixed window (`kvsim.core.horizon.mixed_window`): the decodes one token
-        each, the last request one chunk each. Returns (sampled their first token, finished); every
-        part of a window but its last returns none of either."""
-        decoders = out.decode_reqs
-        (p,) = out.prefill_reqs
-        (chunk,) = out.prefill_new
-        reqs = [*decoders, p]
-        done = _advance_decoding(decoders, k)
-        p.num_computed += k * chunk
-        kv = self.kv
-        self.last_new_blocks = kv.grow_decode(reqs, k, chunk)
-        if len(p.held_keys) < len(p.keys):
-            kv.cache_blocks(p, p.num_computed)  # registered as each step was scheduled
-        self.num_steps += k
-        self.outstanding_tokens -= k * (len(decoders) + chunk)
-        first: list[Request] = []
-        if p.num_computed == p.num_tokens:  # its last full chunk: it samples
-            _sample(p, first, done)
-        if done:
-            if kv.eviction is not None:
-                kv.settle_window(done, k)
-            self._finish(done)
-        if kv.eviction is not None:
-            kv.apply_evictions(self.running, k)
-        return first, done
-
     def advance_verify(
         self, reqs: list[Request], drafts: list[list[int]], accepted: list[list[int]], first: int, n: int
     ) -> tuple[list[int], list[Request]]:
@@ -409,7 +411,7 @@ class Scheduler:
         kv, spec, bs = self.kv, self.spec, self.block_size
         assert spec is not None
         used: list[int] = []
-        done: list[Request] = []  # in `complete`'s order: plain decode rows, then verify rows
+        done: list[Request] = []  # in `advance`'s order: plain decode rows, then verify rows
         done_verify: list[Request] = []
         for j in range(first, first + n):
             d_row = drafts[j]
@@ -440,26 +442,9 @@ class Scheduler:
             self._finish(done)
         return used, done
 
-    def advance_decode(self, out: SchedulerOutput, k: int) -> list[Request]:
-        """Apply k decode-only steps at once (the first already has its blocks). Returns finished.
-        A window may be applied in parts (the router reading the replica mid-window): every part but
-        the last finishes nobody, since the window ends at the first finish."""
-        reqs = out.decode_reqs
-        done = _advance_decoding(reqs, k)
-        self.last_new_blocks = self.kv.grow_decode(reqs, k)
-        self.num_steps += k
-        self.outstanding_tokens -= k * len(reqs)
-        if done:
-            if self.kv.eviction is not None:
-                self.kv.settle_window(done, k)
-            self._finish(done)
-        if self.kv.eviction is not None:
-            self.kv.apply_evictions(self.running, k)
-        return done
-
 
 def _advance_decoding(reqs: list[Request], k: int) -> list[Request]:
-    """`reqs` decoded k tokens each (a window's steps); returns those that reached their output."""
+    """`reqs` decoded k tokens each (k steps); returns those that reached their output."""
     done = []
     for req in reqs:
         req.num_computed += k
