@@ -25,7 +25,7 @@ spent every step), so evicting cached entries is safe; the prefilling request re
 blocks as each step is scheduled, which the replica applies at the window's end or before the router
 reads its prefix cache, and a key it would register that is cached already (sharing frees a block
 mid-window) ends the window before that step (``shared_key``). `mixed_window` returns the per-step
-contexts that `CostModel.mixed_step_times` prices.
+contexts that `CostModel.step_times` prices (`StepRun.mixed`).
 
 Verify windows (speculative decoding, `verify_window`): the accepted drafts of each request's step
 are a pure function of (seed, request, step index), so each step's drafts, contexts and blocks are
@@ -33,7 +33,7 @@ known in advance; see `verify_window` for its bounds.
 
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.
 A window returns its per-step work (the cached tokens the batch attends before each step), which
-the cost model prices in one call (`CostModel.decode_step_times`, `CostModel.mixed_step_times`).
+the cost model prices in one call (`CostModel.step_times`).
 """
 
 from __future__ import annotations

@@ -211,8 +211,8 @@ class StepCostModel:
     """A step as parts run one after another: overhead (and a measured profile's rest of the step,
     `_step_base`) + GEMMs + all-reduces + quantize-on-write of the new tokens + prefill attention
     (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
-    Subclasses price the parts; `price` and `decode_step_times` share this one decomposition, so a
-    decode-only step costs the same whichever is asked (fast-forward relies on it)."""
+    Subclasses price the parts; `step_times` is the one path that sums them, for a single step and
+    for a window's steps alike (`price`, `decode_step_times` and `mixed_step_times` ask it)."""
 
     name = "steps"
     overhead_s: float

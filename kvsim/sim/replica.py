@@ -1,23 +1,13 @@
 """A replica: one SimPy process running the scheduler's step loop; the clock advances only by step
-durations from the cost model.
-
-Fast-forward: where nothing can change between steps (a decode-only batch, no completion before
-the last step, blocks enough: `kvsim.core.horizon`), several steps are advanced as one event.
-Step durations come from the same vectorised cost function and times from the same sequential
-sums, so results equal stepping one by one (tests/test_engine.py and the property tests check
-this). An arrival routed here mid-window cuts the window after the step it lands in (`submit`),
-exactly where stepping would first see it; arrivals routed elsewhere leave it alone, and the router
-reads this replica's state at any instant in closed form (`outstanding_tokens_at`): inside a
-window only the computed-token counts move (one per decoding request per step, a chunk for the
-prefilling one of a mixed window). The prefix cache
-changes inside a window only when the window evicts cached entries; then a read of it first applies
-the steps that ended and takes the blocks of the step in flight (`_apply_ended_steps`), as stepping
-has. Arrivals come first at an instant shared with a step's end (`kvsim.sim.cluster`), in both
-modes. So engine events grow with the requests, not with requests x replicas.
-Only the occupancy time series, sampled once per event, is sparser than stepping's.
-Speculative decoding's verify steps run in windows of their own (`kvsim.core.horizon.verify_window`),
-each step priced with `CostModel.price` and its draft passes, the router reading per-step token
-counts; they end where the other windows end for the tiers below HBM (`_steps_within`).
+durations from the cost model. Every schedule runs as a window of steps, one engine for all: a
+fast-forward window where nothing stepping would react to can happen (`kvsim.core.horizon`), a
+chain (a step of another composition, then everyone's decode steps), or a single step; each priced
+by `CostModel.step_times` and applied by `Scheduler.advance`, so results equal stepping one by one
+(`sim.fast_forward: false`; tests/test_engine.py and the property tests check this). An arrival
+routed here mid-window cuts it after the step it lands in; the router reads a windowed replica in
+closed form (`outstanding_tokens_at`), and a prefix read first applies the steps that ended where
+the window changes the cache (`_apply_ended_steps`). The design, with every bound, is in
+docs/architecture.md ("One step, end to end").
 """
 
 from __future__ import annotations
