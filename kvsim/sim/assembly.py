@@ -26,7 +26,7 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
-from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process
+from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica
@@ -106,6 +106,12 @@ def assemble(
     window = window_eviction(sc.model)  # refused together with kv.eviction (kvsim.run)
     switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
     spec, draft = spec_decode(sc, cost)
+    agent = wl.agent
+    closed_loop = agent is not None and agent.closed_loop
+    # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
+    next_arrival = (
+        None if closed_loop else NextArrival(float(wl.arrival_s[0]) if len(wl.arrival_s) else math.inf)
+    )
     for i in range(sc.cluster.num_replicas):
         sched = make_scheduler(
             plan.num_blocks,
@@ -132,6 +138,7 @@ def assemble(
                 offload=None if offload is None else offload.port(i, sched, sink),
                 draft=draft,
                 kv_events=sink,
+                next_arrival=next_arrival,
             )
         )
     if sc.kv.pin_segments:
@@ -183,14 +190,13 @@ def assemble(
             )
         return seq
 
-    agent = wl.agent
-    if agent is not None and agent.closed_loop:
+    if agent is not None and closed_loop:
         starts = [(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)]
         loop = ClosedLoopArrivals(env, starts, agent.gap_s, agent.next_request, make_seq, router)
         for r in replicas:
             r.on_finish = loop.on_finish
     else:
-        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router, next_arrival))
     return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
 
 

@@ -172,6 +172,7 @@ class Replica:
         offload: OffloadPort | None = None,
         draft: DraftCost | None = None,
         kv_events: ReplicaSink | None = None,
+        next_arrival: Callable[[], float] | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -213,6 +214,14 @@ class Replica:
             and scheduler.kv.eviction is None
             and scheduler.spec is None
         )
+        # Running ahead of the clock (`run`): a window that ends strictly before the next arrival
+        # and the end of the simulation is applied at once, without an engine event, since only an
+        # arrival (routed here, or reading this replica through the router) can come between. Only
+        # where nothing else reaches a replica mid-step: no lower tiers or pool (their loads and
+        # other replicas' publications), no KV events (one log for all replicas, in time order).
+        self._ahead: Callable[[], float] | None = None
+        if fast_forward and next_arrival is not None and offload is None and kv_events is None:
+            self._ahead = lambda: min(next_arrival(), next_outside_event())
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -427,7 +436,10 @@ class Replica:
                 win = self._chain(plan)
             if win is None:
                 win = self._single_step(plan)
-            if win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
+            ahead = self._ahead is not None and win.ends[win.k - 1] < self._ahead()
+            if ahead:
+                pass  # it ends before anything from outside can come: applied now, no event
+            elif win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -453,9 +465,14 @@ class Replica:
             self.stats.steps += k
             pause = self._end_step(first, done, t_end)
             if pause:
-                yield env.timeout(max(0.0, self.clock + pause - env.now))
-                self.clock += pause
-            self.stats.events += 1
+                if ahead and self._ahead is not None and self.clock + pause < self._ahead():
+                    self.clock += pause
+                else:
+                    yield env.timeout(max(0.0, self.clock + pause - env.now))
+                    self.clock += pause
+                    ahead = False
+            if not ahead:
+                self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
             self.stats.busy_s = self.clock - self.stats.idle_s
