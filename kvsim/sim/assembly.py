@@ -81,17 +81,7 @@ def assemble(
     then the keywords ``eviction`` and ``spec``); `kv_events`: the log the replicas' KV events go to (None: none kept)."""
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
-    use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
-    # The answer's content ids line up with engine blocks only when blocks are the trace's size.
-    out_ids = wl.output_hash_ids if use_prefix and wl.hash_block_tokens == bs else None
-    if use_prefix:
-        g = wl.hash_block_tokens
-        if g % bs and bs % g:
-            raise KvsimError(
-                f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
-                source=sc.source,
-                path="kv.block_size",
-            )
+    check_hash_blocks(sc, wl)
     env = simpy.Environment()
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     seqs: list[Request] = []
@@ -106,7 +96,14 @@ def assemble(
     window = window_eviction(sc.model)  # refused together with kv.eviction (kvsim.run)
     switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
     spec, draft = spec_decode(sc, cost)
-    for i in range(sc.cluster.num_replicas):
+    make_seq = request_maker(sc, wl, plan, window, seqs)
+    n = sc.cluster.num_replicas
+    touched: set[int] | None = set() if Router.indexes(sc.cluster.router, n) else None
+    agent = wl.agent
+    loop = None  # the closed-loop sessions (None: open loop, at the trace's times)
+    if agent is not None and agent.closed_loop:
+        loop = ClosedLoopArrivals(env, agent.gap_s, agent.next_request, make_seq)
+    for i in range(n):
         sched = make_scheduler(
             plan.num_blocks,
             bs,
@@ -132,16 +129,32 @@ def assemble(
                 offload=None if offload is None else offload.port(i, sched, sink),
                 draft=draft,
                 kv_events=sink,
+                on_load_change=None if touched is None else touched.add,
+                on_finish=None if loop is None else loop.on_finish,
             )
         )
     if sc.kv.pin_segments:
         pin = pin_keys(sc, wl)
         for r in replicas:
             r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
-    router = Router(sc.cluster.router, replicas)
-    if router.indexed:
-        for r in replicas:
-            r.on_load_change = router.touch
+    router = Router(sc.cluster.router, replicas, touched)
+    if agent is not None and loop is not None:
+        loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], router)
+    else:
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+
+
+def request_maker(
+    sc: Scenario, wl: Workload, plan: MemoryPlan, window: Eviction | None, seqs: list[Request]
+) -> Callable[..., Request]:
+    """``make_seq(i, t=None)``: the workload's request `i` (arriving at `t`, else at the trace's
+    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason."""
+    bs = sc.kv.block_size
+    caching = sc.kv.prefix_cache != "none"
+    use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
+    # The answer's content ids line up with engine blocks only when blocks are the trace's size.
+    out_ids = wl.output_hash_ids if use_prefix and wl.hash_block_tokens == bs else None
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill
@@ -183,15 +196,19 @@ def assemble(
             )
         return seq
 
-    agent = wl.agent
-    if agent is not None and agent.closed_loop:
-        starts = [(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)]
-        loop = ClosedLoopArrivals(env, starts, agent.gap_s, agent.next_request, make_seq, router)
-        for r in replicas:
-            r.on_finish = loop.on_finish
-    else:
-        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
-    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+    return make_seq
+
+
+def check_hash_blocks(sc: Scenario, wl: Workload) -> None:
+    """A trace's content ids key the prefix cache only where its hash block and the engine block
+    divide one another."""
+    g, bs = wl.hash_block_tokens, sc.kv.block_size
+    if sc.kv.prefix_cache != "none" and wl.hash_ids is not None and g % bs and bs % g:
+        raise KvsimError(
+            f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
+            source=sc.source,
+            path="kv.block_size",
+        )
 
 
 def pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:

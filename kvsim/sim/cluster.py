@@ -51,27 +51,34 @@ class ClosedLoopArrivals:
     `gap_s` after the previous turn's reply arrived (`on_finish`, called by the replica at the
     step's end). A rejected turn ends its session: the later turns are never sent (the summary
     counts them as not arrived). Sends at URGENT priority, like the open-loop arrivals, so a turn
-    sent at the instant a step ends is seen by the router first, fast-forward or not."""
+    sent at the instant a step ends is seen by the router first, fast-forward or not.
+
+    Built before the replicas (they are given `on_finish`), started once the router over them is
+    (`start`)."""
 
     def __init__(
         self,
         env: simpy.Environment,
-        first_times: list[tuple[float, int]],
         gap_s: np.ndarray,
         next_request: np.ndarray,
         make_seq: Callable[[int, float], Request],
-        router: Router,
     ) -> None:
         self.env = env
         self.gap_s = gap_s.tolist()
         self.next_request = next_request.tolist()
         self.make_seq = make_seq
+        self.router: Router | None = None
+
+    def start(self, first_times: list[tuple[float, int]], router: Router) -> None:
+        """Send the sessions' first turns at their (time, request index), and every turn, through
+        `router`."""
         self.router = router
-        env.process(self._starts(first_times))
+        self.env.process(self._starts(first_times))
 
     def _send(self, i: int, t: float) -> None:
         seq = self.make_seq(i, t)
         if seq.status is not RequestStatus.REJECTED:
+            assert self.router is not None
             self.router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
 
     def _starts(self, first_times: list[tuple[float, int]]) -> Generator[simpy.Event, Any, None]:

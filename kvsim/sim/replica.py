@@ -162,6 +162,8 @@ class Replica:
         offload: OffloadPort | None = None,
         draft: DraftCost | None = None,
         kv_events: ReplicaSink | None = None,
+        on_load_change: Callable[[int], None] | None = None,
+        on_finish: Callable[[list[Request]], None] | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -189,10 +191,11 @@ class Replica:
         if kv_events is not None:
             kv_events.clock = lambda: self.clock
         # Called with the requests that finished, at the step's end (closed-loop sessions).
-        self.on_finish: Callable[[list[Request]], None] | None = None
-        # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
-        # a router that keeps loads in heaps), before the process next waits; None: not read so.
-        self.on_load_change: Callable[[int], None] | None = None
+        self.on_finish = on_finish
+        # Called with its index where its load may have changed (the set of touched replicas of a
+        # router that keeps loads in heaps, `kvsim.core.router`), before the process next waits;
+        # None: not read so.
+        self.on_load_change = on_load_change
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
