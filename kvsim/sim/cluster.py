@@ -1,6 +1,7 @@
 """The cluster around the replicas: the arrival processes that route each request at its arrival
 instant (open loop: at the trace's times; closed loop: agent turns sent when the previous reply
-arrives), and the factory of a replica's pool and scheduler."""
+arrives), and the factory of a replica's pool and scheduler. Design: docs/architecture.md ("The
+run, assembled")."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.spec_decode import SpecDecoder
+from kvsim.core.tiers import SwapDecider, TierLookup
 
 
 class _ArrivalTimeout(simpy.events.Event):
@@ -114,13 +116,18 @@ def make_pool_and_scheduler(
     *,
     eviction: Eviction | None = None,
     spec: SpecDecoder | None = None,
+    host: TierLookup | None = None,
+    swap_decider: SwapDecider | None = None,
 ) -> Scheduler:
     """A replica's KV cache manager and scheduler, with its token eviction (kv.eviction, sliding
-    windows or a format switch) and speculative decoding (None: off)."""
+    windows or a format switch), speculative decoding, the tiers below HBM it loads prefixes from
+    and its swap decision (`kvsim.sim.offload`; None: off)."""
     return Scheduler(
         KVCacheManager(num_blocks, block_size, enable_caching=enable_caching, eviction=eviction),
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         chunked_prefill=chunked_prefill,
         spec=spec,
+        host=host,
+        swap_decider=swap_decider,
     )

@@ -1,12 +1,14 @@
 """The SimPy side of the tiers below HBM: write-backs, write-throughs, loads, swaps, the global pool.
 
-Each replica has an `OffloadPort` (built per run by `kvsim.sim.offload_wiring`): its node's
-`HostTier` (`kvsim.core.tiers`, shared by the node's replicas), the node's SSD tier (`SSDSide`),
-the global pool (`GlobalSide`), and the `LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes and
-NIC belong to, one per direction. The port is also
-the scheduler's `TierLookup`: DRAM first, then the SSD, then the pool. After every schedule the
-replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether it steps or
-fast-forwards), which
+Each replica has its side of the tiers (`ReplicaTiers`, built per run by
+`kvsim.sim.offload_wiring` before its scheduler): its node's `HostTier` (`kvsim.core.tiers`, shared
+by the node's replicas), the node's SSD tier (`SSDSide`), the global pool (`GlobalSide`), the
+`LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes and NIC belong to, one per direction, and
+what its scheduler is given: a `TierView` (the scheduler's `TierLookup`: DRAM first, then the SSD,
+then the pool) and a `SwapPolicy` (its `SwapDecider`). Its `OffloadPort` is built over that side
+and the scheduler; all three read the replica's clock and poke it (`ReplicaClock`). After every
+schedule the replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether
+it steps or fast-forwards), which
 
 - moves down the cached HBM entries gone cold (``cold_after_steps``: `BlockPool.drop_cold`);
 - starts the load of every request the scheduler admitted to load (`Scheduler.new_loads`): one
@@ -95,6 +97,8 @@ at the same schedule. ``load: overlap`` is refused with it (it needs the end at 
 Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on that link
 (its other GPUs move their shares in parallel over their own lanes); the SSD, per node, moves whole
 replica blocks.
+
+Design: docs/architecture.md ("With host-DRAM offload", "The run, assembled").
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 from simpy.events import URGENT
@@ -197,90 +201,48 @@ class OffloadStats:
     waits: dict[int, float] = field(default_factory=dict)  # request id -> seconds waited for KV
 
 
-class OffloadPort:
+class ReplicaClock(Protocol):
+    """What the parts built for a replica read of it (`kvsim.sim.replica.Replica`, which builds
+    them with itself): its clock, the same float whether it steps or fast-forwards (env.now reaches
+    an instant by different sums in the two modes), and its wake-up (`Replica.poke`)."""
+
+    clock: float
+
+    def poke(self, t: float) -> None: ...
+
+
+class TierView:
+    """What the tiers below a replica's HBM hold readable at its clock, DRAM first, then the SSD,
+    then the pool: the scheduler's `TierLookup` (built before it, and given to it) and the source of
+    each entry its port loads."""
+
     def __init__(
         self,
         env: simpy.Environment,
-        sched: Scheduler,
+        replica: ReplicaClock,
         host: HostTier | None,
-        h2d: LinkQueue,
-        d2h: LinkQueue,
-        *,
-        h2d_block_bytes: float,
-        d2h_block_bytes: float,
-        write: OffloadWrite,
-        copy: CopyMode,
         ready: dict[int, Any],
-        swap: tuple[SwapSpace, Callable[[Request, int], bool]] | None = None,
-        glob: GlobalSide | None = None,
-        load_weight: float = 0.0,
-        remote_weight: float | None = None,
-        ssd: SSDSide | None = None,
-        cold_after_steps: int = 0,
-        overlap: Callable[[int, int], float] | None = None,
-        kv_events: ReplicaSink | None = None,
+        *,
+        ssd: SSDSide | None,
+        glob: GlobalSide | None,
+        node: int,
+        stats: OffloadStats,
     ) -> None:
         self.env = env
-        # The replica's KV events (``kvsim run --kv-events``; None: not written): its node's DRAM
-        # and SSD changes its writes make, and the stamp of a load's entries cached at its arrival.
-        self.kv_events = kv_events
-        self.sched = sched
+        self.replica = replica  # its clock: every lookup and transfer starts from it
+        self.poke = replica.poke  # wakes the replica at the given instant, or cuts its window there
         self.host = host
-        self.h2d = h2d
-        self.d2h = d2h
-        # Bytes of one block on each link: per-GPU block bytes x the replica's GPUs on that link.
-        self.h2d_block_bytes = h2d_block_bytes
-        self.d2h_block_bytes = d2h_block_bytes
-        self.write = write
-        self.per_block = copy is CopyMode.PER_BLOCK
         self.ready = ready  # the node's: entry key -> instant its write to DRAM arrives (pruned lazily)
-        self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
-        self.stats = OffloadStats()
-        # Writes to DRAM and to the SSD: (the instant they arrive, or their fair Arrival; blocks)
-        self.write_log: list[tuple[Any, int]] = []
-        self.ssd_write_log: list[tuple[Any, int]] = []
-        # Wakes the replica at the given instant, or cuts its window there (set by it: `Replica.poke`).
-        self.on_arrival: Callable[[float], None] = lambda t: None
-        # The replica's clock, the same float whether it steps or fast-forwards (env.now reaches an
-        # instant by different sums in the two modes): every transfer starts from it.
-        self.clock: Callable[[], float] = lambda: env.now
-        self.peers: list[OffloadPort] = []  # the other replicas' ports on this node
-        self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
-        self.tier_changed = False  # the last after_schedule changed the tier's contents
-        self.swap_ready: dict[int, Any] = {}  # request id -> instant its swap-out arrives (fair: Arrival)
-        self.fair = isinstance(h2d, FairLinkQueue)  # cluster.topology.sharing: fair
-        self.glob = glob
         self.ssd = ssd
-        self.cold_after_steps = cold_after_steps
-        # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
-        self.overlap = overlap
-        # Occupancy over time of the tiers this port samples (its node's, the pool for one port):
-        # (t, tier name, blocks used), set up by the run.
-        self.sampled: list[tuple[str, HostTier]] = []
-        self.samples: list[tuple[float, str, int]] = []
-        # Traffic over time of every link of the run (sampled by one port): (t, link, bytes and busy
-        # seconds of the transfers asked for so far).
-        self.links_to_sample: Callable[[], list[LinkQueue]] | None = None
-        self.link_samples: list[tuple[float, str, float, float]] = []
-        # What a token loaded from a lower tier costs against computing it (the cache-aware router):
-        # over H2D (DRAM, the SSD through DRAM, the pool on this node), and over the network (the
-        # pool on another node or on a pool node; None: as over H2D).
-        self.load_weight = load_weight
-        self.remote_weight = load_weight if remote_weight is None else remote_weight
-        self.node = -1 if glob is None else glob.node
-        if host is not None or glob is not None:
-            sched.host = self  # the scheduler's `TierLookup`
+        self.glob = glob
+        self.node = node
+        self.stats = stats
         self._declined: dict[int, Sequence[int]] = {}  # requests (their keys) whose lookup declined
         # Arrivals of entries a lookup missed while in flight (`_watch`): instants, and fair Arrivals
         self._watched: set[float] = set()
-        self._watch_heap: list[float] = []
+        self.watch_heap: list[float] = []
         self._watched_arrivals: dict[int, Arrival] = {}
-        self.swap_space: SwapSpace | None = None
-        if swap is not None:
-            self.swap_space, self._cheaper_to_swap = swap
-            sched.swap_decider = self._decide_swap
 
-    # ---- the scheduler's view of the tiers below HBM (`kvsim.core.tiers.TierLookup`) ------------------
     @property
     def looks_up(self) -> bool:
         """Whether the replica has tiers below HBM to look prefixes up in."""
@@ -303,13 +265,13 @@ class OffloadPort:
         flight is in vLLM's OffloadingConnector (`lookup` counts ready blocks only), LMCache and
         Mooncake Store (an object is visible once its put completes): the lookup stops there. The
         scheduler's lookups (`count`) watch that arrival: the replica is poked then, and its
-        fast-forward windows end before it (`next_event`)."""
-        now = self.clock() if count else self.env.now
+        fast-forward windows end before it (`OffloadPort.next_event`)."""
+        now = self.replica.clock if count else self.env.now
         glob = self.glob
         n = 0
         for i in range(start, stop):
             k = keys[i]
-            src = self._source(k, now, count)
+            src = self.source(k, now, count)
             if src is None:
                 break
             if src == "pool":
@@ -328,7 +290,7 @@ class OffloadPort:
             n += 1
         return n
 
-    def _source(self, k: int, now: float, watch: bool = False) -> str | None:
+    def source(self, k: int, now: float, watch: bool = False) -> str | None:
         """The first tier that holds `k` readable at `now` (its write arrived): "dram", "ssd" or
         "pool"; None if none. With `watch`, a tier whose copy is still in flight watches its arrival."""
         host, ssd, glob = self.host, self.ssd, self.glob
@@ -362,28 +324,35 @@ class OffloadPort:
 
     def _watch(self, t: float) -> None:
         """A lookup missed an entry readable from `t`: poke the replica then (it wakes if idle, its
-        window is cut), and end its windows before it (`next_event`)."""
+        window is cut), and end its windows before it (`next_watched`)."""
         if t in self._watched:
             return
         self._watched.add(t)
-        heapq.heappush(self._watch_heap, t)
+        heapq.heappush(self.watch_heap, t)
         ev = urgent_at(self.env, t)
         ev.callbacks.append(functools.partial(self._ready_event, t))
 
     def _ready_event(self, t: float, _ev: simpy.events.Event) -> None:
         self._watched.discard(t)
-        self.on_arrival(t)
+        self.poke(t)
 
     def _arrival_ready(self, a: Arrival) -> None:
         del self._watched_arrivals[id(a)]
         assert a.t is not None
-        self.on_arrival(a.t)
+        self.poke(a.t)
+
+    def next_watched(self, now: float) -> float:
+        """The earliest arrival after `now` of an entry a lookup missed while in flight (inf: none)."""
+        heap = self.watch_heap
+        while heap and heap[0] <= now:
+            heapq.heappop(heap)
+        return heap[0] if heap else math.inf
 
     def touch(self, keys: Sequence[int]) -> int:
-        now = self.clock()
+        now = self.replica.clock
         blocks = 0
         for k in keys:
-            where = self._source(k, now)
+            where = self.source(k, now)
             if where == "dram":
                 assert self.host is not None
                 blocks += self.host.touch((k,))
@@ -404,6 +373,112 @@ class OffloadPort:
             self.glob.pool.check()
             assert self.glob.pool.entries.keys() <= self.glob.pool.home.keys()
 
+
+class SwapPolicy:
+    """A replica's `SwapDecider` (``scheduler.preemption: swap | auto``): a victim is swapped when it
+    has KV, its blocks fit its node's swap space, and (``auto``) copying them out and back is the
+    cheaper (`cheaper`, built by `kvsim.sim.offload_wiring`); else it is recomputed (counted)."""
+
+    def __init__(
+        self, space: SwapSpace, cheaper: Callable[[Request, int], bool], stats: OffloadStats
+    ) -> None:
+        self.space = space
+        self.cheaper = cheaper
+        self.stats = stats
+
+    def __call__(self, req: Request, blocks: int, /) -> bool:
+        space = self.space
+        ok = blocks > 0 and space.used_blocks + blocks <= space.capacity_blocks and self.cheaper(req, blocks)
+        if ok:
+            space.used_blocks += blocks  # held from now until its swap-in ends
+            space.peak_blocks = max(space.peak_blocks, space.used_blocks)
+        else:
+            self.stats.recomputed += 1
+        return ok
+
+
+@dataclass
+class ReplicaTiers:
+    """A replica's side of the tiers below HBM, built before its scheduler
+    (`kvsim.sim.offload_wiring.OffloadWiring.side`): its node, its PCIe lanes (one queue per
+    direction, and its GPUs on each), its access to the global pool, and what its scheduler is
+    given: the lookup (`TierView`) and the swap decision (None: off). Its port is built over it."""
+
+    node: int
+    h2d: LinkQueue
+    d2h: LinkQueue
+    h2d_block_bytes: float  # per-GPU block bytes x the replica's GPUs on that lane
+    d2h_block_bytes: float
+    glob: GlobalSide | None
+    view: TierView
+    swap: SwapPolicy | None
+    stats: OffloadStats
+    # What a token loaded from a lower tier costs against computing it (the cache-aware router):
+    # over H2D (DRAM, the SSD through DRAM, the pool on this node), and over the network (the
+    # pool on another node or on a pool node; None: as over H2D).
+    load_weight: float = 0.0
+    remote_weight: float | None = None
+
+    @property
+    def lookup(self) -> TierView | None:
+        """The scheduler's `TierLookup` (None: no tier to load prefixes from)."""
+        return self.view if self.view.looks_up else None
+
+
+class OffloadPort:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        sched: Scheduler,
+        side: ReplicaTiers,
+        *,
+        write: OffloadWrite,
+        copy: CopyMode,
+        cold_after_steps: int = 0,
+        overlap: Callable[[int, int], float] | None = None,
+        kv_events: ReplicaSink | None = None,
+        node_ports: list[OffloadPort] | None = None,
+        sampled: list[tuple[str, HostTier]] | None = None,
+        links_to_sample: Callable[[], list[LinkQueue]] | None = None,
+    ) -> None:
+        self.env = env
+        # The replica's KV events (``kvsim run --kv-events``; None: not written): its node's DRAM
+        # and SSD changes its writes make, and the stamp of a load's entries cached at its arrival.
+        self.kv_events = kv_events
+        self.sched = sched
+        view = self.view = side.view
+        self.replica, self.poke = view.replica, view.poke
+        self.node, self.stats = side.node, side.stats
+        self.host, self.ready, self.ssd, self.glob = view.host, view.ready, view.ssd, view.glob
+        self.h2d, self.d2h = side.h2d, side.d2h
+        self.h2d_block_bytes, self.d2h_block_bytes = side.h2d_block_bytes, side.d2h_block_bytes
+        self.write = write
+        self.per_block = copy is CopyMode.PER_BLOCK
+        self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
+        # Writes to DRAM and to the SSD: (the instant they arrive, or their fair Arrival; blocks)
+        self.write_log: list[tuple[Any, int]] = []
+        self.ssd_write_log: list[tuple[Any, int]] = []
+        # The ports of the node's replicas, this one's among them (their DRAM tier is shared).
+        self.node_ports: list[OffloadPort] = [self] if node_ports is None else node_ports
+        self.tier_changed = False  # the last after_schedule changed the tier's contents
+        self.swap_ready: dict[int, Any] = {}  # request id -> instant its swap-out arrives (fair: Arrival)
+        self.swap_space = None if side.swap is None else side.swap.space
+        self.fair = isinstance(self.h2d, FairLinkQueue)  # cluster.topology.sharing: fair
+        self.cold_after_steps = cold_after_steps
+        # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
+        self.overlap = overlap
+        # Occupancy over time of the tiers this port samples (its node's, the pool for one port):
+        # (t, tier name, blocks used).
+        self.sampled = [] if sampled is None else sampled
+        self.samples: list[tuple[float, str, int]] = []
+        # Traffic over time of every link of the run (sampled by one port): (t, link, bytes and busy
+        # seconds of the transfers asked for so far).
+        self.links_to_sample = links_to_sample
+        self.link_samples: list[tuple[float, str, float, float]] = []
+        # The cache-aware router's price of a loaded token, in computed tokens (`ReplicaTiers`)
+        self.load_weight = side.load_weight
+        self.remote_weight = side.load_weight if side.remote_weight is None else side.remote_weight
+
     def _changed(self, keys: set[int], watchers: list[OffloadPort], now: float) -> None:
         """Tier contents under `keys` changed: replicas whose waiting head's prefix holds one of them
         would admit differently at their next schedule."""
@@ -416,7 +491,7 @@ class OffloadPort:
                 if p is self:
                     self.tier_changed = True
                 else:
-                    p.on_arrival(now)
+                    p.poke(now)
 
     @property
     def writes_back(self) -> bool:
@@ -431,16 +506,13 @@ class OffloadPort:
     def next_event(self) -> float:
         """The end of the earliest load in flight, or the arrival of an entry a lookup missed while
         it was in flight (inf when none)."""
-        heap, now = self._watch_heap, self.clock()
-        while heap and heap[0] <= now:
-            heapq.heappop(heap)
-        t = heap[0] if heap else math.inf
+        t = self.view.next_watched(self.replica.clock)
         if not self.pending:
             return t
         return min(t, min(t for t, _ in self.pending.values()))
 
     def after_schedule(self) -> None:
-        now = self.clock()
+        now = self.replica.clock
         sched = self.sched
         self.tier_changed = False
         cold: list[int] = []
@@ -508,24 +580,6 @@ class OffloadPort:
             for k, _ in part:
                 ready[k] = end
 
-    def _decide_swap(self, req: Request) -> bool:
-        """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
-        swap space, and (``auto``) swapping is the cheaper."""
-        space = self.swap_space
-        assert space is not None
-        blocks = self.sched.swap_blocks(req)
-        ok = (
-            blocks > 0
-            and space.used_blocks + blocks <= space.capacity_blocks
-            and self._cheaper_to_swap(req, blocks)
-        )
-        if ok:
-            space.used_blocks += blocks  # held from now until its swap-in ends
-            space.peak_blocks = max(space.peak_blocks, space.used_blocks)
-        else:
-            self.stats.recomputed += 1
-        return ok
-
     def _swap(self, now: float, req: Request, blocks: int, out: bool) -> None:
         calls = blocks if self.per_block else 1
         if out:
@@ -591,7 +645,7 @@ class OffloadPort:
                 self.ssd_write_log.append((end2, nb))
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
-        self._changed(changed, [self, *self.peers], now)
+        self._changed(changed, self.node_ports, now)
 
     def _tier_events(
         self, now: float, tier: HostTier, new: list[tuple[int, int]], dropped: list[int], medium: str
@@ -736,7 +790,7 @@ class OffloadPort:
             size = cum[i + 1] - cum[i]
             # The lookup's source, where the entry is readable (its write has arrived): no part of a
             # load waits for a write.
-            where = self._source(k, now)
+            where = self.view.source(k, now)
             if where == "dram":
                 host_blocks += size
             elif where == "ssd":
@@ -850,7 +904,7 @@ class OffloadPort:
             sink.at = None
         else:
             self.sched.finish_load(req)
-        self.on_arrival(end)
+        self.poke(end)
 
 
 def _arrival_t(a: Any) -> float:
