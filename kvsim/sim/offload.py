@@ -201,6 +201,22 @@ class OffloadStats:
     waits: dict[int, float] = field(default_factory=dict)  # request id -> seconds waited for KV
 
 
+@dataclass
+class _LoadSources:
+    """Where a load's blocks come from (`OffloadPort._sources`)."""
+
+    host: int  # over H2D: local DRAM's, and the pool's homed on this node
+    ssd: int  # the node's SSD's (read into DRAM, then over H2D)
+    pool: int  # of all, the global pool's (here or remote)
+    remote: int  # of those, the ones homed on another node (over the network)
+    by_home: dict[int, int]  # remote blocks by home, where FIFO links charge its NIC egress too
+
+
+# A transfer of a load over fair-shared links: (link, bytes, calls, the arrivals it waits for, and a
+# second hop started when it arrives: the SSD's read, then PCIe).
+_Part = tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]
+
+
 class ReplicaClock(Protocol):
     """What the parts built for a replica read of it (`kvsim.sim.replica.Replica`, which builds
     them with itself): its clock, the same float whether it steps or fast-forwards (env.now reaches
@@ -539,12 +555,7 @@ class OffloadPort:
     def _publish(self, now: float, events: list[PoolEvent]) -> None:
         glob = self.glob
         assert glob is not None
-        keys: list[int] = []
-        sizes: list[int] = []
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                keys.extend(ev.keys)
-                sizes.extend(ev.sizes)
+        keys, sizes = _entries(events, BlockStored)
         if not keys:
             return
         new = glob.pool.publish(keys, sizes, glob.node)
@@ -600,13 +611,7 @@ class OffloadPort:
         self._await(now, end, req, blocks)
 
     def _write(self, now: float, events: list[PoolEvent]) -> None:
-        kind = BlockRemoved if self.write is OffloadWrite.BACK else BlockStored
-        keys: list[int] = []
-        sizes: list[int] = []
-        for ev in events:
-            if isinstance(ev, kind):
-                keys.extend(ev.keys)
-                sizes.extend(ev.sizes)
+        keys, sizes = _entries(events, BlockRemoved if self.write is OffloadWrite.BACK else BlockStored)
         if not keys:
             return
         assert self.host is not None
@@ -700,7 +705,7 @@ class OffloadPort:
         now: float,
         req: Request,
         swap_blocks: int,
-        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]],
+        parts: list[_Part],
     ) -> None:
         """A load over fair-shared links: each part (link, bytes, calls, the arrivals it waits for,
         and a second hop started when the first arrives: the SSD read, then PCIe) starts when its
@@ -769,102 +774,67 @@ class OffloadPort:
             d.waiters.append(one)
 
     def _load(self, now: float, req: Request, hits: int, n: int) -> None:
-        cum = req.key_cum
-        blocks = cum[hits + n] - cum[hits]
-        # Each entry from where it is: local DRAM (H2D), the pool on this node (H2D), or the pool on
-        # another node (network); the two links' transfers run in parallel.
-        host_blocks = remote_blocks = pool_blocks = ssd_blocks = 0
-        host_start = net_start = ssd_start = now
-        ssd = self.ssd
-        glob = self.glob
-        fair = self.fair
-        host_deps: list[Arrival] = []
-        ssd_deps: list[Arrival] = []
-        net_deps: list[Arrival] = []
-        dedicated = glob is not None and bool(glob.pool_out)  # (refused with fair sharing)
-        # Remote blocks by home (FIFO: pool nodes, or GPU nodes whose NIC egress is charged)
-        through = dedicated or (glob is not None and glob.home_out is not None)
-        by_pool: dict[int, tuple[int, float]] = {}  # home id -> (blocks, start)
+        """Start the load of `req`'s entries ``hits .. hits + n`` from where each is readable: one
+        URGENT event at the end of its last transfer hands it to the scheduler."""
+        src = self._sources(now, req, hits, n)
+        skipped = self._count_load(now, req, hits, n, src)
+        if self.fair:  # the ends are not known yet (`load: overlap` is refused with fair sharing)
+            parts = self._fair_parts(src)
+            if parts:
+                self._fair_load(now, req, 0, parts)
+            else:
+                self._await(now, now, req, 0)
+            return
+        end = self._fifo_end(now, src)
+        if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
+            computed = req.key_cum[hits] * self.sched.block_size + skipped
+            chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)
+            end = max(now, end - self.overlap(chunk, computed))
+        self._await(now, end, req, 0)
+
+    def _sources(self, now: float, req: Request, hits: int, n: int) -> _LoadSources:
+        """The blocks of the entries to load by where each is readable at `now` (the lookup's
+        source, where its write has arrived: no part of a load waits for a write)."""
+        cum, keys, source, glob, node = req.key_cum, req.keys, self.view.source, self.glob, self.node
+        # Remote blocks by home where FIFO links charge the home's NIC egress too (pool nodes, or
+        # the GPU nodes' rails)
+        through = glob is not None and (bool(glob.pool_out) or glob.home_out is not None)
+        host = ssd = pool = remote = 0
+        by_home: dict[int, int] = {}
         for i in range(hits, hits + n):
-            k = req.keys[i]
+            k = keys[i]
             size = cum[i + 1] - cum[i]
-            # The lookup's source, where the entry is readable (its write has arrived): no part of a
-            # load waits for a write.
-            where = self.view.source(k, now)
+            where = source(k, now)
             if where == "dram":
-                host_blocks += size
+                host += size
             elif where == "ssd":
-                ssd_blocks += size
+                ssd += size
             else:
                 assert glob is not None and where == "pool"
-                pool_blocks += size
+                pool += size
                 j = glob.pool.home[k]
-                if j == self.node:
-                    host_blocks += size
+                if j == node:
+                    host += size
                     continue
-                remote_blocks += size
-                if through:  # per home: its blocks
-                    nb, t0 = by_pool.get(j, (0, now))
-                    by_pool[j] = (nb + size, t0)
-        end = now
-        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]] = []
-        if fair:
-            pb = self.per_block
-            if host_blocks:
-                parts.append(
-                    (self.h2d, host_blocks * self.h2d_block_bytes, host_blocks if pb else 1, host_deps, None)
-                )
-            if ssd_blocks:
-                assert ssd is not None
-                hop = (self.h2d, ssd_blocks * self.h2d_block_bytes, ssd_blocks if pb else 1)
-                parts.append((ssd.read, ssd_blocks * ssd.block_bytes, 1, ssd_deps, hop))
-            if remote_blocks:
-                assert glob is not None
-                parts.append(
-                    (
-                        glob.net,
-                        remote_blocks * glob.net_block_bytes,
-                        remote_blocks if pb else 1,
-                        net_deps,
-                        None,
-                    )
-                )
-        elif host_blocks:
-            calls = host_blocks if self.per_block else 1
-            end = self.h2d.reserve(host_start, host_blocks * self.h2d_block_bytes, calls)[1]
-        if ssd_blocks and not fair:  # read from the SSD into DRAM, then over PCIe
-            assert ssd is not None
-            read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
-            calls = ssd_blocks if self.per_block else 1
-            end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if by_pool:  # from each home over its NIC egress and this replica's NIC, at once
-            assert glob is not None
-            for j in sorted(by_pool):
-                nb, t0 = by_pool[j]
-                if dedicated:  # a pool node's NICs carry every GPU's share
-                    src, src_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
-                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
-                    assert glob.home_out is not None
-                    src, src_bytes = glob.home_out(j), nb * glob.net_block_bytes
-                _, e = reserve_through(
-                    src, glob.net, t0, src_bytes, nb if self.per_block else 1, nb * glob.net_block_bytes
-                )
-                end = max(end, e)
-        elif remote_blocks and not fair:
-            assert glob is not None
-            calls = remote_blocks if self.per_block else 1
-            end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])
-        bs = self.sched.block_size
+                remote += size
+                if through:
+                    by_home[j] = by_home.get(j, 0) + size
+        return _LoadSources(host, ssd, pool, remote, by_home)
+
+    def _count_load(self, now: float, req: Request, hits: int, n: int, src: _LoadSources) -> int:
+        """Count a load in the stats (its request's first admission's tokens by tier too); returns
+        the tokens its entries let the request skip."""
+        cum, bs = req.key_cum, self.sched.block_size
         skipped = min(cum[hits + n], (req.num_tokens - 1) // bs) * bs - cum[hits] * bs
-        from_pool = min(pool_blocks * bs, skipped)  # tokens the pool gave (the cap trims the local part)
-        from_ssd = min(ssd_blocks * bs, skipped - from_pool)
+        from_pool = min(src.pool * bs, skipped)  # tokens the pool gave (the cap trims the local part)
+        from_ssd = min(src.ssd * bs, skipped - from_pool)
         s = self.stats
         s.loads += 1
-        s.loaded_blocks += blocks
-        s.ssd_loaded_blocks += ssd_blocks
+        s.loaded_blocks += cum[hits + n] - cum[hits]
+        s.ssd_loaded_blocks += src.ssd
         s.loaded_tokens += skipped - from_pool - from_ssd
-        s.fetched_blocks += pool_blocks
-        s.remote_blocks += remote_blocks
+        s.fetched_blocks += src.pool
+        s.remote_blocks += src.remote
         s.fetched_tokens += from_pool
         if req.num_cached_tokens < 0:
             s.first_admission_tokens[req.id] = skipped - from_pool - from_ssd
@@ -872,17 +842,59 @@ class OffloadPort:
             s.first_admission_ssd[req.id] = from_ssd
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
-        if fair:  # the ends are not known yet (`load: overlap` is refused with fair sharing)
-            if parts:
-                self._fair_load(now, req, 0, parts)
-            else:
-                self._await(now, now, req, 0)
-            return
-        if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
-            computed = cum[hits] * bs + skipped
-            chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)
-            end = max(now, end - self.overlap(chunk, computed))
-        self._await(now, end, req, 0)
+        return skipped
+
+    def _fair_parts(self, src: _LoadSources) -> list[_Part]:
+        """A load's transfers over fair-shared links: DRAM's over H2D, the SSD's read then H2D,
+        remote entries over the network link (fair sharing charges only the requester's link)."""
+        pb = self.per_block
+        parts: list[_Part] = []
+        if src.host:
+            parts.append((self.h2d, src.host * self.h2d_block_bytes, src.host if pb else 1, [], None))
+        if src.ssd:
+            ssd = self.ssd
+            assert ssd is not None
+            hop = (self.h2d, src.ssd * self.h2d_block_bytes, src.ssd if pb else 1)
+            parts.append((ssd.read, src.ssd * ssd.block_bytes, 1, [], hop))
+        if src.remote:
+            glob = self.glob
+            assert glob is not None
+            parts.append((glob.net, src.remote * glob.net_block_bytes, src.remote if pb else 1, [], None))
+        return parts
+
+    def _fifo_end(self, now: float, src: _LoadSources) -> float:
+        """A load's end over FIFO links, its transfers reserved from `now` and run in parallel: DRAM's
+        over H2D; the SSD's read, then H2D; remote entries from each home through its NIC egress and
+        this replica's network link at once (`reserve_through`), or over the network link alone."""
+        pb = self.per_block
+        end = now
+        if src.host:
+            end = self.h2d.reserve(now, src.host * self.h2d_block_bytes, src.host if pb else 1)[1]
+        if src.ssd:  # read from the SSD into DRAM, then over PCIe
+            ssd = self.ssd
+            assert ssd is not None
+            read_end = ssd.read.reserve(now, src.ssd * ssd.block_bytes, 1)[1]
+            end = max(
+                end, self.h2d.reserve(read_end, src.ssd * self.h2d_block_bytes, src.ssd if pb else 1)[1]
+            )
+        glob = self.glob
+        if src.by_home:
+            assert glob is not None
+            for j in sorted(src.by_home):
+                nb = src.by_home[j]
+                if glob.pool_out:  # a pool node's NICs carry every GPU's share
+                    q, q_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
+                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
+                    assert glob.home_out is not None
+                    q, q_bytes = glob.home_out(j), nb * glob.net_block_bytes
+                _, e = reserve_through(q, glob.net, now, q_bytes, nb if pb else 1, nb * glob.net_block_bytes)
+                end = max(end, e)
+        elif src.remote:
+            assert glob is not None
+            end = max(
+                end, glob.net.reserve(now, src.remote * glob.net_block_bytes, src.remote if pb else 1)[1]
+            )
+        return end
 
     def _await(self, now: float, end: float, req: Request, swap_blocks: int) -> None:
         """`req` waits for KV until `end`: one URGENT event then."""
@@ -905,6 +917,19 @@ class OffloadPort:
         else:
             self.sched.finish_load(req)
         self.poke(end)
+
+
+def _entries(
+    events: list[PoolEvent], kind: type[BlockStored] | type[BlockRemoved]
+) -> tuple[list[int], list[int]]:
+    """The keys and sizes of the entries of `events` of one kind, in order."""
+    keys: list[int] = []
+    sizes: list[int] = []
+    for ev in events:
+        if isinstance(ev, kind):
+            keys.extend(ev.keys)
+            sizes.extend(ev.sizes)
+    return keys, sizes
 
 
 def _arrival_t(a: Any) -> float:

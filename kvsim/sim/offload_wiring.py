@@ -49,7 +49,6 @@ class OffloadWiring:
         self.block_bytes_per_gpu = plan.block_bytes_per_gpu
         self.block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # a replica's block, all its GPUs
         self.capacity_bytes = 0
-        self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled and sc.kv.offload.load == "overlap" and c.topology.sharing == "fair":
             raise KvsimError(
                 "load: overlap needs the load's end when it starts, which fair-shared links do not know "
@@ -57,46 +56,13 @@ class OffloadWiring:
                 source=sc.source,
                 path="kv.offload.load",
             )
+        self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled:
             self.tiers = [
                 HostTier(self._tier_blocks(plan), eviction=sc.kv.offload.eviction) for _ in range(c.nodes)
             ]
-        self.ssd: list[SSDSide] | None = None
-        ssd_cfg = sc.kv.offload.ssd
-        if sc.kv.offload.enabled and ssd_cfg is not None:
-            ssd_blocks = int(ssd_cfg.capacity_bytes // self.block_bytes)
-            if ssd_blocks < 1:
-                raise KvsimError(
-                    f"an SSD tier of {ssd_cfg.capacity_bytes:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
-                    source=sc.source,
-                    path="kv.offload.ssd.capacity",
-                )
-            self.ssd = [
-                SSDSide(
-                    HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
-                    self._queue(
-                        Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_read/0"
-                    ),
-                    self._queue(
-                        Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_write/0"
-                    ),
-                    self.block_bytes,
-                    {},
-                )
-                for n in range(c.nodes)
-            ]
-        self.swap: list[SwapSpace] | None = None
-        if sc.scheduler.preemption != "recompute":
-            room = c.host_dram_bytes - self.capacity_bytes
-            need = sc.scheduler.swap_space_bytes * c.gpus_per_node
-            if need > room:
-                raise KvsimError(
-                    f"{sc.scheduler.swap_space_bytes:,} bytes per GPU x {c.gpus_per_node} GPUs exceed the node's "
-                    f"host DRAM left for it ({room:,} of cluster.host_dram)",
-                    source=sc.source,
-                    path="scheduler.swap_space",
-                )
-            self.swap = [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+        self.ssd = self._ssd_tiers() if sc.kv.offload.enabled and sc.kv.offload.ssd is not None else None
+        self.swap = self._swap_spaces() if sc.scheduler.preemption != "recompute" else None
         self.pool: GlobalPool | None = None
         self.pool_ready: dict[int, float] = {}
         self.watchers: list[OffloadPort] = []
@@ -107,29 +73,78 @@ class OffloadWiring:
         if sc.kv.prefix_cache == "global" and sc.kv.global_pool.pool_nodes:
             self._pool_nodes()
         elif sc.kv.prefix_cache == "global":
-            gp = sc.kv.global_pool
-            room = c.host_dram_bytes - self.capacity_bytes - (0 if self.swap is None else need)
-            per_node = gp.pool_bytes or room
-            if per_node > room or per_node <= 0:
-                raise KvsimError(
-                    f"a global pool of {per_node:,} bytes per node exceeds the host DRAM left for it "
-                    f"({room:,} of cluster.host_dram, beside the offload tier and swap space)",
-                    source=sc.source,
-                    path="kv.prefix_cache.pool_bytes" if gp.pool_bytes else "cluster.host_dram",
-                )
-            blocks = int(per_node * c.nodes // self.block_bytes)
-            if blocks < 1:
-                raise KvsimError(
-                    f"a global pool of {per_node:,} bytes per node holds no KV block of {self.block_bytes:,.0f} bytes",
-                    source=sc.source,
-                    path="kv.prefix_cache.pool_bytes",
-                )
-            self.pool = GlobalPool(blocks, eviction=gp.eviction)
-            self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
+            self._pool_in_dram()
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
         self.ports: list[OffloadPort] = []
         self.node_ports: list[list[OffloadPort]] = [[] for _ in range(c.nodes)]
+
+    def _ssd_tiers(self) -> list[SSDSide]:
+        """Each node's SSD tier below its DRAM tier, and the SSD's read and write links."""
+        sc = self.sc
+        ssd_cfg = sc.kv.offload.ssd
+        assert ssd_cfg is not None
+        ssd_blocks = int(ssd_cfg.capacity_bytes // self.block_bytes)
+        if ssd_blocks < 1:
+            raise KvsimError(
+                f"an SSD tier of {ssd_cfg.capacity_bytes:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
+                source=sc.source,
+                path="kv.offload.ssd.capacity",
+            )
+        read = Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0)
+        write = Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0)
+        return [
+            SSDSide(
+                HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
+                self._queue(read, f"node{n}/ssd_read/0"),
+                self._queue(write, f"node{n}/ssd_write/0"),
+                self.block_bytes,
+                {},
+            )
+            for n in range(sc.cluster.nodes)
+        ]
+
+    def _swap_room(self) -> int:
+        """Bytes of a node's swap space (``scheduler.swap_space`` per GPU; 0: no swapping)."""
+        if self.sc.scheduler.preemption == "recompute":
+            return 0
+        return self.sc.scheduler.swap_space_bytes * self.sc.cluster.gpus_per_node
+
+    def _swap_spaces(self) -> list[SwapSpace]:
+        """Each node's host memory for swapped-out KV, beside its offload tier."""
+        sc, c = self.sc, self.sc.cluster
+        room = c.host_dram_bytes - self.capacity_bytes
+        need = self._swap_room()
+        if need > room:
+            raise KvsimError(
+                f"{sc.scheduler.swap_space_bytes:,} bytes per GPU x {c.gpus_per_node} GPUs exceed the node's "
+                f"host DRAM left for it ({room:,} of cluster.host_dram)",
+                source=sc.source,
+                path="scheduler.swap_space",
+            )
+        return [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+
+    def _pool_in_dram(self) -> None:
+        """The global pool in the GPU nodes' DRAM, beside their offload tiers and swap spaces."""
+        sc, c, gp = self.sc, self.sc.cluster, self.sc.kv.global_pool
+        room = c.host_dram_bytes - self.capacity_bytes - self._swap_room()
+        per_node = gp.pool_bytes or room
+        if per_node > room or per_node <= 0:
+            raise KvsimError(
+                f"a global pool of {per_node:,} bytes per node exceeds the host DRAM left for it "
+                f"({room:,} of cluster.host_dram, beside the offload tier and swap space)",
+                source=sc.source,
+                path="kv.prefix_cache.pool_bytes" if gp.pool_bytes else "cluster.host_dram",
+            )
+        blocks = int(per_node * c.nodes // self.block_bytes)
+        if blocks < 1:
+            raise KvsimError(
+                f"a global pool of {per_node:,} bytes per node holds no KV block of {self.block_bytes:,.0f} bytes",
+                source=sc.source,
+                path="kv.prefix_cache.pool_bytes",
+            )
+        self.pool = GlobalPool(blocks, eviction=gp.eviction)
+        self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
 
     def _pool_nodes(self) -> None:
         """The global pool on dedicated pool nodes: each node's DRAM (`PoolNodes`, none of the GPU
