@@ -336,6 +336,8 @@ def _simulate(sc: Scenario) -> tuple[RunResult, list[tuple[Any, ...]]]:
             max_batched_tokens=base.max_batched_tokens,
             chunked_prefill=base.chunked_prefill,
             spec=base.spec,
+            host=base.host,
+            swap_decider=base.swap_decider,
         )
         made.append(s)
         return s

@@ -103,6 +103,8 @@ def _checked(
     *,
     eviction=None,
     spec=None,
+    host=None,
+    swap_decider=None,
 ):  # type: ignore[no-untyped-def]
     made.append(
         sched := CheckedScheduler(
@@ -111,6 +113,8 @@ def _checked(
             max_batched_tokens=max_batched_tokens,
             chunked_prefill=chunked_prefill,
             spec=spec,
+            host=host,
+            swap_decider=swap_decider,
         )
     )
     return sched

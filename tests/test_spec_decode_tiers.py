@@ -29,15 +29,14 @@ def test_a_swap_copies_the_look_ahead_blocks_and_resumes_with_its_computed_token
     needs its third, none is free, and B is swapped out holding 4 blocks though its 42 computed
     tokens fill 3: the look-ahead block goes with it (as vLLM keeps it in the block table), and B
     comes back once A has finished with the same 42 computed tokens, 4 blocks and verify-step index."""
-    sched = make_pool_and_scheduler(6, 16, 4, 256, True)
-    sched.spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
     asked: list[tuple[int, int, int]] = []
 
-    def decide(r: Request) -> bool:
-        asked.append((r.id, sched.swap_blocks(r), r.num_computed))
+    def decide(r: Request, blocks: int) -> bool:
+        asked.append((r.id, blocks, r.num_computed))
         return True
 
-    sched.swap_decider = decide
+    spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
+    sched = make_pool_and_scheduler(6, 16, 4, 256, True, spec=spec, swap_decider=decide)
     a, b = Request(0, 0.0, 16, 40, [], []), Request(1, 0.0, 33, 40, [], [])
     sched.add(a)
     sched.add(b)
@@ -181,9 +180,8 @@ def test_spec_decoding_is_still_refused_with_token_eviction():
 def _swapped_b(extra: int):  # type: ignore[no-untyped-def]
     """A (prompt 16) and B (prompt 40) prefilled and verified once (k = 7, drafts rejected): B at 41
     computed holding 3 blocks (slots to 48), then swapped out; A takes `extra` more blocks of the 10."""
-    sched = make_pool_and_scheduler(10, 16, 4, 256, True)
-    sched.spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
-    sched.swap_decider = lambda r: True
+    spec = SpecDecoder(7, mean=0.0, concentration=None, seed=1)
+    sched = make_pool_and_scheduler(10, 16, 4, 256, True, spec=spec, swap_decider=lambda r, n: True)
     a, b = Request(0, 0.0, 16, 100, [], []), Request(1, 0.0, 40, 40, [], [])
     sched.add(a)
     sched.add(b)

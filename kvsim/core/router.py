@@ -14,7 +14,9 @@ The router reads each replica's state at the arrival instant through `ReplicaVie
 in the middle of a fast-forward window answers in closed form.
 
 Loads are kept in heaps, so an arrival costs O(log replicas) per replica it reads, not a scan: a
-replica tells the router (`touch`) whenever its load may have changed, and the next arrival reads
+replica tells the router whenever its load may have changed (it adds its index to the router's
+`touched` set, given to both when the run is built: `Router.indexes` says whether one is kept), and
+the next arrival reads
 again those, and, of those whose reading has expired (`ReplicaView.outstanding_tokens_until`:
 inside a fast-forward window the load falls after each step's end), only those whose floor (the
 load after the window's last step) could beat the best. Choices equal a scan's, ties to the lowest
@@ -40,7 +42,7 @@ class ReplicaView(Protocol):
 
     def outstanding_tokens_until(self, t: float) -> tuple[int, float, int]:
         """`outstanding_tokens_at(t)`, the last instant that reading holds (inf: until the replica
-        next calls `Router.touch`), and the least the load falls to before that touch."""
+        next touches the router), and the least the load falls to before that."""
         ...
 
     @property
@@ -60,7 +62,9 @@ _BY_LOAD = ("least_outstanding_tokens", "prefix_affinity")
 class Router:
     """Chooses a replica for each arriving request."""
 
-    def __init__(self, policy: str, replicas: list[R]) -> None:
+    def __init__(self, policy: str, replicas: list[R], touched: set[int] | None = None) -> None:
+        """`touched`: the indices of the replicas whose load may have changed since the router last
+        read them, which the replicas add to where `indexes` (None: a set of its own)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; expected one of {', '.join(POLICIES)}")
         self.policy = policy
@@ -69,10 +73,12 @@ class Router:
         n = len(self.replicas)
         # The heap of (key, index, stamp): the load (by tokens) or the request count at the last read;
         # an entry whose stamp is not its replica's latest is stale and skipped.
-        self.indexed = n > 1 and (policy in _BY_LOAD or policy == "least_outstanding_requests")
+        self.indexed = self.indexes(policy, n)
         self._heap: list[tuple[int, int, int]] = []
         self._stamp = [0] * n
-        self._dirty: set[int] = set(range(n)) if self.indexed else set()
+        self._dirty: set[int] = set() if touched is None else touched
+        if self.indexed:
+            self._dirty.update(range(n))
         # By tokens, the load read at an arrival holds until the instant the replica's view says
         # (its window's next step end); a heap of those instants says whom to read again.
         self._until: list[tuple[float, int, int]] = []
@@ -84,9 +90,15 @@ class Router:
         self._floors: list[tuple[int, int, int]] = []
         self._reads = [r.outstanding_tokens_until for r in self.replicas] if policy in _BY_LOAD else None
 
+    @staticmethod
+    def indexes(policy: str, num_replicas: int) -> bool:
+        """Whether a router of `policy` over so many replicas keeps their loads in heaps (then the
+        replicas add themselves to its `touched` set where their load may have changed)."""
+        return num_replicas > 1 and (policy in _BY_LOAD or policy == "least_outstanding_requests")
+
     def touch(self, index: int) -> None:
         """Replica `index`'s load may have changed (a schedule, a step's end, an arrival, a load):
-        the next arrival re-reads it. Wired only where `indexed`."""
+        the next arrival re-reads it (what adding it to `touched` does)."""
         self._dirty.add(index)
 
     def _push(self, i: int, now: float) -> None:

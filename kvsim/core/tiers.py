@@ -22,7 +22,8 @@ holds it, so a fetch from another node crosses the network. One LRU (or LFU) ove
 `PoolNodes` is the pool on dedicated pool nodes (``pool_nodes``): each node its own DRAM and LRU.
 
 The scheduler asks a `TierLookup` (the shell's view of a replica's lower tiers, local DRAM then the
-global pool) how far a prefix continues below HBM.
+global pool) how far a prefix continues below HBM, and a `SwapDecider` whether a preempted victim's
+KV goes to host memory; both are given when it is built (None: off).
 
 What time the copies take is the SimPy shell's business (`kvsim.sim.offload`, over the links of
 `kvsim.sim.links`): this module knows no clock.
@@ -35,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvsim.core.request import Request
+
 
 class TierLookup(Protocol):
     """What the scheduler asks of the tiers below a replica's HBM."""
@@ -45,6 +48,15 @@ class TierLookup(Protocol):
 
     def touch(self, keys: Sequence[int]) -> int:
         """Mark the entries used; returns the blocks they cover."""
+        ...
+
+
+class SwapDecider(Protocol):
+    """Whether the scheduler swaps a preempted victim out to host memory (else it is recomputed)."""
+
+    def __call__(self, req: Request, blocks: int) -> bool:
+        """Swap `req`, whose swap-out copies `blocks` blocks (`Scheduler.swap_blocks`)? A yes holds
+        the room for them until its swap-in ends."""
         ...
 
 

@@ -1,6 +1,8 @@
-"""A run's parts, built once from the scenario: the clock, each replica's scheduler, KV cache
-manager and engine, the tiers below HBM and their links (`OffloadWiring`), token eviction,
-speculative decoding, the router and the arrival processes.
+"""A run's parts, built once from the scenario, each given its collaborators when it is built
+(nothing is set on a part afterwards): the clock, the tiers below HBM and their links
+(`OffloadWiring`), token eviction, speculative decoding; each replica, with the parts it builds
+given itself (`replica_parts`: its side of the tiers, scheduler and KV cache manager, KV events
+sink, offload port); the router and the arrival processes.
 
 `kvsim.run.run_scenario` assembles (`assemble`), drives the clock and hands the parts to
 `kvsim.results.summarize`. Design: docs/architecture.md ("The run, assembled").
@@ -8,6 +10,7 @@ speculative decoding, the router and the arrival processes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from kvsim.errors import KvsimError
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
-from kvsim.sim.replica import Replica
+from kvsim.sim.replica import Replica, ReplicaParts
 from kvsim.spec.scenario import Scenario
 from kvsim.spec.workload import Workload
 
@@ -78,77 +81,111 @@ def assemble(
 ) -> AssembledRun:
     """Build `sc`'s run over workload `wl`: `make_scheduler` builds each replica's scheduler (called
     as `kvsim.sim.cluster.make_pool_and_scheduler`: the plan's blocks and the scheduler's limits,
-    then the keywords ``eviction`` and ``spec``); `kv_events`: the log the replicas' KV events go to (None: none kept)."""
+    then the keywords ``eviction``, ``spec``, ``host`` and ``swap_decider``); `kv_events`: the log
+    the replicas' KV events go to (None: none kept).
+
+    Each part is given its collaborators when it is built: the tiers below HBM and the mechanisms
+    the schedulers share first; then each replica, which builds its parts given itself
+    (`replica_parts`); then the router over the replicas and the arrivals through it. What a
+    replica calls exists before it: the router's `touched` set, and the closed-loop sessions,
+    started once the router is built."""
+    check_hash_blocks(sc, wl)
+    env = simpy.Environment()
+    end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
+    seqs: list[Request] = []
+    span = float(wl.arrival_s[-1]) if len(wl) else 0.0
+    uses_tiers = (
+        sc.kv.offload.enabled or sc.scheduler.preemption != "recompute" or sc.kv.prefix_cache == "global"
+    )
+    offload = OffloadWiring(sc, plan, env, cost) if uses_tiers else None
+    evictor = eviction_from_config(sc.kv.eviction)
+    window = window_eviction(sc.model)  # refused together with kv.eviction (kvsim.run)
+    switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
+    spec, draft = spec_decode(sc, cost)
+    make_seq = request_maker(sc, wl, plan, window, seqs)
+    n = sc.cluster.num_replicas
+    touched: set[int] | None = set() if Router.indexes(sc.cluster.router, n) else None
+    agent = wl.agent
+    loop = None  # the closed-loop sessions (None: open loop, at the trace's times)
+    if agent is not None and agent.closed_loop:
+        loop = ClosedLoopArrivals(env, agent.gap_s, agent.next_request, make_seq)
+    # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
+    next_arrival = None if loop is not None else NextArrival(float(wl.arrival_s[0]) if len(wl) else math.inf)
+    pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
+    parts = functools.partial(
+        replica_parts, sc, plan, make_scheduler, evictor or window or switch, spec, offload, kv_events, pin
+    )
+    replicas = [
+        Replica(
+            env,
+            i,
+            cost,
+            functools.partial(parts, i),
+            fast_forward=sc.sim.fast_forward,
+            next_outside_event=lambda: end_s,
+            sample_every_s=max(span / 2000.0, 0.05),
+            draft=draft,
+            on_load_change=None if touched is None else touched.add,
+            on_finish=None if loop is None else loop.on_finish,
+            next_arrival=next_arrival,
+        )
+        for i in range(n)
+    ]
+    router = Router(sc.cluster.router, replicas, touched)
+    if agent is not None and loop is not None:
+        loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], router)
+    else:
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router, next_arrival))
+    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+
+
+def replica_parts(
+    sc: Scenario,
+    plan: MemoryPlan,
+    make_scheduler: Callable[..., Scheduler],
+    eviction: Eviction | None,
+    spec: SpecDecoder | None,
+    offload: OffloadWiring | None,
+    kv_events: KVEventLog | None,
+    pin: frozenset[int] | None,
+    i: int,
+    replica: Replica,
+) -> ReplicaParts:
+    """Replica `i`'s parts, given the replica (they read its clock and poke it): its side of the
+    tiers below HBM, its scheduler (with that side's lookup and swap decision; its pool keeping
+    the `pin` keys' entries), its pool's KV events sink and its offload port over the scheduler."""
+    side = None if offload is None else offload.side(i, replica)
+    sched = make_scheduler(
+        plan.num_blocks,
+        sc.kv.block_size,
+        sc.scheduler.max_num_seqs,
+        sc.scheduler.max_batched_tokens,
+        sc.scheduler.chunked_prefill,
+        sc.kv.prefix_cache != "none",
+        eviction=eviction,
+        spec=spec,
+        host=None if side is None else side.lookup,
+        swap_decider=None if side is None else side.swap,
+    )
+    if pin is not None:
+        sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
+    sink = None if kv_events is None else kv_events.pool_sink(i, replica)
+    if sink is not None:
+        sched.kv.pool.listen(sink)
+    port = None if offload is None or side is None else offload.port(side, sched, sink)
+    return ReplicaParts(sched, port, sink)
+
+
+def request_maker(
+    sc: Scenario, wl: Workload, plan: MemoryPlan, window: Eviction | None, seqs: list[Request]
+) -> Callable[..., Request]:
+    """``make_seq(i, t=None)``: the workload's request `i` (arriving at `t`, else at the trace's
+    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason."""
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
     use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
     # The answer's content ids line up with engine blocks only when blocks are the trace's size.
     out_ids = wl.output_hash_ids if use_prefix and wl.hash_block_tokens == bs else None
-    if use_prefix:
-        g = wl.hash_block_tokens
-        if g % bs and bs % g:
-            raise KvsimError(
-                f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
-                source=sc.source,
-                path="kv.block_size",
-            )
-    env = simpy.Environment()
-    end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
-    seqs: list[Request] = []
-    span = float(wl.arrival_s[-1]) if len(wl) else 0.0
-    sample_every = max(span / 2000.0, 0.05)
-    replicas: list[Replica] = []
-    uses_host = (
-        sc.kv.offload.enabled or sc.scheduler.preemption != "recompute" or sc.kv.prefix_cache == "global"
-    )
-    offload = OffloadWiring(sc, plan, env, cost) if uses_host else None
-    evictor = eviction_from_config(sc.kv.eviction)
-    window = window_eviction(sc.model)  # refused together with kv.eviction (kvsim.run)
-    switch = switch_eviction(sc.model, sc.kv.format, sc.kv.format_switch)  # refused with both
-    spec, draft = spec_decode(sc, cost)
-    agent = wl.agent
-    closed_loop = agent is not None and agent.closed_loop
-    # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
-    next_arrival = (
-        None if closed_loop else NextArrival(float(wl.arrival_s[0]) if len(wl.arrival_s) else math.inf)
-    )
-    for i in range(sc.cluster.num_replicas):
-        sched = make_scheduler(
-            plan.num_blocks,
-            bs,
-            sc.scheduler.max_num_seqs,
-            sc.scheduler.max_batched_tokens,
-            sc.scheduler.chunked_prefill,
-            caching,
-            eviction=evictor or window or switch,
-            spec=spec,
-        )
-        sink = None if kv_events is None else kv_events.pool_sink(i)
-        if sink is not None:
-            sched.kv.pool.listen(sink)
-        replicas.append(
-            Replica(
-                env,
-                i,
-                sched,
-                cost,
-                fast_forward=sc.sim.fast_forward,
-                next_outside_event=lambda: end_s,
-                sample_every_s=sample_every,
-                offload=None if offload is None else offload.port(i, sched, sink),
-                draft=draft,
-                kv_events=sink,
-                next_arrival=next_arrival,
-            )
-        )
-    if sc.kv.pin_segments:
-        pin = pin_keys(sc, wl)
-        for r in replicas:
-            r.sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
-    router = Router(sc.cluster.router, replicas)
-    if router.indexed:
-        for r in replicas:
-            r.on_load_change = router.touch
     max_ctx = sc.model.max_context
     max_batched = sc.scheduler.max_batched_tokens
     chunked = sc.scheduler.chunked_prefill
@@ -190,14 +227,19 @@ def assemble(
             )
         return seq
 
-    if agent is not None and closed_loop:
-        starts = [(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)]
-        loop = ClosedLoopArrivals(env, starts, agent.gap_s, agent.next_request, make_seq, router)
-        for r in replicas:
-            r.on_finish = loop.on_finish
-    else:
-        env.process(arrival_process(env, wl.arrival_s, make_seq, router, next_arrival))
-    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+    return make_seq
+
+
+def check_hash_blocks(sc: Scenario, wl: Workload) -> None:
+    """A trace's content ids key the prefix cache only where its hash block and the engine block
+    divide one another."""
+    g, bs = wl.hash_block_tokens, sc.kv.block_size
+    if sc.kv.prefix_cache != "none" and wl.hash_ids is not None and g % bs and bs % g:
+        raise KvsimError(
+            f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
+            source=sc.source,
+            path="kv.block_size",
+        )
 
 
 def pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:

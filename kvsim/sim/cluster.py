@@ -1,6 +1,7 @@
 """The cluster around the replicas: the arrival processes that route each request at its arrival
 instant (open loop: at the trace's times; closed loop: agent turns sent when the previous reply
-arrives), and the factory of a replica's pool and scheduler."""
+arrives), and the factory of a replica's pool and scheduler. Design: docs/architecture.md ("The
+run, assembled")."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.spec_decode import SpecDecoder
+from kvsim.core.tiers import SwapDecider, TierLookup
 
 
 class _ArrivalTimeout(simpy.events.Event):
@@ -71,27 +73,34 @@ class ClosedLoopArrivals:
     `gap_s` after the previous turn's reply arrived (`on_finish`, called by the replica at the
     step's end). A rejected turn ends its session: the later turns are never sent (the summary
     counts them as not arrived). Sends at URGENT priority, like the open-loop arrivals, so a turn
-    sent at the instant a step ends is seen by the router first, fast-forward or not."""
+    sent at the instant a step ends is seen by the router first, fast-forward or not.
+
+    Built before the replicas (they are given `on_finish`), started once the router over them is
+    (`start`)."""
 
     def __init__(
         self,
         env: simpy.Environment,
-        first_times: list[tuple[float, int]],
         gap_s: np.ndarray,
         next_request: np.ndarray,
         make_seq: Callable[[int, float], Request],
-        router: Router,
     ) -> None:
         self.env = env
         self.gap_s = gap_s.tolist()
         self.next_request = next_request.tolist()
         self.make_seq = make_seq
+        self.router: Router | None = None
+
+    def start(self, first_times: list[tuple[float, int]], router: Router) -> None:
+        """Send the sessions' first turns at their (time, request index), and every turn, through
+        `router`."""
         self.router = router
-        env.process(self._starts(first_times))
+        self.env.process(self._starts(first_times))
 
     def _send(self, i: int, t: float) -> None:
         seq = self.make_seq(i, t)
         if seq.status is not RequestStatus.REJECTED:
+            assert self.router is not None
             self.router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
 
     def _starts(self, first_times: list[tuple[float, int]]) -> Generator[simpy.Event, Any, None]:
@@ -127,13 +136,18 @@ def make_pool_and_scheduler(
     *,
     eviction: Eviction | None = None,
     spec: SpecDecoder | None = None,
+    host: TierLookup | None = None,
+    swap_decider: SwapDecider | None = None,
 ) -> Scheduler:
     """A replica's KV cache manager and scheduler, with its token eviction (kv.eviction, sliding
-    windows or a format switch) and speculative decoding (None: off)."""
+    windows or a format switch), speculative decoding, the tiers below HBM it loads prefixes from
+    and its swap decision (`kvsim.sim.offload`; None: off)."""
     return Scheduler(
         KVCacheManager(num_blocks, block_size, enable_caching=enable_caching, eviction=eviction),
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         chunked_prefill=chunked_prefill,
         spec=spec,
+        host=host,
+        swap_decider=swap_decider,
     )

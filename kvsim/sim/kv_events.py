@@ -25,10 +25,13 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.core.block_pool import BlockStored, PoolEvent
 from kvsim.errors import KvsimError
+
+if TYPE_CHECKING:
+    from kvsim.sim.offload import ReplicaClock
 
 GPU, CPU, DISK = "GPU", "CPU", "DISK"
 
@@ -40,9 +43,9 @@ class KVEventLog:
         self.block_size = block_size  # engine block tokens
         self.records: list[tuple[float, int, dict[str, Any]]] = []
 
-    def pool_sink(self, rank: int) -> ReplicaSink:
-        """The listener of replica `rank`'s HBM pool (`BlockPool.listen`); the replica sets its clock."""
-        return ReplicaSink(self, rank)
+    def pool_sink(self, rank: int, replica: ReplicaClock) -> ReplicaSink:
+        """The listener of replica `rank`'s HBM pool (`BlockPool.listen`), stamping by its clock."""
+        return ReplicaSink(self, rank, replica)
 
     def stored(
         self,
@@ -109,14 +112,14 @@ class ReplicaSink:
     """A replica pool's listener: its events at the replica's clock, or at `at` where set (a load
     that arrives mid-step caches its entries at its arrival)."""
 
-    def __init__(self, log: KVEventLog, rank: int) -> None:
+    def __init__(self, log: KVEventLog, rank: int, replica: ReplicaClock) -> None:
         self.log = log
         self.rank = rank
-        self.clock: Callable[[], float] = lambda: 0.0
+        self.replica = replica
         self.at: float | None = None
 
     def __call__(self, ev: PoolEvent) -> None:
-        ts = self.clock() if self.at is None else self.at
+        ts = self.replica.clock if self.at is None else self.at
         if isinstance(ev, BlockStored):
             self.log.stored(ts, self.rank, ev.keys, ev.sizes, ev.parent, GPU)
         else:  # BlockRemoved, or BlockRewritten: the entry left the index (no prefix hit any more)

@@ -1,12 +1,14 @@
 """The SimPy side of the tiers below HBM: write-backs, write-throughs, loads, swaps, the global pool.
 
-Each replica has an `OffloadPort` (built per run by `kvsim.sim.offload_wiring`): its node's
-`HostTier` (`kvsim.core.tiers`, shared by the node's replicas), the node's SSD tier (`SSDSide`),
-the global pool (`GlobalSide`), and the `LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes and
-NIC belong to, one per direction. The port is also
-the scheduler's `TierLookup`: DRAM first, then the SSD, then the pool. After every schedule the
-replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether it steps or
-fast-forwards), which
+Each replica has its side of the tiers (`ReplicaTiers`, built per run by
+`kvsim.sim.offload_wiring` before its scheduler): its node's `HostTier` (`kvsim.core.tiers`, shared
+by the node's replicas), the node's SSD tier (`SSDSide`), the global pool (`GlobalSide`), the
+`LinkQueue`s (`kvsim.sim.links`) its GPUs' PCIe lanes and NIC belong to, one per direction, and
+what its scheduler is given: a `TierView` (the scheduler's `TierLookup`: DRAM first, then the SSD,
+then the pool) and a `SwapPolicy` (its `SwapDecider`). Its `OffloadPort` is built over that side
+and the scheduler; all three read the replica's clock and poke it (`ReplicaClock`). After every
+schedule the replica calls `OffloadPort.after_schedule`, at its own clock (the same float whether
+it steps or fast-forwards), which
 
 - moves down the cached HBM entries gone cold (``cold_after_steps``: `BlockPool.drop_cold`);
 - starts the load of every request the scheduler admitted to load (`Scheduler.new_loads`): one
@@ -95,6 +97,8 @@ at the same schedule. ``load: overlap`` is refused with it (it needs the end at 
 Bytes per transfer: blocks x the replica's KV block bytes per GPU x the replica's GPUs on that link
 (its other GPUs move their shares in parallel over their own lanes); the SSD, per node, moves whole
 replica blocks.
+
+Design: docs/architecture.md ("With host-DRAM offload", "The run, assembled").
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 from simpy.events import URGENT
@@ -197,90 +201,64 @@ class OffloadStats:
     waits: dict[int, float] = field(default_factory=dict)  # request id -> seconds waited for KV
 
 
-class OffloadPort:
+@dataclass
+class _LoadSources:
+    """Where a load's blocks come from (`OffloadPort._sources`)."""
+
+    host: int  # over H2D: local DRAM's, and the pool's homed on this node
+    ssd: int  # the node's SSD's (read into DRAM, then over H2D)
+    pool: int  # of all, the global pool's (here or remote)
+    remote: int  # of those, the ones homed on another node (over the network)
+    by_home: dict[int, int]  # remote blocks by home, where FIFO links charge its NIC egress too
+
+
+# A transfer of a load over fair-shared links: (link, bytes, calls, the arrivals it waits for, and a
+# second hop started when it arrives: the SSD's read, then PCIe).
+_Part = tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]
+
+
+class ReplicaClock(Protocol):
+    """What the parts built for a replica read of it (`kvsim.sim.replica.Replica`, which builds
+    them with itself): its clock, the same float whether it steps or fast-forwards (env.now reaches
+    an instant by different sums in the two modes), and its wake-up (`Replica.poke`)."""
+
+    clock: float
+
+    def poke(self, t: float) -> None: ...
+
+
+class TierView:
+    """What the tiers below a replica's HBM hold readable at its clock, DRAM first, then the SSD,
+    then the pool: the scheduler's `TierLookup` (built before it, and given to it) and the source of
+    each entry its port loads."""
+
     def __init__(
         self,
         env: simpy.Environment,
-        sched: Scheduler,
+        replica: ReplicaClock,
         host: HostTier | None,
-        h2d: LinkQueue,
-        d2h: LinkQueue,
-        *,
-        h2d_block_bytes: float,
-        d2h_block_bytes: float,
-        write: OffloadWrite,
-        copy: CopyMode,
         ready: dict[int, Any],
-        swap: tuple[SwapSpace, Callable[[Request, int], bool]] | None = None,
-        glob: GlobalSide | None = None,
-        load_weight: float = 0.0,
-        remote_weight: float | None = None,
-        ssd: SSDSide | None = None,
-        cold_after_steps: int = 0,
-        overlap: Callable[[int, int], float] | None = None,
-        kv_events: ReplicaSink | None = None,
+        *,
+        ssd: SSDSide | None,
+        glob: GlobalSide | None,
+        node: int,
+        stats: OffloadStats,
     ) -> None:
         self.env = env
-        # The replica's KV events (``kvsim run --kv-events``; None: not written): its node's DRAM
-        # and SSD changes its writes make, and the stamp of a load's entries cached at its arrival.
-        self.kv_events = kv_events
-        self.sched = sched
+        self.replica = replica  # its clock: every lookup and transfer starts from it
+        self.poke = replica.poke  # wakes the replica at the given instant, or cuts its window there
         self.host = host
-        self.h2d = h2d
-        self.d2h = d2h
-        # Bytes of one block on each link: per-GPU block bytes x the replica's GPUs on that link.
-        self.h2d_block_bytes = h2d_block_bytes
-        self.d2h_block_bytes = d2h_block_bytes
-        self.write = write
-        self.per_block = copy is CopyMode.PER_BLOCK
         self.ready = ready  # the node's: entry key -> instant its write to DRAM arrives (pruned lazily)
-        self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
-        self.stats = OffloadStats()
-        # Writes to DRAM and to the SSD: (the instant they arrive, or their fair Arrival; blocks)
-        self.write_log: list[tuple[Any, int]] = []
-        self.ssd_write_log: list[tuple[Any, int]] = []
-        # Wakes the replica at the given instant, or cuts its window there (set by it: `Replica.poke`).
-        self.on_arrival: Callable[[float], None] = lambda t: None
-        # The replica's clock, the same float whether it steps or fast-forwards (env.now reaches an
-        # instant by different sums in the two modes): every transfer starts from it.
-        self.clock: Callable[[], float] = lambda: env.now
-        self.peers: list[OffloadPort] = []  # the other replicas' ports on this node
-        self.has_waiting: Callable[[], bool] = lambda: bool(sched.waiting)
-        self.tier_changed = False  # the last after_schedule changed the tier's contents
-        self.swap_ready: dict[int, Any] = {}  # request id -> instant its swap-out arrives (fair: Arrival)
-        self.fair = isinstance(h2d, FairLinkQueue)  # cluster.topology.sharing: fair
-        self.glob = glob
         self.ssd = ssd
-        self.cold_after_steps = cold_after_steps
-        # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
-        self.overlap = overlap
-        # Occupancy over time of the tiers this port samples (its node's, the pool for one port):
-        # (t, tier name, blocks used), set up by the run.
-        self.sampled: list[tuple[str, HostTier]] = []
-        self.samples: list[tuple[float, str, int]] = []
-        # Traffic over time of every link of the run (sampled by one port): (t, link, bytes and busy
-        # seconds of the transfers asked for so far).
-        self.links_to_sample: Callable[[], list[LinkQueue]] | None = None
-        self.link_samples: list[tuple[float, str, float, float]] = []
-        # What a token loaded from a lower tier costs against computing it (the cache-aware router):
-        # over H2D (DRAM, the SSD through DRAM, the pool on this node), and over the network (the
-        # pool on another node or on a pool node; None: as over H2D).
-        self.load_weight = load_weight
-        self.remote_weight = load_weight if remote_weight is None else remote_weight
-        self.node = -1 if glob is None else glob.node
-        if host is not None or glob is not None:
-            sched.host = self  # the scheduler's `TierLookup`
+        self.glob = glob
+        self.node = node
+        self.stats = stats
         self._declined: dict[int, Sequence[int]] = {}  # requests (their keys) whose lookup declined
         # Arrivals of entries a lookup missed while in flight (`_watch`): instants, and fair Arrivals
         self._watched: set[float] = set()
-        self._watch_heap: list[float] = []
+        self.watch_heap: list[float] = []
         self._watched_arrivals: dict[int, Arrival] = {}
-        self.swap_space: SwapSpace | None = None
-        if swap is not None:
-            self.swap_space, self._cheaper_to_swap = swap
-            sched.swap_decider = self._decide_swap
 
-    # ---- the scheduler's view of the tiers below HBM (`kvsim.core.tiers.TierLookup`) ------------------
     @property
     def looks_up(self) -> bool:
         """Whether the replica has tiers below HBM to look prefixes up in."""
@@ -303,13 +281,13 @@ class OffloadPort:
         flight is in vLLM's OffloadingConnector (`lookup` counts ready blocks only), LMCache and
         Mooncake Store (an object is visible once its put completes): the lookup stops there. The
         scheduler's lookups (`count`) watch that arrival: the replica is poked then, and its
-        fast-forward windows end before it (`next_event`)."""
-        now = self.clock() if count else self.env.now
+        fast-forward windows end before it (`OffloadPort.next_event`)."""
+        now = self.replica.clock if count else self.env.now
         glob = self.glob
         n = 0
         for i in range(start, stop):
             k = keys[i]
-            src = self._source(k, now, count)
+            src = self.source(k, now, count)
             if src is None:
                 break
             if src == "pool":
@@ -328,7 +306,7 @@ class OffloadPort:
             n += 1
         return n
 
-    def _source(self, k: int, now: float, watch: bool = False) -> str | None:
+    def source(self, k: int, now: float, watch: bool = False) -> str | None:
         """The first tier that holds `k` readable at `now` (its write arrived): "dram", "ssd" or
         "pool"; None if none. With `watch`, a tier whose copy is still in flight watches its arrival."""
         host, ssd, glob = self.host, self.ssd, self.glob
@@ -362,28 +340,35 @@ class OffloadPort:
 
     def _watch(self, t: float) -> None:
         """A lookup missed an entry readable from `t`: poke the replica then (it wakes if idle, its
-        window is cut), and end its windows before it (`next_event`)."""
+        window is cut), and end its windows before it (`next_watched`)."""
         if t in self._watched:
             return
         self._watched.add(t)
-        heapq.heappush(self._watch_heap, t)
+        heapq.heappush(self.watch_heap, t)
         ev = urgent_at(self.env, t)
         ev.callbacks.append(functools.partial(self._ready_event, t))
 
     def _ready_event(self, t: float, _ev: simpy.events.Event) -> None:
         self._watched.discard(t)
-        self.on_arrival(t)
+        self.poke(t)
 
     def _arrival_ready(self, a: Arrival) -> None:
         del self._watched_arrivals[id(a)]
         assert a.t is not None
-        self.on_arrival(a.t)
+        self.poke(a.t)
+
+    def next_watched(self, now: float) -> float:
+        """The earliest arrival after `now` of an entry a lookup missed while in flight (inf: none)."""
+        heap = self.watch_heap
+        while heap and heap[0] <= now:
+            heapq.heappop(heap)
+        return heap[0] if heap else math.inf
 
     def touch(self, keys: Sequence[int]) -> int:
-        now = self.clock()
+        now = self.replica.clock
         blocks = 0
         for k in keys:
-            where = self._source(k, now)
+            where = self.source(k, now)
             if where == "dram":
                 assert self.host is not None
                 blocks += self.host.touch((k,))
@@ -404,6 +389,112 @@ class OffloadPort:
             self.glob.pool.check()
             assert self.glob.pool.entries.keys() <= self.glob.pool.home.keys()
 
+
+class SwapPolicy:
+    """A replica's `SwapDecider` (``scheduler.preemption: swap | auto``): a victim is swapped when it
+    has KV, its blocks fit its node's swap space, and (``auto``) copying them out and back is the
+    cheaper (`cheaper`, built by `kvsim.sim.offload_wiring`); else it is recomputed (counted)."""
+
+    def __init__(
+        self, space: SwapSpace, cheaper: Callable[[Request, int], bool], stats: OffloadStats
+    ) -> None:
+        self.space = space
+        self.cheaper = cheaper
+        self.stats = stats
+
+    def __call__(self, req: Request, blocks: int, /) -> bool:
+        space = self.space
+        ok = blocks > 0 and space.used_blocks + blocks <= space.capacity_blocks and self.cheaper(req, blocks)
+        if ok:
+            space.used_blocks += blocks  # held from now until its swap-in ends
+            space.peak_blocks = max(space.peak_blocks, space.used_blocks)
+        else:
+            self.stats.recomputed += 1
+        return ok
+
+
+@dataclass
+class ReplicaTiers:
+    """A replica's side of the tiers below HBM, built before its scheduler
+    (`kvsim.sim.offload_wiring.OffloadWiring.side`): its node, its PCIe lanes (one queue per
+    direction, and its GPUs on each), its access to the global pool, and what its scheduler is
+    given: the lookup (`TierView`) and the swap decision (None: off). Its port is built over it."""
+
+    node: int
+    h2d: LinkQueue
+    d2h: LinkQueue
+    h2d_block_bytes: float  # per-GPU block bytes x the replica's GPUs on that lane
+    d2h_block_bytes: float
+    glob: GlobalSide | None
+    view: TierView
+    swap: SwapPolicy | None
+    stats: OffloadStats
+    # What a token loaded from a lower tier costs against computing it (the cache-aware router):
+    # over H2D (DRAM, the SSD through DRAM, the pool on this node), and over the network (the
+    # pool on another node or on a pool node; None: as over H2D).
+    load_weight: float = 0.0
+    remote_weight: float | None = None
+
+    @property
+    def lookup(self) -> TierView | None:
+        """The scheduler's `TierLookup` (None: no tier to load prefixes from)."""
+        return self.view if self.view.looks_up else None
+
+
+class OffloadPort:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        sched: Scheduler,
+        side: ReplicaTiers,
+        *,
+        write: OffloadWrite,
+        copy: CopyMode,
+        cold_after_steps: int = 0,
+        overlap: Callable[[int, int], float] | None = None,
+        kv_events: ReplicaSink | None = None,
+        node_ports: list[OffloadPort] | None = None,
+        sampled: list[tuple[str, HostTier]] | None = None,
+        links_to_sample: Callable[[], list[LinkQueue]] | None = None,
+    ) -> None:
+        self.env = env
+        # The replica's KV events (``kvsim run --kv-events``; None: not written): its node's DRAM
+        # and SSD changes its writes make, and the stamp of a load's entries cached at its arrival.
+        self.kv_events = kv_events
+        self.sched = sched
+        view = self.view = side.view
+        self.replica, self.poke = view.replica, view.poke
+        self.node, self.stats = side.node, side.stats
+        self.host, self.ready, self.ssd, self.glob = view.host, view.ready, view.ssd, view.glob
+        self.h2d, self.d2h = side.h2d, side.d2h
+        self.h2d_block_bytes, self.d2h_block_bytes = side.h2d_block_bytes, side.d2h_block_bytes
+        self.write = write
+        self.per_block = copy is CopyMode.PER_BLOCK
+        self.pending: dict[int, tuple[float, Request]] = {}  # request id -> (load end, request)
+        # Writes to DRAM and to the SSD: (the instant they arrive, or their fair Arrival; blocks)
+        self.write_log: list[tuple[Any, int]] = []
+        self.ssd_write_log: list[tuple[Any, int]] = []
+        # The ports of the node's replicas, this one's among them (their DRAM tier is shared).
+        self.node_ports: list[OffloadPort] = [self] if node_ports is None else node_ports
+        self.tier_changed = False  # the last after_schedule changed the tier's contents
+        self.swap_ready: dict[int, Any] = {}  # request id -> instant its swap-out arrives (fair: Arrival)
+        self.swap_space = None if side.swap is None else side.swap.space
+        self.fair = isinstance(self.h2d, FairLinkQueue)  # cluster.topology.sharing: fair
+        self.cold_after_steps = cold_after_steps
+        # ``load: overlap``: seconds of a prefill of (tokens, cached tokens) alone, which a load hides
+        self.overlap = overlap
+        # Occupancy over time of the tiers this port samples (its node's, the pool for one port):
+        # (t, tier name, blocks used).
+        self.sampled = [] if sampled is None else sampled
+        self.samples: list[tuple[float, str, int]] = []
+        # Traffic over time of every link of the run (sampled by one port): (t, link, bytes and busy
+        # seconds of the transfers asked for so far).
+        self.links_to_sample = links_to_sample
+        self.link_samples: list[tuple[float, str, float, float]] = []
+        # The cache-aware router's price of a loaded token, in computed tokens (`ReplicaTiers`)
+        self.load_weight = side.load_weight
+        self.remote_weight = side.load_weight if side.remote_weight is None else side.remote_weight
+
     def _changed(self, keys: set[int], watchers: list[OffloadPort], now: float) -> None:
         """Tier contents under `keys` changed: replicas whose waiting head's prefix holds one of them
         would admit differently at their next schedule."""
@@ -416,7 +507,7 @@ class OffloadPort:
                 if p is self:
                     self.tier_changed = True
                 else:
-                    p.on_arrival(now)
+                    p.poke(now)
 
     @property
     def writes_back(self) -> bool:
@@ -431,16 +522,13 @@ class OffloadPort:
     def next_event(self) -> float:
         """The end of the earliest load in flight, or the arrival of an entry a lookup missed while
         it was in flight (inf when none)."""
-        heap, now = self._watch_heap, self.clock()
-        while heap and heap[0] <= now:
-            heapq.heappop(heap)
-        t = heap[0] if heap else math.inf
+        t = self.view.next_watched(self.replica.clock)
         if not self.pending:
             return t
         return min(t, min(t for t, _ in self.pending.values()))
 
     def after_schedule(self) -> None:
-        now = self.clock()
+        now = self.replica.clock
         sched = self.sched
         self.tier_changed = False
         cold: list[int] = []
@@ -467,12 +555,7 @@ class OffloadPort:
     def _publish(self, now: float, events: list[PoolEvent]) -> None:
         glob = self.glob
         assert glob is not None
-        keys: list[int] = []
-        sizes: list[int] = []
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                keys.extend(ev.keys)
-                sizes.extend(ev.sizes)
+        keys, sizes = _entries(events, BlockStored)
         if not keys:
             return
         new = glob.pool.publish(keys, sizes, glob.node)
@@ -508,24 +591,6 @@ class OffloadPort:
             for k, _ in part:
                 ready[k] = end
 
-    def _decide_swap(self, req: Request) -> bool:
-        """Whether to swap the victim `req` (else it is recomputed): it has KV, it fits the node's
-        swap space, and (``auto``) swapping is the cheaper."""
-        space = self.swap_space
-        assert space is not None
-        blocks = self.sched.swap_blocks(req)
-        ok = (
-            blocks > 0
-            and space.used_blocks + blocks <= space.capacity_blocks
-            and self._cheaper_to_swap(req, blocks)
-        )
-        if ok:
-            space.used_blocks += blocks  # held from now until its swap-in ends
-            space.peak_blocks = max(space.peak_blocks, space.used_blocks)
-        else:
-            self.stats.recomputed += 1
-        return ok
-
     def _swap(self, now: float, req: Request, blocks: int, out: bool) -> None:
         calls = blocks if self.per_block else 1
         if out:
@@ -546,13 +611,7 @@ class OffloadPort:
         self._await(now, end, req, blocks)
 
     def _write(self, now: float, events: list[PoolEvent]) -> None:
-        kind = BlockRemoved if self.write is OffloadWrite.BACK else BlockStored
-        keys: list[int] = []
-        sizes: list[int] = []
-        for ev in events:
-            if isinstance(ev, kind):
-                keys.extend(ev.keys)
-                sizes.extend(ev.sizes)
+        keys, sizes = _entries(events, BlockRemoved if self.write is OffloadWrite.BACK else BlockStored)
         if not keys:
             return
         assert self.host is not None
@@ -591,7 +650,7 @@ class OffloadPort:
                 self.ssd_write_log.append((end2, nb))
         # What the node's waiting requests find below HBM changed: this replica's next schedule (no
         # window now, `Replica._window`) and the node's other replicas' (poked) see it.
-        self._changed(changed, [self, *self.peers], now)
+        self._changed(changed, self.node_ports, now)
 
     def _tier_events(
         self, now: float, tier: HostTier, new: list[tuple[int, int]], dropped: list[int], medium: str
@@ -646,7 +705,7 @@ class OffloadPort:
         now: float,
         req: Request,
         swap_blocks: int,
-        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]],
+        parts: list[_Part],
     ) -> None:
         """A load over fair-shared links: each part (link, bytes, calls, the arrivals it waits for,
         and a second hop started when the first arrives: the SSD read, then PCIe) starts when its
@@ -715,102 +774,67 @@ class OffloadPort:
             d.waiters.append(one)
 
     def _load(self, now: float, req: Request, hits: int, n: int) -> None:
-        cum = req.key_cum
-        blocks = cum[hits + n] - cum[hits]
-        # Each entry from where it is: local DRAM (H2D), the pool on this node (H2D), or the pool on
-        # another node (network); the two links' transfers run in parallel.
-        host_blocks = remote_blocks = pool_blocks = ssd_blocks = 0
-        host_start = net_start = ssd_start = now
-        ssd = self.ssd
-        glob = self.glob
-        fair = self.fair
-        host_deps: list[Arrival] = []
-        ssd_deps: list[Arrival] = []
-        net_deps: list[Arrival] = []
-        dedicated = glob is not None and bool(glob.pool_out)  # (refused with fair sharing)
-        # Remote blocks by home (FIFO: pool nodes, or GPU nodes whose NIC egress is charged)
-        through = dedicated or (glob is not None and glob.home_out is not None)
-        by_pool: dict[int, tuple[int, float]] = {}  # home id -> (blocks, start)
+        """Start the load of `req`'s entries ``hits .. hits + n`` from where each is readable: one
+        URGENT event at the end of its last transfer hands it to the scheduler."""
+        src = self._sources(now, req, hits, n)
+        skipped = self._count_load(now, req, hits, n, src)
+        if self.fair:  # the ends are not known yet (`load: overlap` is refused with fair sharing)
+            parts = self._fair_parts(src)
+            if parts:
+                self._fair_load(now, req, 0, parts)
+            else:
+                self._await(now, now, req, 0)
+            return
+        end = self._fifo_end(now, src)
+        if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
+            computed = req.key_cum[hits] * self.sched.block_size + skipped
+            chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)
+            end = max(now, end - self.overlap(chunk, computed))
+        self._await(now, end, req, 0)
+
+    def _sources(self, now: float, req: Request, hits: int, n: int) -> _LoadSources:
+        """The blocks of the entries to load by where each is readable at `now` (the lookup's
+        source, where its write has arrived: no part of a load waits for a write)."""
+        cum, keys, source, glob, node = req.key_cum, req.keys, self.view.source, self.glob, self.node
+        # Remote blocks by home where FIFO links charge the home's NIC egress too (pool nodes, or
+        # the GPU nodes' rails)
+        through = glob is not None and (bool(glob.pool_out) or glob.home_out is not None)
+        host = ssd = pool = remote = 0
+        by_home: dict[int, int] = {}
         for i in range(hits, hits + n):
-            k = req.keys[i]
+            k = keys[i]
             size = cum[i + 1] - cum[i]
-            # The lookup's source, where the entry is readable (its write has arrived): no part of a
-            # load waits for a write.
-            where = self._source(k, now)
+            where = source(k, now)
             if where == "dram":
-                host_blocks += size
+                host += size
             elif where == "ssd":
-                ssd_blocks += size
+                ssd += size
             else:
                 assert glob is not None and where == "pool"
-                pool_blocks += size
+                pool += size
                 j = glob.pool.home[k]
-                if j == self.node:
-                    host_blocks += size
+                if j == node:
+                    host += size
                     continue
-                remote_blocks += size
-                if through:  # per home: its blocks
-                    nb, t0 = by_pool.get(j, (0, now))
-                    by_pool[j] = (nb + size, t0)
-        end = now
-        parts: list[tuple[LinkQueue, float, int, list[Arrival], tuple[LinkQueue, float, int] | None]] = []
-        if fair:
-            pb = self.per_block
-            if host_blocks:
-                parts.append(
-                    (self.h2d, host_blocks * self.h2d_block_bytes, host_blocks if pb else 1, host_deps, None)
-                )
-            if ssd_blocks:
-                assert ssd is not None
-                hop = (self.h2d, ssd_blocks * self.h2d_block_bytes, ssd_blocks if pb else 1)
-                parts.append((ssd.read, ssd_blocks * ssd.block_bytes, 1, ssd_deps, hop))
-            if remote_blocks:
-                assert glob is not None
-                parts.append(
-                    (
-                        glob.net,
-                        remote_blocks * glob.net_block_bytes,
-                        remote_blocks if pb else 1,
-                        net_deps,
-                        None,
-                    )
-                )
-        elif host_blocks:
-            calls = host_blocks if self.per_block else 1
-            end = self.h2d.reserve(host_start, host_blocks * self.h2d_block_bytes, calls)[1]
-        if ssd_blocks and not fair:  # read from the SSD into DRAM, then over PCIe
-            assert ssd is not None
-            read_end = ssd.read.reserve(ssd_start, ssd_blocks * ssd.block_bytes, 1)[1]
-            calls = ssd_blocks if self.per_block else 1
-            end = max(end, self.h2d.reserve(read_end, ssd_blocks * self.h2d_block_bytes, calls)[1])
-        if by_pool:  # from each home over its NIC egress and this replica's NIC, at once
-            assert glob is not None
-            for j in sorted(by_pool):
-                nb, t0 = by_pool[j]
-                if dedicated:  # a pool node's NICs carry every GPU's share
-                    src, src_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
-                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
-                    assert glob.home_out is not None
-                    src, src_bytes = glob.home_out(j), nb * glob.net_block_bytes
-                _, e = reserve_through(
-                    src, glob.net, t0, src_bytes, nb if self.per_block else 1, nb * glob.net_block_bytes
-                )
-                end = max(end, e)
-        elif remote_blocks and not fair:
-            assert glob is not None
-            calls = remote_blocks if self.per_block else 1
-            end = max(end, glob.net.reserve(net_start, remote_blocks * glob.net_block_bytes, calls)[1])
-        bs = self.sched.block_size
+                remote += size
+                if through:
+                    by_home[j] = by_home.get(j, 0) + size
+        return _LoadSources(host, ssd, pool, remote, by_home)
+
+    def _count_load(self, now: float, req: Request, hits: int, n: int, src: _LoadSources) -> int:
+        """Count a load in the stats (its request's first admission's tokens by tier too); returns
+        the tokens its entries let the request skip."""
+        cum, bs = req.key_cum, self.sched.block_size
         skipped = min(cum[hits + n], (req.num_tokens - 1) // bs) * bs - cum[hits] * bs
-        from_pool = min(pool_blocks * bs, skipped)  # tokens the pool gave (the cap trims the local part)
-        from_ssd = min(ssd_blocks * bs, skipped - from_pool)
+        from_pool = min(src.pool * bs, skipped)  # tokens the pool gave (the cap trims the local part)
+        from_ssd = min(src.ssd * bs, skipped - from_pool)
         s = self.stats
         s.loads += 1
-        s.loaded_blocks += blocks
-        s.ssd_loaded_blocks += ssd_blocks
+        s.loaded_blocks += cum[hits + n] - cum[hits]
+        s.ssd_loaded_blocks += src.ssd
         s.loaded_tokens += skipped - from_pool - from_ssd
-        s.fetched_blocks += pool_blocks
-        s.remote_blocks += remote_blocks
+        s.fetched_blocks += src.pool
+        s.remote_blocks += src.remote
         s.fetched_tokens += from_pool
         if req.num_cached_tokens < 0:
             s.first_admission_tokens[req.id] = skipped - from_pool - from_ssd
@@ -818,17 +842,59 @@ class OffloadPort:
             s.first_admission_ssd[req.id] = from_ssd
         if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first time
             req.first_scheduled_s = now
-        if fair:  # the ends are not known yet (`load: overlap` is refused with fair sharing)
-            if parts:
-                self._fair_load(now, req, 0, parts)
-            else:
-                self._await(now, now, req, 0)
-            return
-        if self.overlap is not None:  # layer by layer behind the prefill: wait only for the excess
-            computed = cum[hits] * bs + skipped
-            chunk = min(req.num_tokens - computed, self.sched.max_batched_tokens)
-            end = max(now, end - self.overlap(chunk, computed))
-        self._await(now, end, req, 0)
+        return skipped
+
+    def _fair_parts(self, src: _LoadSources) -> list[_Part]:
+        """A load's transfers over fair-shared links: DRAM's over H2D, the SSD's read then H2D,
+        remote entries over the network link (fair sharing charges only the requester's link)."""
+        pb = self.per_block
+        parts: list[_Part] = []
+        if src.host:
+            parts.append((self.h2d, src.host * self.h2d_block_bytes, src.host if pb else 1, [], None))
+        if src.ssd:
+            ssd = self.ssd
+            assert ssd is not None
+            hop = (self.h2d, src.ssd * self.h2d_block_bytes, src.ssd if pb else 1)
+            parts.append((ssd.read, src.ssd * ssd.block_bytes, 1, [], hop))
+        if src.remote:
+            glob = self.glob
+            assert glob is not None
+            parts.append((glob.net, src.remote * glob.net_block_bytes, src.remote if pb else 1, [], None))
+        return parts
+
+    def _fifo_end(self, now: float, src: _LoadSources) -> float:
+        """A load's end over FIFO links, its transfers reserved from `now` and run in parallel: DRAM's
+        over H2D; the SSD's read, then H2D; remote entries from each home through its NIC egress and
+        this replica's network link at once (`reserve_through`), or over the network link alone."""
+        pb = self.per_block
+        end = now
+        if src.host:
+            end = self.h2d.reserve(now, src.host * self.h2d_block_bytes, src.host if pb else 1)[1]
+        if src.ssd:  # read from the SSD into DRAM, then over PCIe
+            ssd = self.ssd
+            assert ssd is not None
+            read_end = ssd.read.reserve(now, src.ssd * ssd.block_bytes, 1)[1]
+            end = max(
+                end, self.h2d.reserve(read_end, src.ssd * self.h2d_block_bytes, src.ssd if pb else 1)[1]
+            )
+        glob = self.glob
+        if src.by_home:
+            assert glob is not None
+            for j in sorted(src.by_home):
+                nb = src.by_home[j]
+                if glob.pool_out:  # a pool node's NICs carry every GPU's share
+                    q, q_bytes = glob.pool_out[j - glob.first_pool], nb * glob.pool_block_bytes
+                else:  # a GPU node's NIC on this replica's rail carries its GPUs' shares
+                    assert glob.home_out is not None
+                    q, q_bytes = glob.home_out(j), nb * glob.net_block_bytes
+                _, e = reserve_through(q, glob.net, now, q_bytes, nb if pb else 1, nb * glob.net_block_bytes)
+                end = max(end, e)
+        elif src.remote:
+            assert glob is not None
+            end = max(
+                end, glob.net.reserve(now, src.remote * glob.net_block_bytes, src.remote if pb else 1)[1]
+            )
+        return end
 
     def _await(self, now: float, end: float, req: Request, swap_blocks: int) -> None:
         """`req` waits for KV until `end`: one URGENT event then."""
@@ -850,7 +916,20 @@ class OffloadPort:
             sink.at = None
         else:
             self.sched.finish_load(req)
-        self.on_arrival(end)
+        self.poke(end)
+
+
+def _entries(
+    events: list[PoolEvent], kind: type[BlockStored] | type[BlockRemoved]
+) -> tuple[list[int], list[int]]:
+    """The keys and sizes of the entries of `events` of one kind, in order."""
+    keys: list[int] = []
+    sizes: list[int] = []
+    for ev in events:
+        if isinstance(ev, kind):
+            keys.extend(ev.keys)
+            sizes.extend(ev.sizes)
+    return keys, sizes
 
 
 def _arrival_t(a: Any) -> float:

@@ -1,6 +1,8 @@
 """The SimPy wiring of the tiers below HBM for one run: the host tiers (one per node), the SSD
 tiers, the swap space, the global pool or its pool nodes, the link queues (per PCIe group and NIC
-group, each direction), and one `OffloadPort` (`kvsim.sim.offload`) per replica over them.
+group, each direction), and per replica its side of them (`side`: its lanes, its lookup and swap
+decision, which its scheduler is built with) and then its `OffloadPort` (`kvsim.sim.offload`)
+over that side and the scheduler (`port`).
 
 Built once by `kvsim.sim.assembly` from the scenario; the summary's records of it are built in
 `kvsim.results.summarize`. Design: docs/architecture.md ("The run, assembled").
@@ -21,7 +23,17 @@ from kvsim.costs.base import CostModel, ForwardBatch
 from kvsim.errors import KvsimError
 from kvsim.sim.kv_events import ReplicaSink
 from kvsim.sim.links import FairLinkQueue, LinkQueue
-from kvsim.sim.offload import GlobalSide, OffloadPort, SSDSide, SwapSpace
+from kvsim.sim.offload import (
+    GlobalSide,
+    OffloadPort,
+    OffloadStats,
+    ReplicaClock,
+    ReplicaTiers,
+    SSDSide,
+    SwapPolicy,
+    SwapSpace,
+    TierView,
+)
 from kvsim.spec.offload import CopyMode
 from kvsim.spec.scenario import Scenario
 from kvsim.spec.topology import Link
@@ -37,7 +49,6 @@ class OffloadWiring:
         self.block_bytes_per_gpu = plan.block_bytes_per_gpu
         self.block_bytes = plan.block_bytes_per_gpu * c.tensor_parallel  # a replica's block, all its GPUs
         self.capacity_bytes = 0
-        self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled and sc.kv.offload.load == "overlap" and c.topology.sharing == "fair":
             raise KvsimError(
                 "load: overlap needs the load's end when it starts, which fair-shared links do not know "
@@ -45,46 +56,13 @@ class OffloadWiring:
                 source=sc.source,
                 path="kv.offload.load",
             )
+        self.tiers: list[HostTier] | None = None
         if sc.kv.offload.enabled:
             self.tiers = [
                 HostTier(self._tier_blocks(plan), eviction=sc.kv.offload.eviction) for _ in range(c.nodes)
             ]
-        self.ssd: list[SSDSide] | None = None
-        ssd_cfg = sc.kv.offload.ssd
-        if sc.kv.offload.enabled and ssd_cfg is not None:
-            ssd_blocks = int(ssd_cfg.capacity_bytes // self.block_bytes)
-            if ssd_blocks < 1:
-                raise KvsimError(
-                    f"an SSD tier of {ssd_cfg.capacity_bytes:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
-                    source=sc.source,
-                    path="kv.offload.ssd.capacity",
-                )
-            self.ssd = [
-                SSDSide(
-                    HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
-                    self._queue(
-                        Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_read/0"
-                    ),
-                    self._queue(
-                        Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0), f"node{n}/ssd_write/0"
-                    ),
-                    self.block_bytes,
-                    {},
-                )
-                for n in range(c.nodes)
-            ]
-        self.swap: list[SwapSpace] | None = None
-        if sc.scheduler.preemption != "recompute":
-            room = c.host_dram_bytes - self.capacity_bytes
-            need = sc.scheduler.swap_space_bytes * c.gpus_per_node
-            if need > room:
-                raise KvsimError(
-                    f"{sc.scheduler.swap_space_bytes:,} bytes per GPU x {c.gpus_per_node} GPUs exceed the node's "
-                    f"host DRAM left for it ({room:,} of cluster.host_dram)",
-                    source=sc.source,
-                    path="scheduler.swap_space",
-                )
-            self.swap = [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+        self.ssd = self._ssd_tiers() if sc.kv.offload.enabled and sc.kv.offload.ssd is not None else None
+        self.swap = self._swap_spaces() if sc.scheduler.preemption != "recompute" else None
         self.pool: GlobalPool | None = None
         self.pool_ready: dict[int, float] = {}
         self.watchers: list[OffloadPort] = []
@@ -95,28 +73,78 @@ class OffloadWiring:
         if sc.kv.prefix_cache == "global" and sc.kv.global_pool.pool_nodes:
             self._pool_nodes()
         elif sc.kv.prefix_cache == "global":
-            gp = sc.kv.global_pool
-            room = c.host_dram_bytes - self.capacity_bytes - (0 if self.swap is None else need)
-            per_node = gp.pool_bytes or room
-            if per_node > room or per_node <= 0:
-                raise KvsimError(
-                    f"a global pool of {per_node:,} bytes per node exceeds the host DRAM left for it "
-                    f"({room:,} of cluster.host_dram, beside the offload tier and swap space)",
-                    source=sc.source,
-                    path="kv.prefix_cache.pool_bytes" if gp.pool_bytes else "cluster.host_dram",
-                )
-            blocks = int(per_node * c.nodes // self.block_bytes)
-            if blocks < 1:
-                raise KvsimError(
-                    f"a global pool of {per_node:,} bytes per node holds no KV block of {self.block_bytes:,.0f} bytes",
-                    source=sc.source,
-                    path="kv.prefix_cache.pool_bytes",
-                )
-            self.pool = GlobalPool(blocks, eviction=gp.eviction)
-            self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
+            self._pool_in_dram()
         self.ready: list[dict[int, float]] = [{} for _ in range(c.nodes)]
         self.links: dict[tuple[int, str, int], LinkQueue] = {}
         self.ports: list[OffloadPort] = []
+        self.node_ports: list[list[OffloadPort]] = [[] for _ in range(c.nodes)]
+
+    def _ssd_tiers(self) -> list[SSDSide]:
+        """Each node's SSD tier below its DRAM tier, and the SSD's read and write links."""
+        sc = self.sc
+        ssd_cfg = sc.kv.offload.ssd
+        assert ssd_cfg is not None
+        ssd_blocks = int(ssd_cfg.capacity_bytes // self.block_bytes)
+        if ssd_blocks < 1:
+            raise KvsimError(
+                f"an SSD tier of {ssd_cfg.capacity_bytes:,} bytes holds no KV block of {self.block_bytes:,.0f} bytes",
+                source=sc.source,
+                path="kv.offload.ssd.capacity",
+            )
+        read = Link("ssd_read", ssd_cfg.read_bw, ssd_cfg.latency_s, 0.0)
+        write = Link("ssd_write", ssd_cfg.write_bw, ssd_cfg.latency_s, 0.0)
+        return [
+            SSDSide(
+                HostTier(ssd_blocks, name="ssd", eviction=sc.kv.offload.eviction),
+                self._queue(read, f"node{n}/ssd_read/0"),
+                self._queue(write, f"node{n}/ssd_write/0"),
+                self.block_bytes,
+                {},
+            )
+            for n in range(sc.cluster.nodes)
+        ]
+
+    def _swap_room(self) -> int:
+        """Bytes of a node's swap space (``scheduler.swap_space`` per GPU; 0: no swapping)."""
+        if self.sc.scheduler.preemption == "recompute":
+            return 0
+        return self.sc.scheduler.swap_space_bytes * self.sc.cluster.gpus_per_node
+
+    def _swap_spaces(self) -> list[SwapSpace]:
+        """Each node's host memory for swapped-out KV, beside its offload tier."""
+        sc, c = self.sc, self.sc.cluster
+        room = c.host_dram_bytes - self.capacity_bytes
+        need = self._swap_room()
+        if need > room:
+            raise KvsimError(
+                f"{sc.scheduler.swap_space_bytes:,} bytes per GPU x {c.gpus_per_node} GPUs exceed the node's "
+                f"host DRAM left for it ({room:,} of cluster.host_dram)",
+                source=sc.source,
+                path="scheduler.swap_space",
+            )
+        return [SwapSpace(int(need // self.block_bytes)) for _ in range(c.nodes)]
+
+    def _pool_in_dram(self) -> None:
+        """The global pool in the GPU nodes' DRAM, beside their offload tiers and swap spaces."""
+        sc, c, gp = self.sc, self.sc.cluster, self.sc.kv.global_pool
+        room = c.host_dram_bytes - self.capacity_bytes - self._swap_room()
+        per_node = gp.pool_bytes or room
+        if per_node > room or per_node <= 0:
+            raise KvsimError(
+                f"a global pool of {per_node:,} bytes per node exceeds the host DRAM left for it "
+                f"({room:,} of cluster.host_dram, beside the offload tier and swap space)",
+                source=sc.source,
+                path="kv.prefix_cache.pool_bytes" if gp.pool_bytes else "cluster.host_dram",
+            )
+        blocks = int(per_node * c.nodes // self.block_bytes)
+        if blocks < 1:
+            raise KvsimError(
+                f"a global pool of {per_node:,} bytes per node holds no KV block of {self.block_bytes:,.0f} bytes",
+                source=sc.source,
+                path="kv.prefix_cache.pool_bytes",
+            )
+        self.pool = GlobalPool(blocks, eviction=gp.eviction)
+        self.pool_bytes_per_node = int(blocks * self.block_bytes // c.nodes)
 
     def _pool_nodes(self) -> None:
         """The global pool on dedicated pool nodes: each node's DRAM (`PoolNodes`, none of the GPU
@@ -194,83 +222,109 @@ class OffloadWiring:
             q = self.links[key] = self._queue(link, f"node{node}/{name}/{group}")
         return q
 
-    def port(self, i: int, sched: Scheduler, kv_events: ReplicaSink | None = None) -> OffloadPort:
-        c, off = self.sc.cluster, self.sc.kv.offload
+    def side(self, i: int, replica: ReplicaClock) -> ReplicaTiers:
+        """Replica `i`'s side of the tiers, built before its scheduler (which is given its lookup
+        and swap decision): its node, its PCIe lanes, its access to the global pool."""
+        c = self.sc.cluster
         tp = c.tensor_parallel
         node, local = divmod(i * tp, c.gpus_per_node)
-        queues = []
-        for name in ("host_h2d", "host_d2h"):
-            share = c.topology.link(name).shared_by
-            group = local // share
-            on_link = sum(1 for g in range(local, local + tp) if g // share == group)
-            queues.append((self._link(node, name, group), on_link))
-        (h2d, n_h2d), (d2h, n_d2h) = queues
-        if self.tiers is not None or self.pool is not None:
-            sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write paths
-        glob = None
+        (h2d, n_h2d), (d2h, n_d2h) = (self._lane(node, name, local) for name in ("host_h2d", "host_d2h"))
+        glob, on_net = None, 0
         if self.pool is not None:
-            net_link = c.topology.network
-            share = net_link.shared_by
-            group = local // share
-            on_net = sum(1 for g in range(local, local + tp) if g // share == group)
-            glob = GlobalSide(
-                self.pool,
-                self.pool_ready,
-                self._link(node, "network", group),
-                self.block_bytes_per_gpu * on_net,
-                node,
-                self._fetch_policy(net_link, on_net),
-                self.watchers,
-            )
-            if self.pool_in:
-                glob.out = self._link(node, "network_out", group)
-                glob.pool_in, glob.pool_out = self.pool_in, self.pool_out
-                glob.pool_block_bytes = self.block_bytes
-                glob.first_pool = c.nodes
-            elif c.topology.sharing != "fair":  # a fetch also holds the home node's NIC on this rail
-                glob.home_out = functools.partial(self._link, name="network_out", group=group)
+            net, on_net = self._lane(node, "network", local)
+            glob = self._global_side(node, local, net, on_net)
+        stats = OffloadStats()
+        host = None if self.tiers is None else self.tiers[node]
+        ssd = None if self.ssd is None else self.ssd[node]
+        view = TierView(self.env, replica, host, self.ready[node], ssd=ssd, glob=glob, node=node, stats=stats)
         swap = None
         if self.swap is not None:
-            swap = (self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h))
+            swap = SwapPolicy(self.swap[node], self._swap_policy(h2d.link, d2h.link, n_h2d, n_d2h), stats)
+        bpg = self.block_bytes_per_gpu
+        return ReplicaTiers(
+            node,
+            h2d,
+            d2h,
+            bpg * n_h2d,
+            bpg * n_d2h,
+            glob,
+            view,
+            swap,
+            stats,
+            load_weight=self._load_weight(h2d.link, n_h2d),
+            remote_weight=None if glob is None else self._remote_weight(c.topology.network, on_net),
+        )
+
+    def _lane(self, node: int, name: str, local: int) -> tuple[LinkQueue, int]:
+        """The queue of the link `name` (a PCIe or network direction) of the group holding a
+        replica's first GPU (`local` on its node), and how many of the replica's GPUs share it."""
+        share = self.sc.cluster.topology.link("network" if name == "network_out" else name).shared_by
+        group = local // share
+        tp = self.sc.cluster.tensor_parallel
+        return self._link(node, name, group), sum(1 for g in range(local, local + tp) if g // share == group)
+
+    def _global_side(self, node: int, local: int, net: LinkQueue, on_net: int) -> GlobalSide:
+        """A replica's access to the global pool over `net`, its first GPU's NIC group's inbound
+        link carrying `on_net` of its GPUs (to pool nodes the outbound one too; with FIFO links,
+        from another GPU node's share, that node's NIC egress on this rail too)."""
+        c = self.sc.cluster
+        assert self.pool is not None
+        group = local // c.topology.network.shared_by
+        args = (self.pool, self.pool_ready, net, self.block_bytes_per_gpu * on_net, node)
+        worth = self._fetch_policy(c.topology.network, on_net)
+        if self.pool_in:  # to and from pool nodes: this replica's NIC egress and theirs
+            return GlobalSide(
+                *args,
+                worth,
+                self.watchers,
+                out=self._link(node, "network_out", group),
+                pool_in=self.pool_in,
+                pool_out=self.pool_out,
+                pool_block_bytes=self.block_bytes,
+                first_pool=c.nodes,
+            )
+        home_out = None
+        if c.topology.sharing != "fair":  # a fetch also holds the home node's NIC on this rail
+            home_out = functools.partial(self._link, name="network_out", group=group)
+        return GlobalSide(*args, worth, self.watchers, home_out=home_out)
+
+    def port(self, side: ReplicaTiers, sched: Scheduler, kv_events: ReplicaSink | None = None) -> OffloadPort:
+        """A replica's port over its side of the tiers and its scheduler (built with that side)."""
+        off, node = self.sc.kv.offload, side.node
+        if self.tiers is not None or self.pool is not None:
+            sched.kv.pool.record_events()  # BlockStored / BlockRemoved feed the write paths
         p = OffloadPort(
             self.env,
             sched,
-            None if self.tiers is None else self.tiers[node],
-            h2d,
-            d2h,
-            h2d_block_bytes=self.block_bytes_per_gpu * n_h2d,
-            d2h_block_bytes=self.block_bytes_per_gpu * n_d2h,
+            side,
             write=off.write,
             copy=off.copy,
-            ready=self.ready[node],
-            swap=swap,
-            glob=glob,
-            load_weight=self._load_weight(h2d.link, n_h2d),
-            remote_weight=None if glob is None else self._remote_weight(c.topology.network, on_net),
-            ssd=None if self.ssd is None else self.ssd[node],
             cold_after_steps=off.cold_after_steps if self.tiers is not None else 0,
             overlap=self._prefill_time if off.load == "overlap" else None,
             kv_events=kv_events,
+            node_ports=self.node_ports[node],
+            sampled=self._sampled(node),
+            links_to_sample=None if self.ports else self.queues,
         )
         self.watchers.append(p)
-        first_on_node = all(q.node != node for q in self.ports) if self.ports else True
-        if first_on_node and p.host is not None:
-            p.sampled.append((f"node{node}/dram", p.host))
-        if first_on_node and self.ssd is not None:
-            p.sampled.append((f"node{node}/ssd", self.ssd[node].tier))
-        if not self.ports and self.pool is not None:
-            p.sampled.append(("global", self.pool))
-            if isinstance(self.pool, PoolNodes):
-                p.sampled.extend((sh.name, sh) for sh in self.pool.shards)
-        if not self.ports:
-            p.links_to_sample = self.queues
-        p.node = node
-        for q in self.ports:
-            if q.host is not None and q.host is p.host:
-                q.peers.append(p)
-                p.peers.append(q)
+        self.node_ports[node].append(p)
         self.ports.append(p)
         return p
+
+    def _sampled(self, node: int) -> list[tuple[str, HostTier]]:
+        """The tiers the next port samples: its node's, if it is the node's first; the pool's (and
+        its pool nodes'), if it is the run's first."""
+        out: list[tuple[str, HostTier]] = []
+        if not self.node_ports[node]:
+            if self.tiers is not None:
+                out.append((f"node{node}/dram", self.tiers[node]))
+            if self.ssd is not None:
+                out.append((f"node{node}/ssd", self.ssd[node].tier))
+        if not self.ports and self.pool is not None:
+            out.append(("global", self.pool))
+            if isinstance(self.pool, PoolNodes):
+                out.extend((sh.name, sh) for sh in self.pool.shards)
+        return out
 
     def _swap_policy(self, h2d: Link, d2h: Link, n_h2d: int, n_d2h: int) -> Callable[[Request, int], bool]:
         """``swap``: always (where swap space allows); ``auto``: when the copies out and back over

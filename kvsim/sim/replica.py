@@ -7,7 +7,8 @@ by `CostModel.step_times` and applied by `Scheduler.advance`, so results equal s
 routed here mid-window cuts it after the step it lands in; the router reads a windowed replica in
 closed form (`outstanding_tokens_at`), and a prefix read first applies the steps that ended where
 the window changes the cache (`_apply_ended_steps`). The design, with every bound, is in
-docs/architecture.md ("One step, end to end").
+docs/architecture.md ("One step, end to end"). A replica builds its parts given itself
+(`ReplicaParts`, from `kvsim.sim.assembly.replica_parts`): they read its clock and poke it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -158,25 +159,36 @@ def _runs(values: np.ndarray, kept: np.ndarray | None) -> tuple[np.ndarray, np.n
     return values[starts], counts
 
 
+class ReplicaParts(NamedTuple):
+    """What a replica runs, built for it by the run (`kvsim.sim.assembly`) once it has a clock:
+    its scheduler, its port to the tiers below HBM (None: off) and its pool's KV events sink
+    (``kvsim run --kv-events``; None: not written)."""
+
+    sched: Scheduler
+    offload: OffloadPort | None = None
+    kv_events: ReplicaSink | None = None
+
+
 class Replica:
     def __init__(
         self,
         env: simpy.Environment,
         index: int,
-        scheduler: Scheduler,
         cost: CostModel,
+        parts: Callable[[Replica], ReplicaParts],
         *,
         fast_forward: bool,
         next_outside_event: Callable[[], float],
         sample_every_s: float,
-        offload: OffloadPort | None = None,
         draft: DraftCost | None = None,
-        kv_events: ReplicaSink | None = None,
+        on_load_change: Callable[[int], None] | None = None,
+        on_finish: Callable[[list[Request]], None] | None = None,
         next_arrival: Callable[[], float] | None = None,
     ) -> None:
+        """`parts` builds its scheduler, offload port and KV events sink, given the replica: they
+        read its clock and poke it (`kvsim.sim.offload.ReplicaClock`), it runs them."""
         self.env = env
         self.index = index
-        self.sched = scheduler
         self.cost = cost
         self.fast_forward = fast_forward
         self.next_outside_event = next_outside_event  # cluster-level: the end of the simulation, for now
@@ -190,29 +202,26 @@ class Replica:
         self._win: _Window | None = None  # the fast-forward window in flight
         self._verify_cap = MIN_VERIFY_FF_STEPS  # steps a speculative-decoding window may plan
         self.draft = draft  # speculative decoding's draft cost (None: off, or free)
-        self.offload = offload  # host-DRAM tier and its links (None: off)
-        if offload is not None:
-            offload.on_arrival = self.poke
-            offload.clock = lambda: self.clock
-        # Its pool's KV events, stamped by its clock (``kvsim run --kv-events``; None: not written):
-        # then windows change no cache entry, so every event comes at a schedule or a step's end.
-        self.kv_events = kv_events
-        if kv_events is not None:
-            kv_events.clock = lambda: self.clock
         # Called with the requests that finished, at the step's end (closed-loop sessions).
-        self.on_finish: Callable[[list[Request]], None] | None = None
-        # Called with its index where its load may have changed (`kvsim.core.router.Router.touch`:
-        # a router that keeps loads in heaps), before the process next waits; None: not read so.
-        self.on_load_change: Callable[[int], None] | None = None
+        self.on_finish = on_finish
+        # Called with its index where its load may have changed (the set of touched replicas of a
+        # router that keeps loads in heaps, `kvsim.core.router`), before the process next waits;
+        # None: not read so.
+        self.on_load_change = on_load_change
+        # The host-DRAM tier and its links (None: off); its pool's KV events, stamped by its clock
+        # (None: not written): then windows change no cache entry, so every event comes at a
+        # schedule or a step's end.
+        self.sched, self.offload, self.kv_events = parts(self)
         # Whether a step of another composition may open a window (`_chain`): not where a mechanism
         # acts between steps (lower tiers and their links, token eviction, speculative decoding) or
         # KV events are written per schedule.
+        sched = self.sched
         self._chains = (
             fast_forward
-            and offload is None
-            and kv_events is None
-            and scheduler.kv.eviction is None
-            and scheduler.spec is None
+            and self.offload is None
+            and self.kv_events is None
+            and sched.kv.eviction is None
+            and sched.spec is None
         )
         # Running ahead of the clock (`run`): a window that ends strictly before the next arrival
         # and the end of the simulation is applied at once, without an engine event, since only an
@@ -220,7 +229,7 @@ class Replica:
         # where nothing else reaches a replica mid-step: no lower tiers or pool (their loads and
         # other replicas' publications), no KV events (one log for all replicas, in time order).
         self._ahead: Callable[[], float] | None = None
-        if fast_forward and next_arrival is not None and offload is None and kv_events is None:
+        if fast_forward and next_arrival is not None and self.offload is None and self.kv_events is None:
             self._ahead = lambda: min(next_arrival(), next_outside_event())
         self.process = env.process(self.run())
 
@@ -275,9 +284,9 @@ class Replica:
         cum = req.key_cum
         cost = float(req.prompt_len - cum[hbm] * bs)
         off = self.offload
-        if off is not None and off.looks_up:
+        if off is not None and off.view.looks_up:
             far = [0]  # blocks of those fetched over the network
-            lower = off.num_prefix_hits(req.keys, hbm, len(req.keys), count=False, remote=far)
+            lower = off.view.num_prefix_hits(req.keys, hbm, len(req.keys), count=False, remote=far)
             loaded = (cum[hbm + lower] - cum[hbm]) * bs
             remote = far[0] * bs
             cost -= (loaded - remote) * (1.0 - off.load_weight) + remote * (1.0 - off.remote_weight)

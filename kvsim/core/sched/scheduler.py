@@ -19,7 +19,7 @@ how many blocks a request needs and whether they fit, never the pool itself.
 Token accounting: a request with P prompt and O output tokens computes P + O - 1 tokens (the last
 sampled token is never fed back), which is what ``outstanding_tokens`` counts down.
 
-A lower tier (`host`, a node's DRAM: `kvsim.core.tiers`), when set: a waiting request whose prefix
+A lower tier (`host`, a node's DRAM: `kvsim.core.tiers`), when given: a waiting request whose prefix
 continues past its HBM hits into entries the tier holds is admitted to load them instead of
 prefilling (`RequestStatus.WAITING_FOR_KV_TRANSFER`): its HBM hits are taken and blocks for the
 entries to load reserved (`KVCacheManager.admit_loading`), it is listed in `new_loads` for the
@@ -27,7 +27,7 @@ engine to start the transfer, and it counts against the request cap while it wai
 keep running and being admitted behind it. When the engine says the load arrived (`finish_load`),
 it joins the running requests, its loaded entries cached in HBM, and prefills the remainder.
 
-Preemption by swap (`swap_decider`, set by the engine for ``scheduler.preemption: swap | auto``):
+Preemption by swap (`swap_decider`, given for ``scheduler.preemption: swap | auto``):
 a victim the decider accepts keeps its computed tokens; its blocks are released (their KV was
 copied to host memory: `new_swaps` tells the engine, which queues the copy) and it joins the
 `swapped` queue, which is served before the waiting one (vLLM v0's order): a swapped request is
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.spec_decode import SpecDecoder
-from kvsim.core.tiers import TierLookup
+from kvsim.core.tiers import SwapDecider, TierLookup
 
 _NO_NEW_BLOCKS = (0,)  # a single step's blocks: all taken when it was scheduled
 
@@ -72,6 +72,8 @@ class Scheduler:
         max_batched_tokens: int,
         chunked_prefill: bool,
         spec: SpecDecoder | None = None,
+        host: TierLookup | None = None,
+        swap_decider: SwapDecider | None = None,
     ) -> None:
         self.kv = kv
         self.block_size = kv.block_size
@@ -85,11 +87,11 @@ class Scheduler:
         # Of the last steps applied (`advance`): the blocks taken at each of them (the first's by
         # `schedule`, so 0), for the engine's blocks-in-use integral.
         self.last_new_blocks: Sequence[int] | np.ndarray = _NO_NEW_BLOCKS
-        self.host: TierLookup | None = None  # lower tiers to load prefix entries from (None: off)
+        self.host = host  # lower tiers to load prefix entries from (None: off)
         self.loading: list[tuple[Request, int]] = []  # (request, entries it loads), waiting for KV
         self.new_loads: list[tuple[Request, int, int]] = []  # admitted to load since the engine looked:
         # (request, HBM entries it holds, entries to load after them)
-        self.swap_decider: Callable[[Request], bool] | None = None  # swap this victim? (None: never)
+        self.swap_decider = swap_decider  # swap this victim? (None: never)
         self.swapped: deque[Request] = deque()  # swapped out, KV in host memory, to swap back in
         self.new_swaps: list[tuple[Request, int, bool]] = []  # since the engine looked:
         # (request, blocks, out: True for a swap-out, False for a swap-in)
@@ -124,8 +126,8 @@ class Scheduler:
         return -(-req.num_computed // self.block_size)
 
     def _preempt(self, req: Request) -> None:
-        if self.swap_decider is not None and self.swap_decider(req):
-            blocks = self.swap_blocks(req)
+        decide = self.swap_decider
+        if decide is not None and decide(req, blocks := self.swap_blocks(req)):
             self.new_swaps.append((req, blocks, True))
             self._swapped_blocks[req.id] = blocks
             evicted = req.evicted
