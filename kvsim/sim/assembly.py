@@ -29,7 +29,7 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
-from kvsim.sim.cluster import ClosedLoopArrivals, arrival_process
+from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
@@ -109,6 +109,8 @@ def assemble(
     loop = None  # the closed-loop sessions (None: open loop, at the trace's times)
     if agent is not None and agent.closed_loop:
         loop = ClosedLoopArrivals(env, agent.gap_s, agent.next_request, make_seq)
+    # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
+    next_arrival = None if loop is not None else NextArrival(float(wl.arrival_s[0]) if len(wl) else math.inf)
     pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
     parts = functools.partial(
         replica_parts, sc, plan, make_scheduler, evictor or window or switch, spec, offload, kv_events, pin
@@ -125,6 +127,7 @@ def assemble(
             draft=draft,
             on_load_change=None if touched is None else touched.add,
             on_finish=None if loop is None else loop.on_finish,
+            next_arrival=next_arrival,
         )
         for i in range(n)
     ]
@@ -132,7 +135,7 @@ def assemble(
     if agent is not None and loop is not None:
         loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], router)
     else:
-        env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+        env.process(arrival_process(env, wl.arrival_s, make_seq, router, next_arrival))
     return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
 
 

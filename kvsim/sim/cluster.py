@@ -5,6 +5,7 @@ run, assembled")."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -33,19 +34,38 @@ class _ArrivalTimeout(simpy.events.Event):
         env.schedule(self, URGENT, delay)
 
 
+class NextArrival:
+    """The instant of the next open-loop arrival not yet routed (inf: none left), known in advance
+    from the trace: a replica runs the steps that end strictly before it without an engine event
+    (`kvsim.sim.replica.Replica`), since only an arrival can read or change it before then."""
+
+    def __init__(self, first: float = math.inf) -> None:
+        self.t = first
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def arrival_process(
     env: simpy.Environment,
     times: np.ndarray,
     make_seq: Callable[[int], Request],
     router: Router,
+    next_arrival: NextArrival | None = None,
 ) -> Generator[simpy.Event, Any, None]:
-    """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only."""
-    for i, t in enumerate(times.tolist()):
+    """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only.
+    `next_arrival` is kept at the next one's instant."""
+    ts = times.tolist()
+    for i, t in enumerate(ts):
+        if next_arrival is not None:
+            next_arrival.t = t
         if t > env.now:
             yield _ArrivalTimeout(env, t - env.now)
         seq = make_seq(i)
         if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
             router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
+    if next_arrival is not None:
+        next_arrival.t = math.inf
 
 
 class ClosedLoopArrivals:

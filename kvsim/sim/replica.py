@@ -183,6 +183,7 @@ class Replica:
         draft: DraftCost | None = None,
         on_load_change: Callable[[int], None] | None = None,
         on_finish: Callable[[list[Request]], None] | None = None,
+        next_arrival: Callable[[], float] | None = None,
     ) -> None:
         """`parts` builds its scheduler, offload port and KV events sink, given the replica: they
         read its clock and poke it (`kvsim.sim.offload.ReplicaClock`), it runs them."""
@@ -222,6 +223,14 @@ class Replica:
             and sched.kv.eviction is None
             and sched.spec is None
         )
+        # Running ahead of the clock (`run`): a window that ends strictly before the next arrival
+        # and the end of the simulation is applied at once, without an engine event, since only an
+        # arrival (routed here, or reading this replica through the router) can come between. Only
+        # where nothing else reaches a replica mid-step: no lower tiers or pool (their loads and
+        # other replicas' publications), no KV events (one log for all replicas, in time order).
+        self._ahead: Callable[[], float] | None = None
+        if fast_forward and next_arrival is not None and self.offload is None and self.kv_events is None:
+            self._ahead = lambda: min(next_arrival(), next_outside_event())
         self.process = env.process(self.run())
 
     # ---- what the router reads ---------------------------------------------------------------------
@@ -436,7 +445,10 @@ class Replica:
                 win = self._chain(plan)
             if win is None:
                 win = self._single_step(plan)
-            if win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
+            ahead = self._ahead is not None and win.ends[win.k - 1] < self._ahead()
+            if ahead:
+                pass  # it ends before anything from outside can come: applied now, no event
+            elif win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -462,9 +474,14 @@ class Replica:
             self.stats.steps += k
             pause = self._end_step(first, done, t_end)
             if pause:
-                yield env.timeout(max(0.0, self.clock + pause - env.now))
-                self.clock += pause
-            self.stats.events += 1
+                if ahead and self._ahead is not None and self.clock + pause < self._ahead():
+                    self.clock += pause
+                else:
+                    yield env.timeout(max(0.0, self.clock + pause - env.now))
+                    self.clock += pause
+                    ahead = False
+            if not ahead:
+                self.stats.events += 1
             # Busy time as the clock less idle time: the same sums, in the same order, however many
             # steps each event ran (a sum of per-event durations would round differently).
             self.stats.busy_s = self.clock - self.stats.idle_s
