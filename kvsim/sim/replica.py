@@ -76,7 +76,7 @@ class TokenGaps:
         self.zeros: list[tuple[int, int, int]] = []
         # (a window's step ends, and the span of gap_id holding its requests, the end of which orders
         # `per_request`): the gaps are the ends' differences, taken after the run (`_shared_gaps`)
-        self.shared: list[tuple[list[float], int, int]] = []
+        self.shared: list[tuple[array[float], int, int]] = []
 
     def emit(self, req_id: int, t: float, n: int) -> None:
         """Request `req_id` emitted `n` tokens at the end of a step at `t`."""
@@ -100,12 +100,12 @@ class TokenGaps:
         self.gap_id.extend(ids)
         last.update(dict.fromkeys(ids, ends[-1]))
         if len(ends) > 1:
-            self.shared.append((ends, start, len(gap_s)))
+            self.shared.append((array("d", ends), start, len(gap_s)))
 
     def _shared_gaps(self) -> list[tuple[np.ndarray, array[int], int]]:
         """`shared` with each window's gaps (the differences of its step ends) and its requests."""
         gid = self.gap_id
-        return [(np.diff(np.asarray(e, dtype=np.float64)), gid[a:b], b) for e, a, b in self.shared]
+        return [(np.diff(np.frombuffer(e, dtype=np.float64)), gid[a:b], b) for e, a, b in self.shared]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
