@@ -30,7 +30,6 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate, chain
-from math import ceil
 
 import numpy as np
 
@@ -181,83 +180,39 @@ class KVCacheManager:
         ev = self.eviction
         if ev is None:
             return
-        pool = self.pool
-        used, num = pool.num_used, pool.num_blocks
-        prev = self.evict_active
-        active = ev.active(used, num)
+        used, num = self.pool.num_used, self.pool.num_blocks
+        multi = steps > 1 and self.evict_active  # after a window whose steps evicted (at a budget)
+        active = self.evict_active = ev.active(used, num)
         release = ev.releases(used, num)
-        self.evict_active = active
-        bs = self.block_size
-        short = ev.keeps_all_up_to
-        kept = ev.kept
-        evicted = 0
-        # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
-        # decoding request at every step end)
-        streaming = ev.kind is EvictionKind.STREAMING
-        sliding = ev.kind is EvictionKind.WINDOW
-        switching = ev.kind is EvictionKind.SWITCH
-        sw_after, sw_num, sw_den = ev.switch_after, ev.switch_num, ev.switch_den
-        window, rec, ratio, cap = (
-            ev.sink_tokens + ev.recent_tokens,
-            ev.recent_tokens,
-            ev.share,  # h2o's heavy_ratio, entropy's keep_ratio (the same closed form)
-            ev.budget_tokens,
-        )
-        w_tok, w_layers, layers = ev.window_tokens, ev.window_layers, ev.kv_layers
-        w_part = w_layers * w_tok
-        full = layers - w_layers
-        multi = steps > 1 and prev  # after a window whose steps evicted (a request at its budget)
         # Steady to the end, the common case (under physical release a sequence at its budget holds
         # no block beyond what its kept tokens need): one look-up.
         steady = active and (not release or ev.pages is PagePolicy.PHYSICAL)
+        bs, short, kept = self.block_size, ev.keeps_all_up_to, ev.kept_fn
+        sliding = ev.kind is EvictionKind.WINDOW
+        evicted = 0
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
                 # Still prefilling (or recomputing): eviction starts after the prompt; a window
                 # frees the blocks its chunks leave behind (its next chunk fills their slots).
-                if sliding and c > short and c - r.evicted > (kc := -(-(full * c + w_part) // layers)):
+                if sliding and c > short and c - r.evicted > (kc := kept(c)):
                     self._trim(r, kc, True)
                 continue
             e = r.evicted
             if c <= short and not e:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - e
-            if streaming:  # kept(c), inlined
-                kc = c if c < window else window
-            elif sliding:
-                kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
-            elif switching:
-                kc = c if c <= sw_after else -(-(c * sw_num) // sw_den)
-            else:  # h2o, entropy
-                kc = rec + ceil(ratio * c)
-                if cap and kc > cap:
-                    kc = cap
-                if kc > c:
-                    kc = c
-            if multi and e:
-                p = c - steps  # kept(p), inlined: was it at its budget when the window began?
-                if streaming:
-                    kp = p if p < window else window
-                elif sliding:
-                    kp = p if p <= w_tok else -(-(full * p + w_part) // layers)
-                elif switching:
-                    kp = p if p <= sw_after else -(-(p * sw_num) // sw_den)
-                else:  # h2o, entropy
-                    kp = rec + ceil(ratio * p)
-                    if cap and kp > cap:
-                        kp = cap
-                    if kp > p:
-                        kp = p
-                if res - steps == kp:  # at its budget
-                    if steady:
-                        evicted += res - kc
-                        r.evicted = c - kc
-                        continue
-                    m = (res - 1) - kept(c - 1)  # the window's steady evictions
-                    e += m
-                    r.evicted = e
-                    evicted += m
-                    res -= m
+            kc = kept(c)
+            if multi and e and res - steps == kept(c - steps):  # at its budget when the window began
+                if steady:
+                    evicted += res - kc
+                    r.evicted = c - kc
+                    continue
+                m = (res - 1) - kept(c - 1)  # the window's steady evictions
+                e += m
+                r.evicted = e
+                evicted += m
+                res -= m
             if not active:
                 kc = res
             target = res if res < kc else kc
@@ -278,7 +233,7 @@ class KVCacheManager:
         ev = self.eviction
         if ev is None or steps < 2 or not self.evict_active:
             return
-        kept = ev.kept
+        kept = ev.kept_fn
         for r in reqs:
             c = r.num_computed
             res = c - r.evicted
