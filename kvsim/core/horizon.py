@@ -247,55 +247,68 @@ def verify_window(
     nb = [r.num_blocks for r in reqs]
     sidx = [r.spec_steps for r in reqs]
     ids = [r.id for r in reqs]
-    avail = kv.num_empty_blocks
-    taken = 0
+    room = kv.num_empty_blocks
     ctx_s: list[list[int]] = []
     drafts_s: list[list[int]] = []
     tokens: list[int] = []
     accepted_s: list[list[int]] = []
     total0 = len(reqs) + sum(drafts0)
     bound = "max_steps"
-    m = len(reqs)
     for j in range(max_steps):
         d = [min(k, n - 1) for n in left]
         if j:
-            if steady_budget and m + sum(d) != total0:
+            if steady_budget and len(reqs) + sum(d) != total0:
                 bound = "budget"
                 break
-            new = 0
-            for i in range(m):
-                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
-                if need > 0:
-                    new += need
-            if taken + new > avail:
+            new = _verify_blocks(comp, d, nb, bs, room)
+            if new < 0:
                 bound = "empty_blocks"
                 break
-            taken += new
-            for i in range(m):
-                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
-                if need > 0:
-                    nb[i] += need
+            room -= new
         ctx_s.append(list(comp))
         drafts_s.append(d)
-        emitted = 0
-        finished = False
-        acc = [0] * m
-        for i in range(m):
-            e = 1
-            if d[i]:
-                acc[i] = spec.draw(ids[i], sidx[i], d[i])
-                e += acc[i]
-                sidx[i] += 1
-            comp[i] += e
-            left[i] -= e
-            emitted += e
-            finished = finished or left[i] <= 0
+        acc, emitted, finished = _verify_draws(spec, ids, sidx, d, comp, left)
         tokens.append(emitted)
         accepted_s.append(acc)
         if finished:
             bound = "outputs"
             break
     return VerifyWindow(len(tokens), ctx_s, drafts_s, accepted_s, tokens, bound)
+
+
+def _verify_blocks(comp: list[int], d: list[int], nb: list[int], bs: int, room: int) -> int:
+    """The blocks a verify step takes (each row its token and drafts `d` past `comp`), `nb` (blocks
+    held per row) grown by them; -1, nothing changed, when they exceed `room`."""
+    needs = [-(-(c + 1 + n) // bs) - b for c, n, b in zip(comp, d, nb, strict=True)]
+    new = sum(n for n in needs if n > 0)
+    if new > room:
+        return -1
+    for i, n in enumerate(needs):
+        if n > 0:
+            nb[i] += n
+    return new
+
+
+def _verify_draws(
+    spec: SpecDecoder, ids: list[int], sidx: list[int], d: list[int], comp: list[int], left: list[int]
+) -> tuple[list[int], int, bool]:
+    """One verify step's accepted drafts per row (`SpecDecoder.draw`, at each row's step index
+    `sidx`), with `comp` (computed) and `left` (output left) advanced by what each row emits.
+    Returns (accepted per row, tokens emitted, whether a row finished)."""
+    emitted = 0
+    finished = False
+    acc = [0] * len(d)
+    for i, n in enumerate(d):
+        e = 1
+        if n:
+            acc[i] = spec.draw(ids[i], sidx[i], n)
+            e += acc[i]
+            sidx[i] += 1
+        comp[i] += e
+        left[i] -= e
+        emitted += e
+        finished = finished or left[i] <= 0
+    return acc, emitted, finished
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
