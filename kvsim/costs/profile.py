@@ -235,23 +235,37 @@ class ProfileCostModel(StepCostModel):
                 raise KvsimError(
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
                 )
-        m = model
-        self._gemm_nk = TPShapes.of(m, tp).gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
+        self._init_gemm(ops)
+        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(model, tp)
+        # One (format, share of cached vectors) part per format of the cache (two with a mix), each
+        # priced at its own measured rates.
+        parts = format_parts(fmt, mix)
+        self._init_attention(ops, parts)
+        self._init_switch(ops)
+        self._init_kv_ops(ops, parts)
+        self._init_step_ops(ops, parts)
+        self._init_copy(ops)
+        if tp > 1:
+            self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
+
+    def _init_gemm(self, ops: dict[str, Any]) -> None:
+        """Each layer's GEMM rates by rows (and the LM head's)."""
+        self._gemm_nk = TPShapes.of(self.model, self.tp).gemm_nk  # per-GPU (n, k) per GEMM: 2 m n k FLOPs
         self._gemm: dict[str, RateTable] = {}
         for layer in (*GEMM_LAYERS, "lm_head"):
             pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
             if not pts:
-                raise KvsimError(f"no points for layer {layer!r}", source=source, path="ops.gemm")
+                raise KvsimError(f"no points for layer {layer!r}", source=self.source, path="ops.gemm")
             self._gemm[layer] = RateTable.build(
-                "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
+                "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], self.source
             )
-        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(m, tp)
-        # One (format, share of cached vectors) part per format of the cache (two with a mix), each
-        # priced at its own measured rates.
-        parts = format_parts(fmt, mix)
+
+    def _init_attention(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
+        """Decode and prefill attention's rates, one table per format part of the cache."""
+        m, tp = self.model, self.tp
         self._shares = [share for _, share in parts]
         self._part_bytes_layer = [share * kv_bytes_per_token_layer_gpu(m, f, tp) for f, share in parts]
-        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp, mix)
+        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, self.fmt, tp, self.mix)
         self._decodes = [
             self._by_format(ops, "paged_decode", ("batch", "context"), "bytes", f) for f, _ in parts
         ]
@@ -263,33 +277,33 @@ class ProfileCostModel(StepCostModel):
         self._best_prefill_rate = [float(np.exp(tab.log_rate.max())) for tab in self._prefills]
         # Bytes per cached token and layer of each part's format, at share 1 (`_prefill_part`).
         self._bytes_layer = [kv_bytes_per_token_layer_gpu(m, f, tp) for f, _ in parts]
-        # A format switch: switched sequences decode at the second format's measured rates (a
-        # profile without that format is refused unless forced, as for kv.format).
-        sw = analytic.switch
+
+    def _init_switch(self, ops: dict[str, Any]) -> None:
+        """A format switch: switched sequences decode at the second format's measured rates (a
+        profile without that format is refused unless forced, as for kv.format)."""
+        sw = self.analytic.switch
         self._switch_decode: RateTable | None = None
         self._switch_bytes_layer = 0.0
         self._switch_tokens_per_slot = 1.0
-        if sw is not None:
-            self._switch_decode = self._by_format(
-                ops, "paged_decode", ("batch", "context"), "bytes", sw.format
-            )
-            self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
-            self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
-            self._notes.append(
-                "profile: the format switch's re-quantization is not measured; analytic estimate used"
-            )
-        self._init_kv_ops(ops, parts)
-        self._init_step_ops(ops, parts)
+        if sw is None:
+            return
+        self._switch_decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes", sw.format)
+        self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(self.model, sw.format, self.tp)
+        self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
+        self._notes.append(
+            "profile: the format switch's re-quantization is not measured; analytic estimate used"
+        )
+
+    def _init_copy(self, ops: dict[str, Any]) -> None:
+        """Copy rates by bytes, per link (the optional ``copy`` op)."""
         self._copy: dict[str, RateTable] = {}
-        if "copy" in ops:
-            links = sorted({p.get("link") for p in ops["copy"]["points"]})
-            for link in links:
-                pts = [p for p in ops["copy"]["points"] if p.get("link") == link]
-                self._copy[link] = RateTable.build(
-                    "copy", [(p["nbytes"],) for p in pts], [_rate(p, "bytes") for p in pts], source
-                )
-        if tp > 1:
-            self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
+        if "copy" not in ops:
+            return
+        for link in sorted({p.get("link") for p in ops["copy"]["points"]}):
+            pts = [p for p in ops["copy"]["points"] if p.get("link") == link]
+            self._copy[link] = RateTable.build(
+                "copy", [(p["nbytes"],) for p in pts], [_rate(p, "bytes") for p in pts], self.source
+            )
 
     def _by_format(
         self, ops: dict[str, Any], op: str, axes: tuple[str, ...], work: str, fmt: KVFormat
