@@ -1,13 +1,15 @@
 """The scheduler's batch decision, vLLM-v1 style, with no clock in it.
 
-Each step: running requests first, in order, each asking for its remaining tokens (one while
-decoding, a chunk while prefilling) within the token budget; when blocks run out the newest running
-request is preempted (recompute: its blocks are released and it rejoins the front of the queue,
-to recompute prompt and generated tokens, re-using whatever its prompt left in the prefix cache).
-Then, if nothing was preempted, waiting requests are admitted first-come-first-served while the
-request cap, the token budget and free blocks allow; an admitted request first takes its prefix-
-cache hits (at least one token is always computed, as in vLLM). A request samples a token when
-its computed tokens reach its token count; the first sampled token is its first token.
+Each step (`schedule`): running requests first, in order, each asking for its remaining tokens
+(one while decoding, a chunk while prefilling) within the token budget; when blocks run out the
+newest running request is preempted (recompute: its blocks are released and it rejoins the front
+of the queue, to recompute prompt and generated tokens, re-using whatever its prompt left in the
+prefix cache: `_schedule_running`, `_take`). Then, if nothing was preempted, swapped-out requests
+come back (`_swap_in`, below) and waiting requests are admitted first-come-first-served while the
+request cap, the token budget and free blocks allow (`_admit_waiting`); an admitted request first
+takes its prefix-cache hits (at least one token is always computed, as in vLLM). A request samples
+a token when its computed tokens reach its token count; the first sampled token is its first
+token. See docs/architecture.md for the scheduler's place in a replica.
 
 Prefix caching follows vLLM v1: the full blocks a step will compute are registered when the step
 is scheduled (so a request admitted while another prefills the same prefix hits it, in the same
