@@ -21,7 +21,11 @@ as `BlockRun`s with their tier. A request's blocks all live in HBM: entries a lo
 (`finish_loading`). Resident tokens equal computed tokens while no token is evicted.
 
 The manager also keeps the memory peaks (noted after every allocation, before any release) and
-hands the scheduler's step count to the pool as its last-access stamp (`set_step`).
+hands the scheduler's step count to the pool as its last-access stamp (`set_step`). Token eviction
+(`kvsim.core.eviction`) is applied here at step ends (`apply_evictions`, `_trim`). Planning a window
+of steps (how many fit: `kvsim.core.horizon`) reads the manager from outside; `keeps_all` and
+`decode_plan` (with the plan it caches) remain here because `grow_decode` reads them.
+See docs/architecture.md for where the manager sits.
 """
 
 from __future__ import annotations
@@ -131,21 +135,6 @@ class KVCacheManager:
     def blocks_needed(self, req: Request, num_tokens: int) -> int:
         """New blocks a running request needs to hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size) - req.num_blocks
-
-    def blocks_needed_through(self, reqs: list[Request], j: int, chunk: int = 0) -> int:
-        """New blocks the requests need to run steps 0..j of a window (step 0's are already held):
-        one token per step each, but the last request `chunk` tokens per step when `chunk` > 0."""
-        bs = self.block_size
-        total = 0
-        for r in reqs:
-            n = -(-(r.num_computed + j + 1) // bs) - r.num_blocks
-            if n > 0:
-                total += n
-        if chunk:
-            last = reqs[-1]
-            total -= max(0, -(-(last.num_computed + j + 1) // bs) - last.num_blocks)
-            total += max(0, -(-(last.num_computed + (j + 1) * chunk) // bs) - last.num_blocks)
-        return total
 
     def block_table(self, req: Request) -> list[BlockRun]:
         cum = req.key_cum

@@ -565,11 +565,7 @@ class Replica:
 
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
-            need = (
-                mw.new_blocks
-                if mw.new_blocks >= 0
-                else kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk)
-            )
+            need = mw.new_blocks
             evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
