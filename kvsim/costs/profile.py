@@ -194,6 +194,16 @@ def _rate(pt: dict[str, Any], work_key: str) -> float:
     return float(pt[work_key]) / float(pt["t_p50"])
 
 
+def _batch_row(tab: RateTable, num_seqs: int) -> tuple[np.ndarray, bool]:
+    """log(rate) over the second axis of a batch x context table at batch size `num_seqs`
+    (interpolated in log batch), and whether that batch size is off the table's grid."""
+    i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
+    lo = int(i[0])
+    hi = min(lo + 1, len(tab.axes[0]) - 1)
+    row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+    return row, bool(out[0])
+
+
 # ---- the cost model -----------------------------------------------------------------------------
 class ProfileCostModel(StepCostModel):
     """`CostModel` from a validated profile, for one model / TP / KV format."""
@@ -590,12 +600,7 @@ class ProfileCostModel(StepCostModel):
         key = num_seqs if not part else -num_seqs
         hit = self._decode_rows.get(key)
         if hit is None:
-            tab = self._decodes[part]
-            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
-            lo = int(i[0])
-            hi = min(lo + 1, len(tab.axes[0]) - 1)
-            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
-            hit = self._decode_rows[key] = (row, bool(out[0]))
+            hit = self._decode_rows[key] = _batch_row(self._decodes[part], num_seqs)
         return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
@@ -625,11 +630,7 @@ class ProfileCostModel(StepCostModel):
         key = (op, part, num_seqs)
         hit = self._kv_rows.get(key)
         if hit is None:
-            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
-            lo = int(i[0])
-            hi = min(lo + 1, len(tab.axes[0]) - 1)
-            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
-            hit = self._kv_rows[key] = (row, bool(out[0]))
+            hit = self._kv_rows[key] = _batch_row(tab, num_seqs)
         return hit
 
     def _score_time(self, num_seqs: int, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
