@@ -320,19 +320,26 @@ class KVCacheManager:
         """Take a waiting request's first `num_hits` cache entries and the blocks for its next
         `num_new_tokens` tokens; False (nothing changed) when they do not fit."""
         bs = self.block_size
-        pool = self.pool
         held_blocks = req.key_cum[num_hits] if req.keys else 0
         computed = min(held_blocks, (req.num_tokens - 1) // bs) * bs
         need = max(0, -(-(computed + num_new_tokens) // bs) - held_blocks)
-        hit_keys = req.keys[:num_hits]
-        if need + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+        if not self._take_hits(req, num_hits, need):
             return False
-        pool.acquire_cached(hit_keys)
-        pool.allocate(need)
-        req.held_keys = hit_keys
-        req.num_private = need
         req.num_blocks = held_blocks + need
         req.num_computed = computed
+        return True
+
+    def _take_hits(self, req: Request, num_hits: int, private: int) -> bool:
+        """A waiting request takes its first `num_hits` cache entries and `private` new blocks after
+        them; False (nothing changed) when they do not fit."""
+        pool = self.pool
+        hit_keys = req.keys[:num_hits]
+        if private + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+            return False
+        pool.acquire_cached(hit_keys)
+        pool.allocate(private)
+        req.held_keys = hit_keys
+        req.num_private = private
         return True
 
     # ---- loads from a lower tier (kvsim.core.tiers) -----------------------------------------------
@@ -340,16 +347,9 @@ class KVCacheManager:
         """Take a waiting request's first `num_hits` cache entries and reserve private blocks for
         the next `num_load` entries, which a transfer from a lower tier will fill; False (nothing
         changed) when they do not fit. The blocks for its new tokens come when it runs."""
-        pool = self.pool
         cum = req.key_cum
-        load = cum[num_hits + num_load] - cum[num_hits]
-        hit_keys = req.keys[:num_hits]
-        if load + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+        if not self._take_hits(req, num_hits, cum[num_hits + num_load] - cum[num_hits]):
             return False
-        pool.acquire_cached(hit_keys)
-        pool.allocate(load)
-        req.held_keys = hit_keys
-        req.num_private = load
         req.num_blocks = cum[num_hits + num_load]
         return True
 
