@@ -17,6 +17,11 @@ A sequence that evicts keeps ``kept(p)`` of its ``p`` computed tokens once its p
   sequence's tokens get near-zero attention). Its per-step statistics are priced apart from H2O's
   score accumulation (`kvsim.costs.analytic`).
 
+Each formula is written once (`_FORMS`): a function built for the policy's numbers when the policy
+is (`Eviction.kept_fn`: the engine calls it per decoding request at every step end, with no branch
+on the policy), beside the same arithmetic over arrays for the windows' closed forms (`kept_array`).
+See docs/architecture.md ("Token eviction") for where the engine uses it.
+
 ``kept`` grows by at most one token per token computed, so a sequence at its budget evicts exactly
 what it adds beyond it, every step: its resident tokens are ``kept(position)`` and the blocks it
 needs for the step at ``p`` are ``ceil((kept(p) + 1) / block_size)`` (the new token's slot: an evicted
@@ -80,8 +85,10 @@ need the prompt's attention first, so eviction starts with the first decode step
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import Enum
+from math import ceil
 
 import numpy as np
 
@@ -136,38 +143,37 @@ class Eviction:
     # per window instead of a handful of array operations (`kept_array`)
     _table: np.ndarray = field(init=False, repr=False, compare=False, default_factory=lambda: _EMPTY)
 
+    # `kept` built once for the policy (`_FORMS`): the engine calls it per decoding request per
+    # step end, with no branch on the policy there
+    kept_fn: Callable[[int], int] = field(init=False, repr=False, compare=False)
+    _kept_range: Callable[[np.ndarray], np.ndarray] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
+        kept, kept_range = _FORMS[self.kind](self)
+        object.__setattr__(self, "kept_fn", kept)
+        object.__setattr__(self, "_kept_range", kept_range)
         # The longest sequence that keeps every token (kept(p) == p up to it, p - kept(p) never
         # falls): the engine skips shorter sequences without evaluating `kept`.
         lo, hi = 0, 1 << 31
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.kept(mid) == mid:
+            if kept(mid) == mid:
                 lo = mid
             else:
                 hi = mid - 1
         object.__setattr__(self, "keeps_all_up_to", lo)
 
+    def __reduce__(self) -> tuple[type[Eviction], tuple[object, ...]]:
+        """Pickled by its fields: its built forms are rebuilt, not pickled."""
+        return (Eviction, tuple(getattr(self, f.name) for f in fields(self) if f.init))
+
     def kept(self, pos: int) -> int:
         """Tokens a sequence at its budget keeps of ``pos`` computed ones."""
-        if self.kind is EvictionKind.STREAMING:
-            return min(pos, self.sink_tokens + self.recent_tokens)
-        if self.kind is EvictionKind.SWITCH:
-            return pos if pos <= self.switch_after else -(-(pos * self.switch_num) // self.switch_den)
-        if self.kind is EvictionKind.WINDOW:
-            w = self.window_tokens
-            if pos <= w:
-                return pos
-            layers = self.kv_layers
-            return -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
-        k = self.recent_tokens + math.ceil(self.share * pos)
-        if self.budget_tokens and k > self.budget_tokens:
-            k = self.budget_tokens
-        return pos if pos < k else k
+        return self.kept_fn(pos)
 
     def kept_array(self, pos: np.ndarray, top: int = -1) -> np.ndarray:
-        """`kept` element by element (int64), from the table of `_kept_range`; `top`: the largest
-        of `pos` where the caller knows it."""
+        """`kept` element by element (int64), from a table of positions 0..len-1; `top`: the
+        largest of `pos` where the caller knows it."""
         table = self._table
         if top < 0:
             top = int(pos.max()) if pos.size else 0
@@ -180,28 +186,6 @@ class Eviction:
             table = self._kept_range(np.arange(size, dtype=np.int64))
             object.__setattr__(self, "_table", table)
         out: np.ndarray = table[pos]
-        return out
-
-    def _kept_range(self, pos: np.ndarray) -> np.ndarray:
-        """`kept` element by element (int64), computed."""
-        out: np.ndarray
-        if self.kind is EvictionKind.STREAMING:
-            out = np.minimum(pos, self.sink_tokens + self.recent_tokens)
-            return out
-        if self.kind is EvictionKind.SWITCH:
-            past = -(-(pos * self.switch_num) // self.switch_den)
-            out = np.where(pos <= self.switch_after, pos, past).astype(np.int64)
-            return out
-        if self.kind is EvictionKind.WINDOW:
-            w, layers = self.window_tokens, self.kv_layers
-            past = -(-((layers - self.window_layers) * pos + self.window_layers * w) // layers)
-            out = np.where(pos <= w, pos, past).astype(np.int64)
-            return out
-        out = np.ceil(self.share * pos).astype(np.int64)
-        out += self.recent_tokens
-        if self.budget_tokens:
-            np.minimum(out, self.budget_tokens, out=out)
-        np.minimum(pos, out, out=out)
         return out
 
     @property
@@ -227,6 +211,86 @@ class Eviction:
         """Whether every decode step keeps per-token statistics and a trim ranks them (H2O's
         accumulated scores, the entropy statistics), or eviction is positional."""
         return self.kind is EvictionKind.H2O or self.kind is EvictionKind.ENTROPY
+
+
+# Each policy's formula (the module docstring), written once: `kept` of one position, built for the
+# policy's numbers, and the same arithmetic element by element over an int64 array (`kept_array`).
+_Forms = tuple[Callable[[int], int], Callable[[np.ndarray], np.ndarray]]
+
+
+def _streaming_forms(ev: Eviction) -> _Forms:
+    window = ev.sink_tokens + ev.recent_tokens
+
+    def kept(pos: int) -> int:
+        return pos if pos < window else window
+
+    def kept_range(pos: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.minimum(pos, window)
+        return out
+
+    return kept, kept_range
+
+
+def _switch_forms(ev: Eviction) -> _Forms:
+    after, num, den = ev.switch_after, ev.switch_num, ev.switch_den
+
+    def kept(pos: int) -> int:
+        return pos if pos <= after else -(-(pos * num) // den)
+
+    def kept_range(pos: np.ndarray) -> np.ndarray:
+        return np.where(pos <= after, pos, -(-(pos * num) // den)).astype(np.int64)
+
+    return kept, kept_range
+
+
+def _window_forms(ev: Eviction) -> _Forms:
+    w, layers = ev.window_tokens, ev.kv_layers
+    full, w_part = layers - ev.window_layers, ev.window_layers * w
+
+    def kept(pos: int) -> int:
+        return pos if pos <= w else -(-(full * pos + w_part) // layers)
+
+    def kept_range(pos: np.ndarray) -> np.ndarray:
+        return np.where(pos <= w, pos, -(-(full * pos + w_part) // layers)).astype(np.int64)
+
+    return kept, kept_range
+
+
+def _scored_forms(ev: Eviction) -> _Forms:
+    """H2O and attention entropy: the same closed form, each with its share."""
+    rec, share, cap = ev.recent_tokens, ev.share, ev.budget_tokens
+    if cap:
+
+        def kept(pos: int) -> int:
+            k = rec + ceil(share * pos)
+            if k > cap:
+                k = cap
+            return pos if pos < k else k
+
+    else:
+
+        def kept(pos: int) -> int:  # (no cap to compare with)
+            k = rec + ceil(share * pos)
+            return pos if pos < k else k
+
+    def kept_range(pos: np.ndarray) -> np.ndarray:
+        out = np.ceil(share * pos).astype(np.int64)
+        out += rec
+        if cap:
+            np.minimum(out, cap, out=out)
+        np.minimum(pos, out, out=out)
+        return out
+
+    return kept, kept_range
+
+
+_FORMS: dict[EvictionKind, Callable[[Eviction], _Forms]] = {
+    EvictionKind.STREAMING: _streaming_forms,
+    EvictionKind.SWITCH: _switch_forms,
+    EvictionKind.WINDOW: _window_forms,
+    EvictionKind.H2O: _scored_forms,
+    EvictionKind.ENTROPY: _scored_forms,
+}
 
 
 def blocks_for(resident: int, block_size: int) -> int:

@@ -31,9 +31,13 @@ Verify windows (speculative decoding, `verify_window`): the accepted drafts of e
 are a pure function of (seed, request, step index), so each step's drafts, contexts and blocks are
 known in advance; see `verify_window` for its bounds.
 
+The block arithmetic of a window lives here, not in the KV cache manager: `blocks_needed_through`
+(the new blocks steps 0..j take) and its bisection for the last step that fits.
+
 A new mechanism starts by contributing a bound (one step is always correct), then a sharper one.
 A window returns its per-step work (the cached tokens the batch attends before each step), which
 the cost model prices in one call (`CostModel.step_times`).
+See docs/architecture.md for where windows sit in the engine.
 """
 
 from __future__ import annotations
@@ -82,17 +86,12 @@ def decode_window(
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
     if kv.eviction is not None and not kv.keeps_all(reqs, k):
         return _evicting_decode_window(reqs, kv, k, bound, avail, may_evict)
-    need = kv.blocks_needed_through(reqs, k - 1)
+    bs = kv.block_size
+    need = blocks_needed_through(reqs, k - 1, bs)
     if need > avail:
-        lo, hi = 0, k - 1  # step 0 always fits (its blocks are allocated); find the last j that fits
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if kv.blocks_needed_through(reqs, mid) <= avail:
-                lo = mid
-            else:
-                hi = mid - 1
-        k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
-        need = kv.blocks_needed_through(reqs, lo)
+        j = _last_fitting(reqs, k - 1, bs, 0, avail)
+        k, bound = j + 1, "free_blocks" if may_evict else "empty_blocks"
+        need = blocks_needed_through(reqs, j, bs)
     return DecodeWindow(k, len(reqs), sum_c + np.arange(k, dtype=np.int64) * len(reqs), bound, need)
 
 
@@ -247,55 +246,68 @@ def verify_window(
     nb = [r.num_blocks for r in reqs]
     sidx = [r.spec_steps for r in reqs]
     ids = [r.id for r in reqs]
-    avail = kv.num_empty_blocks
-    taken = 0
+    room = kv.num_empty_blocks
     ctx_s: list[list[int]] = []
     drafts_s: list[list[int]] = []
     tokens: list[int] = []
     accepted_s: list[list[int]] = []
     total0 = len(reqs) + sum(drafts0)
     bound = "max_steps"
-    m = len(reqs)
     for j in range(max_steps):
         d = [min(k, n - 1) for n in left]
         if j:
-            if steady_budget and m + sum(d) != total0:
+            if steady_budget and len(reqs) + sum(d) != total0:
                 bound = "budget"
                 break
-            new = 0
-            for i in range(m):
-                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
-                if need > 0:
-                    new += need
-            if taken + new > avail:
+            new = _verify_blocks(comp, d, nb, bs, room)
+            if new < 0:
                 bound = "empty_blocks"
                 break
-            taken += new
-            for i in range(m):
-                need = -(-(comp[i] + 1 + d[i]) // bs) - nb[i]
-                if need > 0:
-                    nb[i] += need
+            room -= new
         ctx_s.append(list(comp))
         drafts_s.append(d)
-        emitted = 0
-        finished = False
-        acc = [0] * m
-        for i in range(m):
-            e = 1
-            if d[i]:
-                acc[i] = spec.draw(ids[i], sidx[i], d[i])
-                e += acc[i]
-                sidx[i] += 1
-            comp[i] += e
-            left[i] -= e
-            emitted += e
-            finished = finished or left[i] <= 0
+        acc, emitted, finished = _verify_draws(spec, ids, sidx, d, comp, left)
         tokens.append(emitted)
         accepted_s.append(acc)
         if finished:
             bound = "outputs"
             break
     return VerifyWindow(len(tokens), ctx_s, drafts_s, accepted_s, tokens, bound)
+
+
+def _verify_blocks(comp: list[int], d: list[int], nb: list[int], bs: int, room: int) -> int:
+    """The blocks a verify step takes (each row its token and drafts `d` past `comp`), `nb` (blocks
+    held per row) grown by them; -1, nothing changed, when they exceed `room`."""
+    needs = [-(-(c + 1 + n) // bs) - b for c, n, b in zip(comp, d, nb, strict=True)]
+    new = sum(n for n in needs if n > 0)
+    if new > room:
+        return -1
+    for i, n in enumerate(needs):
+        if n > 0:
+            nb[i] += n
+    return new
+
+
+def _verify_draws(
+    spec: SpecDecoder, ids: list[int], sidx: list[int], d: list[int], comp: list[int], left: list[int]
+) -> tuple[list[int], int, bool]:
+    """One verify step's accepted drafts per row (`SpecDecoder.draw`, at each row's step index
+    `sidx`), with `comp` (computed) and `left` (output left) advanced by what each row emits.
+    Returns (accepted per row, tokens emitted, whether a row finished)."""
+    emitted = 0
+    finished = False
+    acc = [0] * len(d)
+    for i, n in enumerate(d):
+        e = 1
+        if n:
+            acc[i] = spec.draw(ids[i], sidx[i], n)
+            e += acc[i]
+            sidx[i] += 1
+        comp[i] += e
+        left[i] -= e
+        emitted += e
+        finished = finished or left[i] <= 0
+    return acc, emitted, finished
 
 
 def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
@@ -312,7 +324,7 @@ class MixedWindow:
     prefill_ctx: np.ndarray  # (num_steps,) int64: cached tokens of the prefilling request before step j
     num_sampling: np.ndarray  # (num_steps,) int64: LM-head rows (the prefill samples at its last chunk)
     bound: str
-    new_blocks: int = -1  # with eviction on: blocks its steps after the first take (-1: not computed)
+    new_blocks: int  # blocks its steps after the first take (more than the empty ones: it evicts)
     num_switched: int = 0  # format switch: decoding requests in the second format
     dec_switched_ctx: np.ndarray | None = None  # (num_steps,) their part of dec_sum_ctx (None: none)
 
@@ -326,7 +338,7 @@ def mixed_window(
     if out.admitted or out.preempted or len(out.prefill_reqs) != 1 or not out.last_is_prefill:
         return None
     p = out.prefill_reqs[0]
-    reqs = [*out.decode_reqs, p]  # the prefill last, as `KVCacheManager.blocks_needed_through` takes it
+    reqs = [*out.decode_reqs, p]  # the prefill last, as `blocks_needed_through` takes it
     n = len(reqs)
     chunk = out.prefill_new[0]
     c_p = out.prefill_ctx[0]
@@ -358,20 +370,46 @@ def mixed_window(
     avail = kv.num_free_blocks if may_evict else kv.num_empty_blocks
     if kv.eviction is not None:
         return _evicting_mixed_window(out, kv, k, bound, avail, may_evict)
-    if kv.blocks_needed_through(reqs, k - 1, chunk) > avail:
-        lo, hi = 0, k - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if kv.blocks_needed_through(reqs, mid, chunk) <= avail:
-                lo = mid
-            else:
-                hi = mid - 1
-        k, bound = lo + 1, "free_blocks" if may_evict else "empty_blocks"
+    bs = kv.block_size
+    need = blocks_needed_through(reqs, k - 1, bs, chunk)
+    if need > avail:
+        j = _last_fitting(reqs, k - 1, bs, chunk, avail)
+        k, bound = j + 1, "free_blocks" if may_evict else "empty_blocks"
         if k < 2:
             return None
+        need = blocks_needed_through(reqs, j, bs, chunk)
     steps = np.arange(k, dtype=np.int64)
     prefill_ctx = c_p + steps * chunk
     sampling = np.full(k, m, dtype=np.int64)
     if c_p + k * chunk == p.num_tokens:
         sampling[-1] += 1
-    return MixedWindow(k, m, chunk, sum_c + steps * m, prefill_ctx, sampling, bound)
+    return MixedWindow(k, m, chunk, sum_c + steps * m, prefill_ctx, sampling, bound, need)
+
+
+def blocks_needed_through(reqs: list[Request], j: int, block_size: int, chunk: int = 0) -> int:
+    """New blocks the requests need to run steps 0..j of a window (step 0's are already held):
+    one token per step each, but the last request `chunk` tokens per step when `chunk` > 0."""
+    bs = block_size
+    total = 0
+    for r in reqs:
+        n = -(-(r.num_computed + j + 1) // bs) - r.num_blocks
+        if n > 0:
+            total += n
+    if chunk:
+        last = reqs[-1]
+        total -= max(0, -(-(last.num_computed + j + 1) // bs) - last.num_blocks)
+        total += max(0, -(-(last.num_computed + (j + 1) * chunk) // bs) - last.num_blocks)
+    return total
+
+
+def _last_fitting(reqs: list[Request], top: int, block_size: int, chunk: int, avail: int) -> int:
+    """The last step j <= `top` through which the window's new blocks fit in `avail` (step 0
+    always fits: its blocks are allocated), by bisection (the blocks needed grow with j)."""
+    lo, hi = 0, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if blocks_needed_through(reqs, mid, block_size, chunk) <= avail:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

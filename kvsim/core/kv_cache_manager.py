@@ -21,7 +21,11 @@ as `BlockRun`s with their tier. A request's blocks all live in HBM: entries a lo
 (`finish_loading`). Resident tokens equal computed tokens while no token is evicted.
 
 The manager also keeps the memory peaks (noted after every allocation, before any release) and
-hands the scheduler's step count to the pool as its last-access stamp (`set_step`).
+hands the scheduler's step count to the pool as its last-access stamp (`set_step`). Token eviction
+(`kvsim.core.eviction`) is applied here at step ends (`apply_evictions`, `_trim`). Planning a window
+of steps (how many fit: `kvsim.core.horizon`) reads the manager from outside; `keeps_all` and
+`decode_plan` (with the plan it caches) remain here because `grow_decode` reads them.
+See docs/architecture.md for where the manager sits.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate, chain
-from math import ceil
 
 import numpy as np
 
@@ -133,21 +136,6 @@ class KVCacheManager:
         """New blocks a running request needs to hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size) - req.num_blocks
 
-    def blocks_needed_through(self, reqs: list[Request], j: int, chunk: int = 0) -> int:
-        """New blocks the requests need to run steps 0..j of a window (step 0's are already held):
-        one token per step each, but the last request `chunk` tokens per step when `chunk` > 0."""
-        bs = self.block_size
-        total = 0
-        for r in reqs:
-            n = -(-(r.num_computed + j + 1) // bs) - r.num_blocks
-            if n > 0:
-                total += n
-        if chunk:
-            last = reqs[-1]
-            total -= max(0, -(-(last.num_computed + j + 1) // bs) - last.num_blocks)
-            total += max(0, -(-(last.num_computed + (j + 1) * chunk) // bs) - last.num_blocks)
-        return total
-
     def block_table(self, req: Request) -> list[BlockRun]:
         cum = req.key_cum
         runs = [BlockRun(k, cum[i + 1] - cum[i]) for i, k in enumerate(req.held_keys)]
@@ -181,83 +169,39 @@ class KVCacheManager:
         ev = self.eviction
         if ev is None:
             return
-        pool = self.pool
-        used, num = pool.num_used, pool.num_blocks
-        prev = self.evict_active
-        active = ev.active(used, num)
+        used, num = self.pool.num_used, self.pool.num_blocks
+        multi = steps > 1 and self.evict_active  # after a window whose steps evicted (at a budget)
+        active = self.evict_active = ev.active(used, num)
         release = ev.releases(used, num)
-        self.evict_active = active
-        bs = self.block_size
-        short = ev.keeps_all_up_to
-        kept = ev.kept
-        evicted = 0
-        # `Eviction.kept` inlined for the loop below (the same arithmetic; it runs for every
-        # decoding request at every step end)
-        streaming = ev.kind is EvictionKind.STREAMING
-        sliding = ev.kind is EvictionKind.WINDOW
-        switching = ev.kind is EvictionKind.SWITCH
-        sw_after, sw_num, sw_den = ev.switch_after, ev.switch_num, ev.switch_den
-        window, rec, ratio, cap = (
-            ev.sink_tokens + ev.recent_tokens,
-            ev.recent_tokens,
-            ev.share,  # h2o's heavy_ratio, entropy's keep_ratio (the same closed form)
-            ev.budget_tokens,
-        )
-        w_tok, w_layers, layers = ev.window_tokens, ev.window_layers, ev.kv_layers
-        w_part = w_layers * w_tok
-        full = layers - w_layers
-        multi = steps > 1 and prev  # after a window whose steps evicted (a request at its budget)
         # Steady to the end, the common case (under physical release a sequence at its budget holds
         # no block beyond what its kept tokens need): one look-up.
         steady = active and (not release or ev.pages is PagePolicy.PHYSICAL)
+        bs, short, kept = self.block_size, ev.keeps_all_up_to, ev.kept_fn
+        sliding = ev.kind is EvictionKind.WINDOW
+        evicted = 0
         for r in reqs:
             c = r.num_computed
             if r.num_tokens - c != 1 or not r.num_generated:
                 # Still prefilling (or recomputing): eviction starts after the prompt; a window
                 # frees the blocks its chunks leave behind (its next chunk fills their slots).
-                if sliding and c > short and c - r.evicted > (kc := -(-(full * c + w_part) // layers)):
+                if sliding and c > short and c - r.evicted > (kc := kept(c)):
                     self._trim(r, kc, True)
                 continue
             e = r.evicted
             if c <= short and not e:
                 continue  # it keeps every token and holds no block beyond them: nothing to do
             res = c - e
-            if streaming:  # kept(c), inlined
-                kc = c if c < window else window
-            elif sliding:
-                kc = c if c <= w_tok else -(-(full * c + w_part) // layers)
-            elif switching:
-                kc = c if c <= sw_after else -(-(c * sw_num) // sw_den)
-            else:  # h2o, entropy
-                kc = rec + ceil(ratio * c)
-                if cap and kc > cap:
-                    kc = cap
-                if kc > c:
-                    kc = c
-            if multi and e:
-                p = c - steps  # kept(p), inlined: was it at its budget when the window began?
-                if streaming:
-                    kp = p if p < window else window
-                elif sliding:
-                    kp = p if p <= w_tok else -(-(full * p + w_part) // layers)
-                elif switching:
-                    kp = p if p <= sw_after else -(-(p * sw_num) // sw_den)
-                else:  # h2o, entropy
-                    kp = rec + ceil(ratio * p)
-                    if cap and kp > cap:
-                        kp = cap
-                    if kp > p:
-                        kp = p
-                if res - steps == kp:  # at its budget
-                    if steady:
-                        evicted += res - kc
-                        r.evicted = c - kc
-                        continue
-                    m = (res - 1) - kept(c - 1)  # the window's steady evictions
-                    e += m
-                    r.evicted = e
-                    evicted += m
-                    res -= m
+            kc = kept(c)
+            if multi and e and res - steps == kept(c - steps):  # at its budget when the window began
+                if steady:
+                    evicted += res - kc
+                    r.evicted = c - kc
+                    continue
+                m = (res - 1) - kept(c - 1)  # the window's steady evictions
+                e += m
+                r.evicted = e
+                evicted += m
+                res -= m
             if not active:
                 kc = res
             target = res if res < kc else kc
@@ -278,7 +222,7 @@ class KVCacheManager:
         ev = self.eviction
         if ev is None or steps < 2 or not self.evict_active:
             return
-        kept = ev.kept
+        kept = ev.kept_fn
         for r in reqs:
             c = r.num_computed
             res = c - r.evicted
@@ -376,19 +320,26 @@ class KVCacheManager:
         """Take a waiting request's first `num_hits` cache entries and the blocks for its next
         `num_new_tokens` tokens; False (nothing changed) when they do not fit."""
         bs = self.block_size
-        pool = self.pool
         held_blocks = req.key_cum[num_hits] if req.keys else 0
         computed = min(held_blocks, (req.num_tokens - 1) // bs) * bs
         need = max(0, -(-(computed + num_new_tokens) // bs) - held_blocks)
-        hit_keys = req.keys[:num_hits]
-        if need + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+        if not self._take_hits(req, num_hits, need):
             return False
-        pool.acquire_cached(hit_keys)
-        pool.allocate(need)
-        req.held_keys = hit_keys
-        req.num_private = need
         req.num_blocks = held_blocks + need
         req.num_computed = computed
+        return True
+
+    def _take_hits(self, req: Request, num_hits: int, private: int) -> bool:
+        """A waiting request takes its first `num_hits` cache entries and `private` new blocks after
+        them; False (nothing changed) when they do not fit."""
+        pool = self.pool
+        hit_keys = req.keys[:num_hits]
+        if private + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+            return False
+        pool.acquire_cached(hit_keys)
+        pool.allocate(private)
+        req.held_keys = hit_keys
+        req.num_private = private
         return True
 
     # ---- loads from a lower tier (kvsim.core.tiers) -----------------------------------------------
@@ -396,16 +347,9 @@ class KVCacheManager:
         """Take a waiting request's first `num_hits` cache entries and reserve private blocks for
         the next `num_load` entries, which a transfer from a lower tier will fill; False (nothing
         changed) when they do not fit. The blocks for its new tokens come when it runs."""
-        pool = self.pool
         cum = req.key_cum
-        load = cum[num_hits + num_load] - cum[num_hits]
-        hit_keys = req.keys[:num_hits]
-        if load + pool.unreferenced_blocks(hit_keys) > pool.free + pool.lru_blocks + pool.pinned_blocks:
+        if not self._take_hits(req, num_hits, cum[num_hits + num_load] - cum[num_hits]):
             return False
-        pool.acquire_cached(hit_keys)
-        pool.allocate(load)
-        req.held_keys = hit_keys
-        req.num_private = load
         req.num_blocks = cum[num_hits + num_load]
         return True
 

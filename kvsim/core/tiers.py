@@ -150,44 +150,29 @@ class HostTier:
         self._enter(k, f + 1, f)  # before leaving f, so that f is still in the list to link after
         self._leave(k, f)
 
+    def _drop_lfu(self) -> tuple[int, int]:
+        """Take out LFU's victim, the oldest entry of the lowest count's bucket: (key, blocks)."""
+        nxt = self._next
+        f = nxt[0]
+        b = self._bucket[f]
+        old, _ = b.popitem(last=False)
+        if not b:  # (`_leave`, inlined: one call per victim)
+            del self._bucket[f]
+            n = nxt.pop(f)
+            del self._prev[f]
+            nxt[0] = n
+            self._prev[n] = 0
+        del self.uses[old]
+        return old, self.entries.pop(old)
+
     def insert(self, keys: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
         """Copy entries in (those present are only touched). Returns (key, blocks) of the entries
-        newly inserted, the ones a transfer must move; an entry larger than the tier is skipped."""
-        if self.lfu:
-            return self._insert_lfu(keys, sizes)
+        newly inserted, the ones a transfer must move; an entry larger than the tier is skipped.
+        The victim is the least recently used entry, or under LFU the oldest of the lowest count's
+        bucket (a new entry joins the bucket of count one)."""
         entries = self.entries
         cap = self.capacity_blocks
-        new: list[tuple[int, int]] = []
-        dropped: list[int] = []
-        dropped_sizes: list[int] = []
-        self.last_dropped = dropped
-        self.last_dropped_sizes = dropped_sizes
-        for k, s in zip(keys, sizes, strict=True):
-            if k in entries:
-                entries.move_to_end(k)
-                continue
-            if s > cap:
-                continue
-            while self.used_blocks + s > cap:
-                old, size = entries.popitem(last=False)
-                dropped.append(old)
-                dropped_sizes.append(size)
-                self.used_blocks -= size
-                self.stats.dropped_blocks += size
-            entries[k] = s
-            self.used_blocks += s
-            new.append((k, s))
-        if new:
-            self.stats.inserted_blocks += sum(s for _, s in new)
-            if self.used_blocks > self.stats.peak_blocks:
-                self.stats.peak_blocks = self.used_blocks
-        return new
-
-    def _insert_lfu(self, keys: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
-        """`insert` under LFU: the victim is the oldest entry of the lowest count's bucket; a new
-        entry joins the bucket of count one (the hot paths of `_use` and `_leave` inlined)."""
-        entries, uses, bucket, nxt, prv = self.entries, self.uses, self._bucket, self._next, self._prev
-        cap = self.capacity_blocks
+        lfu = self.lfu
         used = self.used_blocks
         new: list[tuple[int, int]] = []
         dropped: list[int] = []
@@ -196,32 +181,21 @@ class HostTier:
         self.last_dropped_sizes = dropped_sizes
         for k, s in zip(keys, sizes, strict=True):
             if k in entries:
-                self._use(k)
+                if lfu:
+                    self._use(k)
+                else:
+                    entries.move_to_end(k)
                 continue
             if s > cap:
                 continue
             while used + s > cap:
-                f = nxt[0]
-                b = bucket[f]
-                old, _ = b.popitem(last=False)
-                if not b:
-                    del bucket[f]
-                    n = nxt.pop(f)
-                    del prv[f]
-                    nxt[0] = n
-                    prv[n] = 0
-                del uses[old]
-                size = entries.pop(old)
+                old, size = self._drop_lfu() if lfu else entries.popitem(last=False)
                 dropped.append(old)
                 dropped_sizes.append(size)
                 used -= size
             entries[k] = s
-            uses[k] = 1
-            b1 = bucket.get(1)
-            if b1 is None:
-                b1 = bucket[1] = OrderedDict()
-                self._link_after(0, 1)
-            b1[k] = None
+            if lfu:
+                self._enter(k, 1, 0)
             used += s
             new.append((k, s))
         self.used_blocks = used

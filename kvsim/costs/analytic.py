@@ -165,18 +165,7 @@ class AnalyticCostModel(StepCostModel):
         self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
         self.name = self.fit.label if self.fit else PUBLISHED_LABEL
         self.overhead_s = self.eff.step_overhead_s
-        # fp8 KV: the fitted speed-up and prefill factor where the GPU's tables measured them.
-        self.speedup = dict(self.eff.format_decode_speedup)
-        fp8_prefill = 1.0
-        if self.fit is not None and self.fit.fp8_decode_speedup is not None:
-            self.speedup["fp8_e4m3"] = self.fit.fp8_decode_speedup
-        if self.fit is not None and self.fit.fp8_prefill_factor is not None:
-            fp8_prefill = self.fit.fp8_prefill_factor
-        # Prefill attention's time factor: each part of the cache's formats at its share.
-        self.prefill_format_factor = sum(
-            share * (fp8_prefill if f.kind.value == "fp8_e4m3" else 1.0)
-            for f, share in format_parts(fmt, mix)
-        )
+        self._init_formats(fmt, mix)
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
@@ -209,53 +198,79 @@ class AnalyticCostModel(StepCostModel):
                 self.outlier_s_per_token += share * self.outlier_merge_s(f)
         self.decode_attn_flops_s_per_token = w.decode_attn_flops_per_pair / (gpu.bf16_flops * d.e_flops)
         self.eviction = eviction
+        self._init_eviction(eviction)
+        e = self.eff
+        self.write_s_per_token = max(
+            w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
+            w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
+        )
+        self._init_switch(switch)
+        self.gather = block_gather_factor(block_size)  # a prefill's paged KV reads, per token
+        # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
+        self.link_bw = topology.nvlink.bw_bytes_per_s
+
+    def _init_formats(self, fmt: KVFormat, mix: FormatMix | None) -> None:
+        """fp8 KV: the fitted speed-up and prefill factor where the GPU's tables measured them."""
+        self.speedup = dict(self.eff.format_decode_speedup)
+        fp8_prefill = 1.0
+        if self.fit is not None and self.fit.fp8_decode_speedup is not None:
+            self.speedup["fp8_e4m3"] = self.fit.fp8_decode_speedup
+        if self.fit is not None and self.fit.fp8_prefill_factor is not None:
+            fp8_prefill = self.fit.fp8_prefill_factor
+        # Prefill attention's time factor: each part of the cache's formats at its share.
+        self.prefill_format_factor = sum(
+            share * (fp8_prefill if f.kind.value == "fp8_e4m3" else 1.0)
+            for f, share in format_parts(fmt, mix)
+        )
+
+    def _init_eviction(self, eviction: Eviction | None) -> None:
+        """Token eviction's per-token work: H2O's score accumulation or the entropy statistics, plus
+        the selection, per decode token and for the prompt."""
+        w, d, p, gpu = self.work, self.ops.decode_attn, self.ops.prefill_attn, self.gpu
         self.score_s_per_token = 0.0  # H2O score accumulation (or entropy statistics) + selection
         self.prefill_score = 0.0  # share of prefill attention added for the prompt's H2O scores
         self.prefill_entropy_s_per_pair = 0.0  # entropy: the prompt's statistics per attended pair
-        e = self.eff
         if eviction is not None and eviction.kind is EvictionKind.ENTROPY:
             sb, sf = w.entropy_stat_work_per_token()
-            vector = gpu.bf16_flops * e.vector_flops_fraction
+            vector = gpu.bf16_flops * self.eff.vector_flops_fraction
             self.score_s_per_token = max(sb / (self.bw * d.e_max), sf / vector)
             self.prefill_entropy_s_per_pair = w.entropy_flops_per_pair / vector
         elif eviction is not None and eviction.scores():
             sb, sf = w.h2o_score_work_per_token()
             self.score_s_per_token = max(sb / (self.bw * d.e_max), sf / (gpu.bf16_flops * p.e_max))
             self.prefill_score = 0.5
-        self.write_s_per_token = max(
-            w.quant_write_bytes_per_token / (self.bw * e.kv_write_bw),
-            w.quant_write_flops_per_token / (gpu.bf16_flops * e.vector_flops_fraction),
-        )
-        # A format switch: a switched sequence's decode reads its tokens at the second format's
-        # speed-up (per first-format token slot: times b1 / b2 tokens), writes its new tokens in it,
-        # and its crossing reads every token in the first format and writes it in the second.
+
+    def _init_switch(self, switch: FormatSwitch | None) -> None:
+        """A format switch: a switched sequence's decode reads its tokens at the second format's
+        speed-up (per first-format token slot: times b1 / b2 tokens), writes its new tokens in it,
+        and its crossing reads every token in the first format and writes it in the second."""
         self.switch_s_per_slot = 0.0
         self.switch_outlier_s_per_slot = 0.0
         self.switch_flops_s_per_slot = 0.0
         self.switch_write_s_per_token = 0.0
         self.requant_bytes_per_token = 0.0
         self.requant_flops_per_token = 0.0
-        if switch is not None:
-            f2 = switch.format
-            slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
-            speed = self.speedup.get(f2.kind.value, 1.0)
-            self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / speed
-            ob, _ = outlier_read_work_per_token(m, f2, tp)
-            if ob:  # kvquant4 as the second format: its outlier path, as above
-                self.switch_s_per_slot += slots * ob / (self.bw * d.e_max)
-                self.switch_outlier_s_per_slot = slots * self.outlier_merge_s(f2)
-            self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
-            qb, qf = quant_write_work_per_token(m, f2, tp, None)
-            self.switch_write_s_per_token = max(
-                qb / (self.bw * self.eff.kv_write_bw),
-                qf / (gpu.bf16_flops * self.eff.vector_flops_fraction),
-            )
-            self.requant_bytes_per_token, self.requant_flops_per_token = requant_work_per_token(
-                m, fmt, f2, tp
-            )
-        self.gather = block_gather_factor(block_size)  # a prefill's paged KV reads, per token
-        # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
-        self.link_bw = topology.nvlink.bw_bytes_per_s
+        if switch is None:
+            return
+        m, w, tp, gpu = self.model, self.work, self.tp, self.gpu
+        f2 = switch.format
+        slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
+        speed = self.speedup.get(f2.kind.value, 1.0)
+        e_max = self.ops.decode_attn.e_max
+        self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * e_max) / speed
+        ob, _ = outlier_read_work_per_token(m, f2, tp)
+        if ob:  # kvquant4 as the second format: its outlier path, as for the first
+            self.switch_s_per_slot += slots * ob / (self.bw * e_max)
+            self.switch_outlier_s_per_slot = slots * self.outlier_merge_s(f2)
+        self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
+        qb, qf = quant_write_work_per_token(m, f2, tp, None)
+        self.switch_write_s_per_token = max(
+            qb / (self.bw * self.eff.kv_write_bw),
+            qf / (gpu.bf16_flops * self.eff.vector_flops_fraction),
+        )
+        self.requant_bytes_per_token, self.requant_flops_per_token = requant_work_per_token(
+            m, self.fmt, f2, tp
+        )
 
     def outlier_merge_s(self, fmt: KVFormat) -> float:
         """Seconds per cached token that attention spends merging kvquant4's outliers into the

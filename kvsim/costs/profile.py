@@ -198,6 +198,16 @@ def _rate(pt: dict[str, Any], work_key: str) -> float:
     return float(pt[work_key]) / float(pt["t_p50"])
 
 
+def _batch_row(tab: RateTable, num_seqs: int) -> tuple[np.ndarray, bool]:
+    """log(rate) over the second axis of a batch x context table at batch size `num_seqs`
+    (interpolated in log batch), and whether that batch size is off the table's grid."""
+    i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
+    lo = int(i[0])
+    hi = min(lo + 1, len(tab.axes[0]) - 1)
+    row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
+    return row, bool(out[0])
+
+
 # ---- the cost model -----------------------------------------------------------------------------
 class ProfileCostModel(StepCostModel):
     """`CostModel` from a validated profile, for one model / TP / KV format."""
@@ -241,23 +251,37 @@ class ProfileCostModel(StepCostModel):
                 raise KvsimError(
                     "missing op (re-run the calibrator with it)", source=source, path=f"ops.{op}"
                 )
-        m = model
-        self._gemm_nk = TPShapes.of(m, tp).gemm_nk  # per-GPU (n, k) of each layer's GEMM; FLOPs = 2 m n k
+        self._init_gemm(ops)
+        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(model, tp)
+        # One (format, share of cached vectors) part per format of the cache (two with a mix), each
+        # priced at its own measured rates.
+        parts = format_parts(fmt, mix)
+        self._init_attention(ops, parts)
+        self._init_switch(ops)
+        self._init_kv_ops(ops, parts)
+        self._init_step_ops(ops, parts)
+        self._init_copy(ops)
+        if tp > 1:
+            self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
+
+    def _init_gemm(self, ops: dict[str, Any]) -> None:
+        """Each layer's GEMM rates by rows (and the LM head's)."""
+        self._gemm_nk = TPShapes.of(self.model, self.tp).gemm_nk  # per-GPU (n, k) per GEMM: 2 m n k FLOPs
         self._gemm: dict[str, RateTable] = {}
         for layer in (*GEMM_LAYERS, "lm_head"):
             pts = [p for p in ops["gemm"]["points"] if p.get("layer") == layer]
             if not pts:
-                raise KvsimError(f"no points for layer {layer!r}", source=source, path="ops.gemm")
+                raise KvsimError(f"no points for layer {layer!r}", source=self.source, path="ops.gemm")
             self._gemm[layer] = RateTable.build(
-                "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], source
+                "gemm", [(p["m"],) for p in pts], [_rate(p, "flops") for p in pts], self.source
             )
-        self.attn_flops_per_pair_layer = attn_flops_per_pair_layer(m, tp)
-        # One (format, share of cached vectors) part per format of the cache (two with a mix), each
-        # priced at its own measured rates.
-        parts = format_parts(fmt, mix)
+
+    def _init_attention(self, ops: dict[str, Any], parts: list[tuple[KVFormat, float]]) -> None:
+        """Decode and prefill attention's rates, one table per format part of the cache."""
+        m, tp = self.model, self.tp
         self._shares = [share for _, share in parts]
         self._part_bytes_layer = [share * kv_bytes_per_token_layer_gpu(m, f, tp) for f, share in parts]
-        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, fmt, tp, mix)
+        self.kv_bytes_per_token_layer = kv_bytes_per_token_layer_gpu(m, self.fmt, tp, self.mix)
         self._decodes = [
             self._by_format(ops, "paged_decode", ("batch", "context"), "bytes", f) for f, _ in parts
         ]
@@ -279,36 +303,36 @@ class ProfileCostModel(StepCostModel):
         self._best_prefill_rate = [float(np.exp(tab.log_rate.max())) for tab in self._prefills]
         # Bytes per cached token and layer of each part's format, at share 1 (`_prefill_part`).
         self._bytes_layer = [kv_bytes_per_token_layer_gpu(m, f, tp) for f, _ in parts]
-        # A format switch: switched sequences decode at the second format's measured rates (a
-        # profile without that format is refused unless forced, as for kv.format).
-        sw = analytic.switch
+
+    def _init_switch(self, ops: dict[str, Any]) -> None:
+        """A format switch: switched sequences decode at the second format's measured rates (a
+        profile without that format is refused unless forced, as for kv.format)."""
+        sw = self.analytic.switch
         self._switch_decode: RateTable | None = None
         self._switch_outlier_s = 0.0  # per switched token read, as `_outlier_s_per_token`
         self._switch_bytes_layer = 0.0
         self._switch_tokens_per_slot = 1.0
-        if sw is not None:
-            self._switch_decode = self._by_format(
-                ops, "paged_decode", ("batch", "context"), "bytes", sw.format
-            )
-            self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(m, sw.format, tp)
-            if sw.format.kind is FormatKind.KVQUANT4:
-                self._switch_outlier_s = self._outlier_adjust_s("paged_decode", sw.format)
-            self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
-            self._notes.append(
-                "profile: the format switch's re-quantization is not measured; analytic estimate used"
-            )
-        self._init_kv_ops(ops, parts)
-        self._init_step_ops(ops, parts)
+        if sw is None:
+            return
+        self._switch_decode = self._by_format(ops, "paged_decode", ("batch", "context"), "bytes", sw.format)
+        self._switch_bytes_layer = kv_bytes_per_token_layer_gpu(self.model, sw.format, self.tp)
+        if sw.format.kind is FormatKind.KVQUANT4:
+            self._switch_outlier_s = self._outlier_adjust_s("paged_decode", sw.format)
+        self._switch_tokens_per_slot = self.kv_bytes_per_token_layer / self._switch_bytes_layer
+        self._notes.append(
+            "profile: the format switch's re-quantization is not measured; analytic estimate used"
+        )
+
+    def _init_copy(self, ops: dict[str, Any]) -> None:
+        """Copy rates by bytes, per link (the optional ``copy`` op)."""
         self._copy: dict[str, RateTable] = {}
-        if "copy" in ops:
-            links = sorted({p.get("link") for p in ops["copy"]["points"]})
-            for link in links:
-                pts = [p for p in ops["copy"]["points"] if p.get("link") == link]
-                self._copy[link] = RateTable.build(
-                    "copy", [(p["nbytes"],) for p in pts], [_rate(p, "bytes") for p in pts], source
-                )
-        if tp > 1:
-            self._notes.append("profile: tensor-parallel all-reduce is not measured; analytic estimate used")
+        if "copy" not in ops:
+            return
+        for link in sorted({p.get("link") for p in ops["copy"]["points"]}):
+            pts = [p for p in ops["copy"]["points"] if p.get("link") == link]
+            self._copy[link] = RateTable.build(
+                "copy", [(p["nbytes"],) for p in pts], [_rate(p, "bytes") for p in pts], self.source
+            )
 
     def _by_format(
         self, ops: dict[str, Any], op: str, axes: tuple[str, ...], work: str, fmt: KVFormat
@@ -616,12 +640,7 @@ class ProfileCostModel(StepCostModel):
         key = num_seqs if not part else -num_seqs
         hit = self._decode_rows.get(key)
         if hit is None:
-            tab = self._decodes[part]
-            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
-            lo = int(i[0])
-            hi = min(lo + 1, len(tab.axes[0]) - 1)
-            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
-            hit = self._decode_rows[key] = (row, bool(out[0]))
+            hit = self._decode_rows[key] = _batch_row(self._decodes[part], num_seqs)
         return hit
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
@@ -655,11 +674,7 @@ class ProfileCostModel(StepCostModel):
         key = (op, part, num_seqs)
         hit = self._kv_rows.get(key)
         if hit is None:
-            i, w, out = _axis_weights(tab.axes[0], np.array([math.log(num_seqs)]))
-            lo = int(i[0])
-            hi = min(lo + 1, len(tab.axes[0]) - 1)
-            row = (1.0 - w[0]) * tab.log_rate[lo] + w[0] * tab.log_rate[hi]
-            hit = self._kv_rows[key] = (row, bool(out[0]))
+            hit = self._kv_rows[key] = _batch_row(tab, num_seqs)
         return hit
 
     def _score_time(self, num_seqs: int, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import simpy
 
-from kvsim.core.horizon import VerifyWindow, decode_window, mixed_window, steps_before, verify_window
+from kvsim.core.horizon import (
+    VerifyWindow,
+    blocks_needed_through,
+    decode_window,
+    mixed_window,
+    steps_before,
+    verify_window,
+)
 from kvsim.core.request import Request
 from kvsim.core.sched.output import SchedulerOutput, SeqKind
 from kvsim.core.sched.scheduler import Scheduler
@@ -596,7 +603,7 @@ class Replica:
         tok0 = len(plan.decode_reqs) + sum(plan.prefill_new)
         reqs = list(running)  # all decoding now, in running order: the next schedule's rows
         part = SchedulerOutput(decode_reqs=reqs, decode_ctx=[r.num_computed for r in reqs])
-        if kv.blocks_needed_through(reqs, 0) > kv.num_empty_blocks:
+        if blocks_needed_through(reqs, 0, kv.block_size) > kv.num_empty_blocks:
             dw = None  # the next step's blocks do not fit in the empty ones: it is scheduled alone
         else:
             dw = decode_window(part, kv, MAX_FF_STEPS - 1, may_evict=False)
@@ -691,11 +698,7 @@ class Replica:
 
             reqs = [*plan.decode_reqs, p]
             chunk, tokens = mw.chunk, mw.num_decode + mw.chunk
-            need = (
-                mw.new_blocks
-                if mw.new_blocks >= 0
-                else kv.blocks_needed_through(reqs, mw.num_steps - 1, chunk)
-            )
+            need = mw.new_blocks
             evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
         ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()

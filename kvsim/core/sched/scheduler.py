@@ -1,13 +1,15 @@
 """The scheduler's batch decision, vLLM-v1 style, with no clock in it.
 
-Each step: running requests first, in order, each asking for its remaining tokens (one while
-decoding, a chunk while prefilling) within the token budget; when blocks run out the newest running
-request is preempted (recompute: its blocks are released and it rejoins the front of the queue,
-to recompute prompt and generated tokens, re-using whatever its prompt left in the prefix cache).
-Then, if nothing was preempted, waiting requests are admitted first-come-first-served while the
-request cap, the token budget and free blocks allow; an admitted request first takes its prefix-
-cache hits (at least one token is always computed, as in vLLM). A request samples a token when
-its computed tokens reach its token count; the first sampled token is its first token.
+Each step (`schedule`): running requests first, in order, each asking for its remaining tokens
+(one while decoding, a chunk while prefilling) within the token budget; when blocks run out the
+newest running request is preempted (recompute: its blocks are released and it rejoins the front
+of the queue, to recompute prompt and generated tokens, re-using whatever its prompt left in the
+prefix cache: `_schedule_running`, `_take`). Then, if nothing was preempted, swapped-out requests
+come back (`_swap_in`, below) and waiting requests are admitted first-come-first-served while the
+request cap, the token budget and free blocks allow (`_admit_waiting`); an admitted request first
+takes its prefix-cache hits (at least one token is always computed, as in vLLM). A request samples
+a token when its computed tokens reach its token count; the first sampled token is its first
+token. See docs/architecture.md for the scheduler's place in a replica.
 
 Prefix caching follows vLLM v1: the full blocks a step will compute are registered when the step
 is scheduled (so a request admitted while another prefills the same prefix hits it, in the same
@@ -145,14 +147,30 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def schedule(self) -> SchedulerOutput:
+        """The next step's batch: the running requests first (`_schedule_running`, which may preempt),
+        then, if none was preempted, swapped-out requests back in (`_swap_in`) and waiting ones
+        admitted (`_admit_waiting`) within what is left of the token budget."""
         out = SchedulerOutput()
         kv = self.kv
         kv.set_step(self.num_steps)
+        budget = self._schedule_running(out)
+        if not out.preempted:
+            if self.swapped:
+                self._swap_in()
+            if not self.swapped and self.waiting and budget > 0:
+                self._admit_waiting(out, budget)
+        kv.note_peak()
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        """The running requests in order, each its next tokens within the token budget: one while
+        decoding, its last token and drafts in a verify row (speculative decoding), a chunk while
+        prefilling; when blocks run out the newest are preempted (`_take`). Returns the budget
+        left."""
+        kv = self.kv
         budget = self.max_batched_tokens
         running = self.running
         add_dec, add_dec_ctx = out.decode_reqs.append, out.decode_ctx.append
-        add_pre, add_new, add_ctx = out.prefill_reqs.append, out.prefill_new.append, out.prefill_ctx.append
-        add_smp = out.prefill_sampling.append
         bs = self.block_size
         spec = self.spec
         # A format switch: decode rows past their crossing (evicted > 0) are in its second format.
@@ -164,16 +182,13 @@ class Scheduler:
             c = req.num_computed
             num_new = req.num_tokens - c
             drafts = 0
-            if num_new == 1 and req.num_generated > 0 and spec is not None:
-                # A verify step: its last token plus drafts, no more than its output or budget needs.
-                drafts = min(spec.k, req.output_len - req.num_generated - 1, budget - 1)
-            if drafts > 0:
-                decoding = False
-                num_new = 1 + drafts
-                need = -(-(c + num_new) // bs) - req.num_blocks
-            elif num_new == 1 and req.num_generated > 0:  # decoding: the common case, kept short
-                c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
-                if c < req.num_blocks * bs or kv.allocate_slots(req, 1):
+            if num_new == 1 and req.num_generated > 0:
+                if spec is not None:  # a verify step: no more drafts than its output or budget needs
+                    drafts = min(spec.k, req.output_len - req.num_generated - 1, budget - 1)
+                if not drafts:  # decoding: the common case, kept short
+                    c -= req.evicted  # attention and slots follow the resident tokens (0 evicted: all)
+                    if c >= req.num_blocks * bs and not self._take(req, 1, out):
+                        break
                     add_dec(req)
                     add_dec_ctx(c)
                     if switching and req.evicted:
@@ -183,65 +198,66 @@ class Scheduler:
                     budget -= 1
                     i += 1
                     continue
-                need = 1
-                decoding = True
+                num_new = 1 + drafts
+                need = -(-(c + num_new) // bs) - req.num_blocks
             else:
-                decoding = False
                 if num_new > budget:
                     num_new = budget
                 # kv.blocks_needed, inlined (hot loop); a window's chunk fills the slots it freed
                 need = -(-(c - req.evicted + num_new) // bs) - req.num_blocks
-            if need > 0 and not kv.allocate_slots(req, need):
-                kv.note_peak()  # memory is at its fullest just before a preemption
-                preempted_self = False
-                while True:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is req:
-                        preempted_self = True
-                        break
-                    if kv.allocate_slots(req, need):
-                        break
-                if preempted_self:
-                    break
-            if decoding:
-                add_dec(req)
-                add_dec_ctx(c)
-                if switching and req.evicted:
-                    out.decode_switched += 1
-                    out.decode_switched_ctx += c
-            elif drafts:
+            if need > 0 and not self._take(req, need, out):
+                break
+            if drafts:
                 out.verify_reqs.append(req)
                 out.verify_drafts.append(drafts)
                 out.verify_ctx.append(c)
-                decoding = True  # not a prefill row
+                last_is_prefill = False
             else:
                 if len(req.held_keys) < len(req.keys):
                     kv.cache_blocks(req, c + num_new)  # at schedule time, as vLLM's allocate_slots
-                add_pre(req)
-                add_new(num_new)
-                add_ctx(c)
-                add_smp(c + num_new == req.num_tokens)
-            last_is_prefill = not decoding
+                out.prefill_reqs.append(req)
+                out.prefill_new.append(num_new)
+                out.prefill_ctx.append(c)
+                out.prefill_sampling.append(c + num_new == req.num_tokens)
+                last_is_prefill = True
             budget -= num_new
             i += 1
         out.last_is_prefill = last_is_prefill
-        if out.preempted:
-            kv.note_peak()
-            return out
-        host = self.host
-        loading = self.loading
-        swapped = self.swapped
+        return budget
+
+    def _take(self, req: Request, need: int, out: SchedulerOutput) -> bool:
+        """`need` more blocks for running `req`, preempting the newest running requests until they
+        fit; False when `req` itself was preempted."""
+        kv = self.kv
+        if kv.allocate_slots(req, need):
+            return True
+        kv.note_peak()  # memory is at its fullest just before a preemption
+        running = self.running
+        while True:
+            victim = running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+            if kv.allocate_slots(req, need):
+                return True
+
+    def _swap_in(self) -> None:
+        """Swapped-out requests back in, the front of the queue first, while the request cap and the
+        blocks allow: their blocks are taken and they wait for KV while the copy back (listed in
+        `new_swaps`) runs."""
+        kv = self.kv
+        running, loading, swapped = self.running, self.loading, self.swapped
         while swapped and len(running) + len(loading) < self.max_num_seqs:
             req = swapped[0]
             blocks = self._swapped_blocks[req.id]
             # vLLM v0's swap-in watermark (BlockSpaceManager's watermark=0.01: 1% of the blocks stay
             # free after it), plus, kvsim's addition, the blocks of the request's own next step (a
-            # prefill chunk, one token, or a verify step's token and drafts), so it is not that step's victim: else a request swapped
-            # out mid-prefill ping-pongs between HBM and host without progress. The watermark is
-            # waived when nothing else runs or loads: no one else can free blocks, and a request
-            # admitted at all fits a replica alone (else it would wait forever).
+            # prefill chunk, one token, or a verify step's token and drafts), so it is not that
+            # step's victim: else a request swapped out mid-prefill ping-pongs between HBM and host
+            # without progress. The watermark is waived when nothing else runs or loads: no one else
+            # can free blocks, and a request admitted at all fits a replica alone (else it would
+            # wait forever).
             c = req.num_computed
             res = c - req.evicted  # its next step's slots follow its resident tokens
             step = min(req.num_tokens - c, self.max_batched_tokens)
@@ -259,15 +275,22 @@ class Scheduler:
             req.status = RequestStatus.WAITING_FOR_KV_TRANSFER
             loading.append((req, -1))
             self.new_swaps.append((req, blocks, False))
-        while not swapped and self.waiting and len(running) + len(loading) < self.max_num_seqs and budget > 0:
-            req = self.waiting[0]
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Waiting requests admitted first-come-first-served while the request cap, the token
+        `budget` and the blocks allow, each taking its prefix-cache hits first; one whose prefix
+        continues into entries a lower tier holds is admitted to load them instead (`new_loads`)."""
+        kv, host = self.kv, self.host
+        running, loading, waiting = self.running, self.loading, self.waiting
+        while waiting and len(running) + len(loading) < self.max_num_seqs and budget > 0:
+            req = waiting[0]
             hits, computed = kv.get_computed_blocks(req)
             if host is not None and req.keys:
                 n = self._host_hits(host, req, hits)
                 if n:
                     if not kv.admit_loading(req, hits, n):
                         break
-                    self.waiting.popleft()
+                    waiting.popleft()
                     req.status = RequestStatus.WAITING_FOR_KV_TRANSFER
                     host.touch(req.keys[hits : hits + n])
                     loading.append((req, n))
@@ -280,7 +303,7 @@ class Scheduler:
             if not kv.admit(req, hits, num_new):
                 out.waiting_blocked = True  # for blocks: as long as none is freed, it stays out
                 break
-            self.waiting.popleft()
+            waiting.popleft()
             self.outstanding_tokens -= computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
@@ -289,14 +312,12 @@ class Scheduler:
             out.admitted.append(req)
             if len(req.held_keys) < len(req.keys):
                 kv.cache_blocks(req, computed + num_new)
-            add_pre(req)
-            add_new(num_new)
-            add_ctx(computed)
-            add_smp(computed + num_new == req.num_tokens)
+            out.prefill_reqs.append(req)
+            out.prefill_new.append(num_new)
+            out.prefill_ctx.append(computed)
+            out.prefill_sampling.append(computed + num_new == req.num_tokens)
             out.last_is_prefill = True
             budget -= num_new
-        kv.note_peak()
-        return out
 
     def _host_hits(self, host: TierLookup, req: Request, hits: int) -> int:
         """Entries after the `hits` HBM ones that `host` holds and that let the request skip
