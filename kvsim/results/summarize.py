@@ -105,12 +105,16 @@ def run_summary(
     # sum of the gaps) does not depend on how windows grouped them.
     multi = [s for s in finished if s.output_len > 1]
     itl_tokens = sum(s.output_len - 1 for s in multi)
+    gap_values = np.concatenate([v for v, _ in pooled])
+    gap_counts = np.concatenate([c for _, c in pooled])
+    del pooled  # the replicas' copies: a long run's gaps are millions
     parts["itl_s"] = weighted_dist(
-        np.concatenate([v for v, _ in pooled]),
-        np.concatenate([c for _, c in pooled]),
+        gap_values,
+        gap_counts,
         percentiles,
         mean=math.fsum(s.finish_s - s.first_token_s for s in multi) / itl_tokens if itl_tokens else None,
     )
+    del gap_values, gap_counts
     parts["percentiles"] = percentiles
     counts: RequestCounts = parts["requests"]
     warnings = cost.warnings(frozenset().union(*(r.off_grid for r in replicas)))  # what ran

@@ -72,14 +72,22 @@ def weighted_dist(
     """`dist` of each value repeated its count of times (inter-token gaps a window shares); `mean`
     given: that one (ITL's, from the requests' spans, is the same however the gaps were grouped)."""
     keep = counts > 0
-    values, counts = values[keep], counts[keep]
+    if not keep.all():
+        values, counts = values[keep], counts[keep]
+    del keep
     if values.size == 0:
         return dist(values, percentiles)
+    if mean is None:
+        mean = float(np.dot(values, counts) / counts.sum())
+    # Token-weighted gaps of a long run number millions: no more arrays of their size at once than
+    # the inputs, the order and the two sorted ones (the cumulative counts summed in place).
     order = np.argsort(values, kind="stable")
-    v, cum = values[order], np.cumsum(counts[order])
+    v, cum = values[order], counts[order]
+    del order
+    np.cumsum(cum, out=cum)
     p50, p90, p99, p999 = (weighted_percentile(v, cum, q) for q in QUANTILES.values())
     return Distribution(
-        mean=float(np.dot(values, counts) / cum[-1]) if mean is None else mean,
+        mean=mean,
         p50=p50,
         p90=p90,
         p99=p99,
