@@ -22,7 +22,7 @@ from kvsim.costs.analytic_fit import (
     parse_fits,
     shipped_fits,
 )
-from kvsim.costs.base import ForwardBatch
+from kvsim.costs.base import ForwardBatch, StepRun
 from kvsim.errors import KvsimError
 from kvsim.run import make_cost_model, run_scenario
 from kvsim.spec.hardware import load_gpu
@@ -166,7 +166,7 @@ def test_fitted_pricing_stays_pure_and_vectorised_pricing_equals_price():
     for j, c in enumerate(ctx.tolist()):
         assert vec[j] == cm.price(ForwardBatch.decode((c - 2, 1, 1))).seconds
     pre_ctx, dec = np.array([0, 512, 4096]), np.array([900, 901, 902])
-    mixed = cm.mixed_step_times(2, dec, 256, pre_ctx, np.array([2, 3, 2]))
+    mixed = cm.step_times(StepRun.mixed(2, dec, 256, pre_ctx, np.array([2, 3, 2])))
     for j in range(3):
         from kvsim.costs.base import SeqKind
 

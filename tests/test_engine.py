@@ -334,5 +334,5 @@ def profile_under_load(*overrides: str) -> tuple[RunResult, RunResult]:
 
 def test_fast_forward_equals_stepping_with_the_profile_cost_model_under_load():
     # Mixed windows (decodes plus one full prefill chunk) priced by the measured profile's
-    # mixed_step_times must equal price().
+    # a mixed run of step_times must equal price().
     profile_under_load()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvsim.costs.analytic import AnalyticCostModel
-from kvsim.costs.base import ForwardBatch
+from kvsim.costs.base import ForwardBatch, StepRun
 from kvsim.costs.profile import ProfileCostModel, RateTable, load_profile_cost_model
 from kvsim.costs.profile_schema import gpu_matches, load_profile
 from kvsim.costs.work import attn_flops_per_pair_layer, causal_pairs
@@ -126,8 +126,8 @@ def test_extrapolation_holds_the_edge_rate_and_warns(tmp_path):
     outside = cm._decode_attn_time(8, np.array([8 * 4096 - 8.0]))[0]
     assert outside == pytest.approx(4 * inside, rel=1e-12)  # rate held, work x4
     assert cm.warnings() == []  # pricing a candidate step is not running it
-    assert cm.decode_off_grid(8, np.array([8 * 1024 - 8.0])) == frozenset()
-    ran = cm.decode_off_grid(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0]))
+    assert cm.step_off_grid(StepRun.decode(8, np.array([8 * 1024 - 8.0]))) == frozenset()
+    ran = cm.step_off_grid(StepRun.decode(8, np.array([8 * 1024 - 8.0, 8 * 4096 - 8.0])))
     assert ran == {"paged_decode"}
     assert cm.warnings() == []  # asking the flags records nothing either
     assert any("paged_decode extrapolated" in w for w in cm.warnings(ran))

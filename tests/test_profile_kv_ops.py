@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvsim.core.eviction import EvictionWork
-from kvsim.costs.base import ForwardBatch
+from kvsim.costs.base import ForwardBatch, StepRun
 from kvsim.costs.profile import ProfileCostModel, load_profile_cost_model
 from kvsim.costs.profile_schema import load_profile
 from kvsim.costs.work import (
@@ -164,8 +164,8 @@ def test_score_accumulation_per_decode_step_from_the_measured_table(tmp_path):
     # decode rate (not timed).
     per_token = LAYERS * ACC_BF16 / 1e11 + LAYERS * SELECT / (a.bw * a.ops.decode_attn.e_max)
     assert extra == pytest.approx(tokens * per_token, rel=1e-9)
-    assert h2o.decode_off_grid(8, sums) == frozenset()
-    assert h2o.decode_off_grid(8, np.array([8 * 4096.0])) == {"paged_decode", "h2o_accumulate"}
+    assert h2o.step_off_grid(StepRun.decode(8, sums)) == frozenset()
+    assert h2o.step_off_grid(StepRun.decode(8, np.array([8 * 4096.0]))) == {"paged_decode", "h2o_accumulate"}
     vec = h2o.decode_step_times(3, np.array([1100, 6000], dtype=np.int64))
     assert vec[0] == h2o.step_time(ForwardBatch.decode((100, 300, 700)))
     assert vec[1] == h2o.step_time(ForwardBatch.decode((2000, 2000, 2000)))
@@ -221,7 +221,7 @@ def test_a_prefill_timed_on_kvsims_kernel_pays_no_second_quantize_on_write(tmp_p
     )
     assert cm._write_time(2) == pytest.approx(LAYERS * 2 * WRITE_INT8 / 1e10, rel=1e-12)
     # The fast paths price the same way.
-    vec = cm.mixed_step_times(2, np.array([900]), 200, np.array([0]), np.array([3]))
+    vec = cm.step_times(StepRun.mixed(2, np.array([900]), 200, np.array([0]), np.array([3])))
     assert vec[0] == cm.price(mixed).seconds
     dec = cm.decode_step_times(3, np.array([3107]))
     assert dec[0] == cm.price(ForwardBatch.decode((3105, 1, 1))).seconds
@@ -238,8 +238,8 @@ def test_mixed_and_decode_runs_equal_price_with_every_measured_op_on(tmp_path):
     for j, c in enumerate(ctx.tolist()):
         assert vec[j] == cm.price(ForwardBatch.decode((c - 2, 1, 1))).seconds
     pre_ctx, dec = np.array([0, 512, 4096]), np.array([900, 901, 902])
-    mixed = cm.mixed_step_times(2, dec, 200, pre_ctx, np.array([2, 3, 2]))
-    flags = cm.mixed_off_grid(2, dec, 200, pre_ctx, np.array([2, 3, 2]))
+    mixed = cm.step_times(StepRun.mixed(2, dec, 200, pre_ctx, np.array([2, 3, 2])))
+    flags = cm.step_off_grid(StepRun.mixed(2, dec, 200, pre_ctx, np.array([2, 3, 2])))
     for j in range(3):
         b = ForwardBatch(
             (SeqKind.DECODE, SeqKind.DECODE, SeqKind.PREFILL),
@@ -411,7 +411,7 @@ def test_entropy_statistics_never_priced_by_the_measured_h2o_accumulate(tmp_path
     assert np.array_equal(cm._score_time(8, tokens, np.log(tokens / 8)), a.decode_score_time(tokens))
     assert a.score_s_per_token > 0.0
     sums = np.array([8 * 128 - 8.0, 8 * 4096.0])
-    assert "h2o_accumulate" not in cm.decode_off_grid(8, sums)
+    assert "h2o_accumulate" not in cm.step_off_grid(StepRun.decode(8, sums))
     assert any(
         n.startswith("profile: entropy statistics not measured")
         and n.endswith("attention-entropy statistics priced by the analytic model")

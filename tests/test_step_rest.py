@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from kvsim.costs.base import ForwardBatch, SeqKind
+from kvsim.costs.base import ForwardBatch, SeqKind, StepRun
 from kvsim.costs.profile_schema import load_profile
 from kvsim.costs.work import quant_write_bytes_per_token_layer, step_rest_bytes_per_token
 from kvsim.errors import KvsimError
@@ -149,11 +149,11 @@ def test_fast_forward_equals_stepping_with_the_ops_on(tmp_path):
     vec = cm.decode_step_times(3, ctx)
     for j, c in enumerate(ctx.tolist()):
         assert vec[j] == cm.price(ForwardBatch.decode((c - 2, 1, 1))).seconds
-    assert cm.decode_off_grid(3, ctx) == frozenset()
+    assert cm.step_off_grid(StepRun.decode(3, ctx)) == frozenset()
     pre_ctx, dec = np.array([0, 512, 4096]), np.array([900, 901, 902])
     smp = np.array([2, 3, 2])
-    mixed = cm.mixed_step_times(2, dec, 200, pre_ctx, smp)
-    flags = cm.mixed_off_grid(2, dec, 200, pre_ctx, smp)
+    mixed = cm.step_times(StepRun.mixed(2, dec, 200, pre_ctx, smp))
+    flags = cm.step_off_grid(StepRun.mixed(2, dec, 200, pre_ctx, smp))
     for j in range(3):
         b = ForwardBatch(
             (SeqKind.DECODE, SeqKind.DECODE, SeqKind.PREFILL),
@@ -314,7 +314,7 @@ def test_a_run_of_mixed_steps_flags_the_overhead_at_each_steps_rows(tmp_path):
         )
         stepped |= cm.price(b).off_grid
     assert "step_overhead" not in stepped
-    assert cm.mixed_off_grid(3, dec, 16, pre, smp) == stepped
+    assert cm.step_off_grid(StepRun.mixed(3, dec, 16, pre, smp)) == stepped
 
 
 def test_the_per_op_split_of_a_step_sums_to_its_price_and_names_each_op(tmp_path):

@@ -212,7 +212,7 @@ class StepCostModel:
     `_step_base`) + GEMMs + all-reduces + quantize-on-write of the new tokens + prefill attention
     (per prefilling or verifying sequence) + decode attention (all decoding sequences together).
     Subclasses price the parts; `step_times` is the one path that sums them, for a single step and
-    for a window's steps alike (`price`, `decode_step_times` and `mixed_step_times` ask it)."""
+    for a window's steps alike (`price` and `decode_step_times` ask it for one batch, a decode run)."""
 
     name = "steps"
     overhead_s: float
@@ -374,34 +374,6 @@ class StepCostModel:
         switched_ctx: np.ndarray | None = None,
     ) -> np.ndarray:
         return self.step_times(StepRun.decode(num_seqs, sum_ctx, num_switched, switched_ctx))
-
-    def decode_off_grid(self, num_seqs: int, sum_ctx: np.ndarray) -> frozenset[str]:
-        return self.step_off_grid(StepRun.decode(num_seqs, sum_ctx))
-
-    def mixed_step_times(
-        self,
-        num_decode: int,
-        dec_sum_ctx: np.ndarray,
-        chunk: int,
-        prefill_ctx: np.ndarray,
-        num_sampling: np.ndarray,
-        num_switched: int = 0,
-        dec_switched_ctx: np.ndarray | None = None,
-    ) -> np.ndarray:
-        run = StepRun.mixed(
-            num_decode, dec_sum_ctx, chunk, prefill_ctx, num_sampling, num_switched, dec_switched_ctx
-        )
-        return self.step_times(run)
-
-    def mixed_off_grid(
-        self,
-        num_decode: int,
-        dec_sum_ctx: np.ndarray,
-        chunk: int,
-        prefill_ctx: np.ndarray,
-        num_sampling: np.ndarray,
-    ) -> frozenset[str]:
-        return self.step_off_grid(StepRun.mixed(num_decode, dec_sum_ctx, chunk, prefill_ctx, num_sampling))
 
     def eviction_time(self, work: EvictionWork) -> float:
         raise NotImplementedError
