@@ -130,6 +130,10 @@ def test_fp8_kv_prices_the_fitted_factors_by_shape_where_the_tables_have_them():
         assert got == pytest.approx(want, rel=1e-9), (batch, ctx)
         if tokens * per_token <= 32 * 2**20 or tokens * per_token >= 64 * 2**20:  # the tables' turn
             assert (got > 1) == (tokens * per_token <= 32 * 2**20), (batch, ctx)
+    # A window of steps prices each step as it would alone, float for float (fast-forward).
+    window = np.array([float(8 * c) for c in range(900, 9000, 450)])
+    vec = fp8._decode_attn_time(8, window)
+    assert [float(fp8._decode_attn_time(8, window[j : j + 1])[0]) for j in range(window.size)] == vec.tolist()
     p = bf16.ops.prefill_attn
     for n in (64, 512, 2048, 8192, 16384, 20000):
         work = (bf16._prefill_attn_time(n, 0), fp8._prefill_attn_time(n, 0))

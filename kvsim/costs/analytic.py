@@ -345,9 +345,12 @@ class AnalyticCostModel(StepCostModel):
         tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
         if self.fp8_s_per_token:  # fp8's part of the call times its fitted factor at these bytes
-            excess = self._fp8_factor(tokens) - 1.0
-            call = fixed * (1.0 + self.fp8_share * excess)
-            read = self.decode_attn_s_per_token + self.fp8_s_per_token * excess
+            r = self._fp8_factor(tokens)
+            if self.fp8_share == 1.0:  # all of the cache in fp8: the whole call (its FLOPs aside)
+                call, read = fixed * r, r * self.fp8_s_per_token
+            else:
+                call = fixed + fixed * self.fp8_share * (r - 1.0)
+                read = self.decode_attn_s_per_token + self.fp8_s_per_token * (r - 1.0)
             if self.score_s_per_token:
                 per_token = np.maximum(read, self.decode_attn_flops_s_per_token)
                 out: np.ndarray = call + tokens * (per_token + self.score_s_per_token)
