@@ -25,9 +25,7 @@ Points left out of the fit: decode cells the aiconfigurator sweep omits (the imp
 from a neighbour's rate; they are not measurements). What the tables do not hold is not fitted:
 prefill over a cached prefix (the tables have prefix 0 only; the form extends by FLOPs, the ramp on
 the chunk's own pairs), all-reduce, and the per-step overhead (no per-step timing in the tables).
-fp8 KV gets two time factors over the bf16 forms where the tables hold fp8 points (`fit_fp8`),
-each a curve over the call's shape (`FP8_KNOTS`) fitted to the measured fp8 / bf16 time: decode
-attention's by the call's bf16 KV bytes per layer, prefill attention's by the chunk's length.
+fp8 KV gets two factors over the bf16 forms (`fit_fp8`): decode's speed-up, prefill's time factor.
 """
 
 from __future__ import annotations
@@ -63,13 +61,10 @@ from calibrate.aiconfigurator import (
 from kvsim.costs.analytic import Efficiencies
 from kvsim.costs.analytic_fit import (
     BOUNDS,
-    FACTOR_BOUNDS,
-    FP8_CURVES,
     OP_CLASSES,
     PUBLISHED,
     SCHEMA,
     VERSION,
-    Curve,
     parse_fits,
 )
 from kvsim.costs.work import (
@@ -114,18 +109,6 @@ TOLERANCE = "relative 1e-3; t0_s and t_item_s below 1e-12 s and n_half below 1e-
 FP8_DECODE = "decode_attn fp8"
 FP8_PREFILL = "prefill_attn fp8"
 FP8_SPEEDUP = Efficiencies().format_decode_speedup["fp8_e4m3"]  # published, before the fit
-# Knots of fp8's time factors (`fit_fp8_curve`): decode attention's in the call's bf16 KV bytes per
-# layer, powers of two as the tables' points are, denser from 16 MB to 256 MB where the H100, H200
-# and B200 tables turn from fp8 slower to fp8 faster (32-64 MB on H100/H200, 64-128 MB on B200);
-# prefill attention's in the chunk's new tokens, at table lengths, denser where the factor falls.
-FP8_KNOTS: dict[str, tuple[float, ...]] = {
-    "decode_attn": tuple(float(2**k) for k in (16, 20, 24, 25, 26, 27, 28, 30)),
-    "prefill_attn": (1.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 8192.0, 16384.0),
-}
-FP8_FITTED_TO = (
-    "the measured fp8 / bf16 time at the same shape (weighted least squares on log ratio), so the "
-    "model's change follows the tables' whatever the bf16 form's own error there"
-)
 # Our reading of a miss, shown beside it on the accuracy page (an explanation, not a measurement).
 MISSED = {
     ("l40s", "decode_attn"): "the measured time falls by about 2x where one call's KV grows past 64 MB "
@@ -140,7 +123,7 @@ MISSED = {
     "that take the traces' prefill time, the fit sits between the two (+8% / -11% at 8,192 tokens) and "
     "prices the short chunks the traces rarely run slow (a median +19% at 512 tokens or fewer); "
     "unweighted it had a median 11.9%.",
-    ("b200", FP8_PREFILL): "as b200 prefill_attn (fp8's factor is over that fit).",
+    ("b200", FP8_PREFILL): "as b200 prefill_attn (one factor over that fit).",
 }
 
 
@@ -379,97 +362,35 @@ def fit_op(op: str, pts: Points, peak: float, bw: float, weights: np.ndarray | N
 
 
 def fp8_decode_points(pts: Points, speedup: float) -> Points:
-    """fp8 decode points priced with a published speed-up: bf16-equivalent bytes over it."""
+    """fp8 decode points priced as the model prices them: bf16-equivalent bytes over the speed-up."""
     return Points({**pts.x, "kv_bytes": pts.x["kv_bytes"] / speedup}, pts.t)
 
 
-def predict_fp8(op: str, params: Any, curve: Curve, pts: Points, peak: float, bw: float) -> np.ndarray:
-    """Seconds per call of fp8 KV as the model prices it (`AnalyticCostModel`): decode attention's
-    whole call (launch, per-item time and bytes; not its FLOPs) times the factor at the call's bf16
-    KV bytes, prefill attention's chunk work (not its launch) times the factor at its length."""
-    x = pts.x
-    if op == "decode_attn":
-        r = curve.over(x["kv_bytes"])
-        fixed = params.t0_s + x["items"] * params.t_item_s
-        flops = x["flops"] / (peak * params.e_flops)
-        return np.asarray(r * fixed + np.maximum(r * x["kv_bytes"] / (bw * params.e_max), flops))
-    t = predict(op, params, pts, peak, bw)
-    return np.asarray(params.t0_s + curve.over(x["n"]) * (t - params.t0_s))
-
-
-def fp8_ratio_points(d: GpuData, op: str) -> tuple[Points, Points, np.ndarray]:
-    """The fp8 points of ``op`` that have a bf16 point at the same shape (model, TP, batch,
-    context or chunk), the bf16 points beside them, and their weights (`fit_weights` of the fp8
-    points, renormalised over the matched ones)."""
-    b8 = d.checks[FP8_DECODE if op == "decode_attn" else FP8_PREFILL]
-    b16 = d.ops[op]
-    cols = ("shape", "batch", "context" if op == "decode_attn" else "n")
-    at = {key: i for i, key in enumerate(zip(*(b16.x[c] for c in cols), strict=True))}
-    pairs = [(j, at[key]) for j, key in enumerate(zip(*(b8.x[c] for c in cols), strict=True)) if key in at]
-    j8 = np.array([j for j, _ in pairs], dtype=np.int64)
-    j16 = np.array([i for _, i in pairs], dtype=np.int64)
-
-    def take(p: Points, idx: np.ndarray) -> Points:
-        return Points({k: v[idx] for k, v in p.x.items()}, p.t[idx])
-
-    w = fit_weights(op, b8)[j8]
-    return take(b8, j8), take(b16, j16), w / w.sum()
-
-
-def fit_fp8_curve(op: str, d: GpuData, params: Any) -> tuple[Curve, int]:
-    """fp8's time factor over ``op``'s bf16 form, one value per knot (`FP8_KNOTS`), so that the
-    model's fp8 / bf16 time at each measured shape is the tables' (weighted least squares on the
-    log of the two ratios): the factor is the format's effect, whatever the bf16 form's own error
-    at that shape. Returns the curve and the number of fp8 points it was fitted to."""
+def fit_fp8(d: GpuData, decode: Any, prefill: Any) -> dict[str, Any] | None:
+    """The fp8 KV factors of one GPU over the fitted bf16 forms, weighted as the bf16 fit: decode
+    attention's speed-up on the bf16-equivalent bytes (least squares on log error), prefill
+    attention's time factor (the weighted geometric mean of measured / bf16 predicted). None
+    without fp8 points."""
     from scipy.optimize import least_squares
 
-    p8, p16, w = fp8_ratio_points(d, op)
-    xs = FP8_KNOTS[op]
-    measured = np.log(p8.t / p16.t)
-    bf16 = predict(op, params, p8, d.peak, d.bw)  # the bf16 form at the fp8 points' shapes
-    root = np.sqrt(w.size * w)
-
-    def residual(v: np.ndarray) -> np.ndarray:
-        curve = Curve(xs, tuple(float(e) for e in v))
-        return np.asarray(root * (np.log(predict_fp8(op, params, curve, p8, d.peak, d.bw) / bf16) - measured))
-
-    lo, hi = FACTOR_BOUNDS
-    res = least_squares(residual, np.ones(len(xs)), bounds=(lo, hi), method="trf")
-    return Curve(xs, tuple(float(f"{v:.4g}") for v in res.x)), int(p8.t.size)
-
-
-def fit_fp8(d: GpuData, decode: Any, prefill: Any) -> dict[str, Any] | None:
-    """The fp8 KV factors of one GPU over its fitted bf16 forms (`fit_fp8_curve`): decode
-    attention's by the call's bf16 KV bytes per layer, prefill attention's by the chunk's length.
-    None without fp8 points."""
-    if not d.checks[FP8_DECODE].t.size or not d.checks[FP8_PREFILL].t.size:
+    dec, pre = d.checks[FP8_DECODE], d.checks[FP8_PREFILL]
+    if not dec.t.size or not pre.t.size:
         return None
-    out: dict[str, Any] = {}
-    for (key, x_name), op, params in zip(
-        FP8_CURVES, ("decode_attn", "prefill_attn"), (decode, prefill), strict=True
-    ):
-        curve, n = fit_fp8_curve(op, d, params)
-        out[key] = {x_name: list(curve.xs), "factor": list(curve.ys), "points": n}
-    out["fitted_to"] = FP8_FITTED_TO
-    return out
+    wd, wp = fit_weights("decode_attn", dec), fit_weights("prefill_attn", pre)
+    root = np.sqrt(dec.t.size * wd)
 
+    def residual(x: np.ndarray) -> np.ndarray:
+        pred = predict("decode_attn", decode, fp8_decode_points(dec, float(x[0])), d.peak, d.bw)
+        return np.asarray(root * np.log(pred / dec.t))
 
-def fp8_ratio_errors(op: str, d: GpuData, params: Any, curve: Curve | None) -> dict[str, float]:
-    """The model's fp8 / bf16 time against the tables' at the matched shapes (`fp8_ratio_points`):
-    median and p90 of |relative error|, and its weighted mean; ``curve`` None: one constant factor,
-    the weighted geometric mean of the measured ratios (what a shape-blind fit gets)."""
-    p8, p16, w = fp8_ratio_points(d, op)
-    measured = p8.t / p16.t
-    if curve is None:
-        curve = Curve((1.0,), (float(np.exp(np.sum(w * np.log(measured)))),))
-    bf16 = predict(op, params, p8, d.peak, d.bw)
-    rel = np.abs(predict_fp8(op, params, curve, p8, d.peak, d.bw) / bf16 / measured - 1.0)
+    speedup = float(least_squares(residual, [FP8_SPEEDUP], bounds=([0.5], [4.0]), method="trf").x[0])
+    log_ratio = np.log(pre.t / predict("prefill_attn", prefill, pre, d.peak, d.bw))
+    factor = float(np.exp(np.sum(wp * log_ratio)))
     return {
-        "points": int(rel.size),
-        "median": float(np.median(rel)),
-        "p90": float(np.percentile(rel, 90)),
-        "weighted": float(np.sum(w * rel)),
-        "constant": curve.ys[0] if len(curve.ys) == 1 else float("nan"),
+        "decode_speedup": float(f"{speedup:.4g}"),
+        "prefill_factor": float(f"{factor:.4g}"),
+        "decode_points": int(dec.t.size),
+        "prefill_points": int(pre.t.size),
     }
 
 
@@ -593,34 +514,41 @@ def accuracy_rows(
                     "bands": _by_band(op, fitted, pts, d.peak, d.bw),
                 }
             )
-        for op, name, curve, before in (
-            ("decode_attn", FP8_DECODE, fit.fp8_decode, fp8_decode_points(d.checks[FP8_DECODE], FP8_SPEEDUP)),
-            ("prefill_attn", FP8_PREFILL, fit.fp8_prefill, d.checks[FP8_PREFILL]),
-        ):
-            pts8 = d.checks[name]
-            if curve is None or not pts8.t.size:
-                continue
-            bf16 = getattr(fit.ops, op)
-            # The fitted model's fp8 price as a bf16 form's prediction of scaled points: the rows'
-            # helpers (`errors`, `_by_shape`, `_by_band`) then apply unchanged.
-            scaled = Points(
-                pts8.x,
-                pts8.t
-                * predict(op, bf16, pts8, d.peak, d.bw)
-                / predict_fp8(op, bf16, curve, pts8, d.peak, d.bw),
-            )
+        dec8, pre8 = d.checks[FP8_DECODE], d.checks[FP8_PREFILL]
+        if fit.fp8_decode_speedup is not None and dec8.t.size:
+            dec = fit.ops.decode_attn
+            after = fp8_decode_points(dec8, fit.fp8_decode_speedup)
             rows.append(
                 {
                     "gpu": gpu,
                     "system": fit.system,
-                    "op": name,
-                    "before": errors(op, getattr(PUBLISHED, op), before, d.peak, d.bw),
-                    "after": errors(op, bf16, scaled, d.peak, d.bw),
-                    "by_shape": _by_shape(op, bf16, scaled, d.peak, d.bw, ref_names),
+                    "op": FP8_DECODE,
+                    "before": errors(
+                        "decode_attn",
+                        PUBLISHED.decode_attn,
+                        fp8_decode_points(dec8, FP8_SPEEDUP),
+                        d.peak,
+                        d.bw,
+                    ),
+                    "after": errors("decode_attn", dec, after, d.peak, d.bw),
+                    "by_shape": _by_shape("decode_attn", dec, after, d.peak, d.bw, ref_names),
                     "held_out": {},
-                    "bands": _by_band(op, bf16, scaled, d.peak, d.bw),
-                    "ratio": fp8_ratio_errors(op, d, bf16, curve),
-                    "ratio_constant": fp8_ratio_errors(op, d, bf16, None),
+                    "bands": _by_band("decode_attn", dec, after, d.peak, d.bw),
+                }
+            )
+        if fit.fp8_prefill_factor is not None and pre8.t.size:
+            pre = fit.ops.prefill_attn
+            scaled = Points(pre8.x, pre8.t / fit.fp8_prefill_factor)  # the factor on the prediction
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "system": fit.system,
+                    "op": FP8_PREFILL,
+                    "before": errors("prefill_attn", PUBLISHED.prefill_attn, pre8, d.peak, d.bw),
+                    "after": errors("prefill_attn", pre, scaled, d.peak, d.bw),
+                    "by_shape": _by_shape("prefill_attn", pre, scaled, d.peak, d.bw, ref_names),
+                    "held_out": {},
+                    "bands": _by_band("prefill_attn", pre, scaled, d.peak, d.bw),
                 }
             )
     return rows
@@ -698,9 +626,10 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "  `kvsim/data/analytic_fit.json`, which the analytic model (the default cost model) uses for",
         "  these GPUs.",
         f"- The `{FP8_DECODE}` and `{FP8_PREFILL}` rows: fp8 KV priced as the model does, the bf16 fit",
-        "  times fp8's fitted time factors (the fit's `fp8_kv`: decode attention's call by its bf16 KV",
-        "  bytes per layer, prefill attention's chunk by its length; *fp8 KV's factors* below); before:",
-        f"  the published {FP8_SPEEDUP}x decode speed-up and no prefill factor.",
+        "  with one fitted factor each (the fit's `fp8_kv`: decode's bf16-equivalent bytes over a",
+        "  speed-up, prefill attention's time times a factor); before: the published "
+        + f"{FP8_SPEEDUP}x decode speed-up",
+        "  and no prefill factor.",
         f"- Weights: each point {TRACE_WEIGHT:g} x its share of the simulated time real traces spend at",
         f"  its shape (`calibrate/trace_shapes.json`), {1 - TRACE_WEIGHT:g} spread evenly over its shape's",
         "  points (the medians below are unweighted: the per-band section says where the time goes).",
@@ -770,7 +699,6 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         for op, p in entry["ops"].items():
             shown = ", ".join(f"{k} = {v:.4g}" for k, v in p.items() if k != "points")
             lines.append(f"| {gpu} | {op} | {shown} |")
-    lines += _fp8_section(content, rows)
     first = next(iter(content["gpus"].values()), None)
     prov = first["source"] if first else {}
     lines += [
@@ -805,65 +733,6 @@ def render_doc(content: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _knot(x: float, op: str) -> str:
-    """A knot as the page shows it: bytes in KB/MB/GB (powers of two), chunk lengths as tokens."""
-    if op != FP8_DECODE:
-        return f"{x:,.0f}"
-    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
-        if x >= size:
-            return f"{x / size:g} {unit}"
-    return f"{x:g} B"
-
-
-def _fp8_section(content: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """fp8 KV's factors per GPU with tables, and their error against the measured fp8 / bf16 time."""
-    fp8_rows = [r for r in rows if "ratio" in r]
-    if not fp8_rows:
-        return []
-    lines = [
-        "",
-        "## fp8 KV's factors",
-        "",
-        "fp8 KV is priced as the bf16 forms times a time factor that depends on the call's shape:",
-        "decode attention's whole call (launch, per-sequence time and bytes) by its KV bytes per layer",
-        "in bf16, prefill attention's chunk (not its launch) by the chunk's new tokens. Between knots the",
-        "factor is linear in log x; beyond the end knots it holds the end value. Each is fitted to",
-        "the measured fp8 / bf16 time at the same shape (weighted least squares on the log ratio,",
-        "weighted as the bf16 fit), so the model's change follows the tables' whatever the bf16 form's",
-        "own error at that shape (the fp8 rows above carry that error too). The prefill factor scales",
-        "the chunk's work, not the step's one launch, so where the launch is much of a short chunk's",
-        "time it is larger than the measured ratio. GPUs whose tables have no fp8 points (a100-80gb,",
-        f"l40s) and GPUs without tables keep the published {FP8_SPEEDUP}x decode speed-up and no prefill",
-        "factor.",
-        "",
-        "The error columns compare the model's fp8 / bf16 time with the tables' at the same shapes",
-        "(|relative error|: median, p90, and the weighted mean the fit minimises); the last columns are",
-        "one shape-blind factor (the weighted geometric mean of the measured ratios) on the same points.",
-        "",
-        "| GPU | op | factor at knots | points | median | p90 | weighted | one factor | its median | "
-        "its p90 | its weighted |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    curves = {
-        gpu: {FP8_DECODE: e["fp8_kv"][FP8_CURVES[0][0]], FP8_PREFILL: e["fp8_kv"][FP8_CURVES[1][0]]}
-        for gpu, e in content["gpus"].items()
-        if "fp8_kv" in e
-    }
-    for r in fp8_rows:
-        c = curves[r["gpu"]][r["op"]]
-        x_name = FP8_CURVES[0][1] if r["op"] == FP8_DECODE else FP8_CURVES[1][1]
-        knots = ", ".join(
-            f"{_knot(x, r['op'])}: {f:.3g}" for x, f in zip(c[x_name], c["factor"], strict=True)
-        )
-        a, k = r["ratio"], r["ratio_constant"]
-        lines.append(
-            f"| {r['gpu']} | {r['op']} | {knots} | {a['points']} | {_pct(a['median'])} | {_pct(a['p90'])} "
-            f"| {_pct(a['weighted'])} | {k['constant']:.3f} | {_pct(k['median'])} | {_pct(k['p90'])} "
-            f"| {_pct(k['weighted'])} |"
-        )
-    return lines
-
-
 # Written by hand, rendered as they stand: run-level checks of the fitted model (kvsim runs, not the
 # fit), with the commands that reproduce them.
 STATIC_SECTIONS = [
@@ -872,57 +741,31 @@ STATIC_SECTIONS = [
     "The default scenario (`scenarios/default.yaml`: an hour of the Azure 2023 conversation trace,",
     "19,366 requests, Llama-3.1-8B) moved to one H200, bf16 against fp8 KV, on the fitted analytic model",
     "and on the shipped profile of the same GPU's tables",
-    "(`scenarios/profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json`). TPOT in ms; the",
-    "*one factor* row is the fit before fp8's factors followed the call's shape (decode 1.083x speed-up",
-    "on the bytes, prefill x1.169 at every chunk):",
+    "(`scenarios/profiles/aiconfigurator-h200_sxm-vllm-llama-3.1-8b-tp1.json`). TPOT in ms:",
     "",
     "| cost model | mean bf16 -> fp8 | p50 | p99 |",
     "|---|---|---|---|",
-    "| analytic, fitted to h200_sxm tables (factors by shape) | 6.957 -> 6.957 (+0.01%) "
-    "| 6.695 -> 6.690 (-0.07%) | 10.883 -> 10.905 (+0.21%) |",
-    "| analytic, one factor each (before) | 6.957 -> 6.946 (-0.16%) | 6.695 -> 6.677 (-0.27%) "
+    "| analytic (fitted to h200_sxm tables) | 6.957 -> 6.946 (-0.16%) | 6.695 -> 6.677 (-0.27%) "
     "| 10.883 -> 10.947 (+0.59%) |",
-    "| profile (h200_sxm tables) | 6.914 -> 6.887 (-0.38%) | 6.625 -> 6.597 (-0.42%) "
+    "| profile (h200_sxm tables) | 6.914 -> 6.887 (-0.39%) | 6.625 -> 6.597 (-0.42%) "
     "| 11.148 -> 11.070 (-0.70%) |",
-    "| same at 8x load (3,000 requests), analytic | 38.957 -> 36.854 (-5.40%) | 39.550 -> 37.296 (-5.70%) "
-    "| 52.708 -> 51.171 (-2.92%) |",
+    "| same at 8x load (3,000 requests), analytic | 38.957 -> 38.594 (-0.93%) | 39.550 -> 39.125 (-1.07%) "
+    "| 52.708 -> 52.556 (-0.29%) |",
     "| same at 8x load, profile | 38.171 -> 37.128 (-2.73%) | 38.651 -> 37.526 (-2.91%) "
     "| 52.314 -> 51.633 (-1.30%) |",
     "",
-    "At 8x load the sign agrees on all three (before: -0.93%, -1.07%, -0.29%). On the default scenario",
-    "it agrees on the median only: the mean is +0.01% against -0.38%, p99 +0.21% against -0.70% (before:",
-    "+0.59%). Per step the two now agree almost everywhere (the typical decode step, 8 sequences x",
-    "1,234 tokens: +0.6% fitted, +0.4% profile, so the run's sign warning is silent), but on this",
-    "scenario fp8's effect is a balance of opposite changes of 1-3% that nets to a few tenths of a",
-    "percent. Repricing the bf16 run's 516,367 steps under both models (token-weighted: each decoding",
-    "sequence's share of the step), fitted / profile: steps with a prefill chunk (14.7% of the",
-    "time) +1.72% / +1.53%; decode-only steps whose call reads up to 40 MB of bf16 KV (37%) +1.07% /",
-    "+0.55%; 40-64 MB (34%) -0.97% / -1.04%; above 64 MB (14%) -2.60% / -3.06%; in all -0.05% / -0.37%",
-    "(the run's feedback on batching moves the fitted one to +0.01%). The gap is in two places:",
-    "",
-    "- Steps of 4-7 sequences at 1,150-1,270 tokens (19-35 MB a call, 21% of the time): +1.0 to +1.2%",
-    "  fitted, +0.24 to +0.60% profile. The fitted curve prices every call below 32 MB 1.08-1.13x bf16's,",
-    "  as the tables' cells there do; the profile interpolates its grid between cells on both sides of",
-    "  the turn (batch 8 at 2,048 tokens, 64 MB: 0.78x) and through one low cell (batch 4 at 1,024",
-    "  tokens: 0.98x, where its neighbours read 1.07-1.13x).",
-    "- Above 64 MB the Llama-3.1-8B TP 1 tables gain more from fp8 than the other reference shapes at",
-    "  the same bytes (128 MB: 0.81-0.83x at batch 1-16, against 0.85-0.90x for 8B TP 2 and 70B TP 4",
-    "  and TP 8); the curve is one per GPU, fitted to all four (0.90x at 128 MB).",
-    "",
-    "A decode curve fitted to the 8B TP 1 cells alone (0.787x at 64 MB, 0.854x at 128 MB) gives mean",
-    "-0.24%, p50 -0.27%, p99 -0.69% on the default scenario: all three signs agree. It is not shipped:",
-    "on those cells its median error is no better than the shared curve's (4.5% against 4.0%; weighted",
-    "2.4% against 4.7%), so it follows the cells the trace weights pick, the low one included, more than",
-    "a shape a per-GPU curve can carry; adopting it means one curve per GPU and KV heads per GPU.",
-    "",
-    "Our reading, not a measurement: the tables' fp8 penalty below 32 MB a call (H100 and H200 turn",
-    "between 32 and 64 MB; their L2 cache is 50 MB, NVIDIA's H100 architecture whitepaper, the H200",
-    "being the same GH100 chip) looks like the L40S decode miss above: a benchmark that repeats one",
-    "call keeps its KV in L2, which a serving step (every layer's KV in turn) does not; both the",
-    "profile and the fit inherit it.",
-    "",
-    "Reproduce (and with `kv.format=bf16`; `--set workload.rate_scale=8 --set workload.max_requests=3000`",
-    "for the load; without the last two `--set`s for the fitted model):",
+    "The sign agrees on the mean and the median (fp8 a little faster on both) and, at 8x load, on all",
+    "three; on the default scenario's p99 it does not (+0.6% against -0.7%). The two differ by shape: the",
+    "tables' fp8 decode attention is slower than bf16's at small batches (+15.8% per call at batch 1 x",
+    "500 tokens, +15.0% at 8 x 1,000) and faster from batch 16 on (-9% to -25% up to 256 x 8,000), which",
+    "the fit's one speed-up (1.083) cannot follow; and the fit prices fp8 prefill attention 16.9% slower",
+    "at every chunk where the tables say +21% at 512 tokens, +20% at 2,048 and +5% at 8,192. The",
+    "default scenario's typical decode step (8 sequences x 1,234 tokens) is on the small side: the",
+    "profile prices it +0.4% in fp8, the fitted model -0.4%, and a run on the profile says so in its",
+    "warnings (`ProfileCostModel.format_sign_warnings`: once per run, at the mean number of sequences",
+    "decoding over busy time and their time-weighted context; silent when both changes agree in sign",
+    "or either is under 0.1%). Reproduce (and with `kv.format=bf16`; `--set workload.rate_scale=8",
+    "--set workload.max_requests=3000` for the load; without the last two `--set`s for the fitted model):",
     "",
     "    kvsim run scenarios/default.yaml --out OUT --set cluster.gpu=h200-sxm --set kv.format=fp8 \\",
     "      --set cost_model.kind=profile \\",

@@ -74,7 +74,7 @@ def test_a_bad_fit_file_is_one_line_naming_the_field():
     with pytest.raises(KvsimError, match=r"^bad_fit.json: not JSON"):
         load_fits("{", "bad_fit.json")
     assert "schema: expected 'kvsim-analytic-fit'" in _bad(lambda d: d.update(schema="x"))
-    assert "version: expected version 2, got 7" in _bad(lambda d: d.update(version=7))
+    assert "version: expected version 1, got 7" in _bad(lambda d: d.update(version=7))
     assert "gpus.h200-sxm.ops: missing op(s) gemm" in _bad(lambda d: d["gpus"]["h200-sxm"]["ops"].pop("gemm"))
     assert "gpus.b200.ops.decode_attn.e_max: expected 0.001 <= e_max <= 1, got 1.5" in _bad(
         lambda d: d["gpus"]["b200"]["ops"]["decode_attn"].update(e_max=1.5)
@@ -91,84 +91,30 @@ def test_a_bad_fit_file_is_one_line_naming_the_field():
     assert "gpus.l40s.source: expected the tables' provenance" in _bad(
         lambda d: d["gpus"]["l40s"].pop("source")
     )
-    fp8 = "gpus.h100-sxm.fp8_kv"
-    dec = lambda d: d["gpus"]["h100-sxm"]["fp8_kv"]["decode_time_factor"]  # noqa: E731
-    assert f"{fp8}.decode_time_factor.factor: expected factors in 0.25..4, got 9" in _bad(
-        lambda d: dec(d)["factor"].__setitem__(0, 9)
+    assert "gpus.h100-sxm.fp8_kv.decode_speedup: expected a number in 0.25..4, got 9" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].update(decode_speedup=9)
     )
-    assert f"{fp8}.prefill_time_factor: expected an object of chunk_tokens and factor" in _bad(
-        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].pop("prefill_time_factor")
+    assert "gpus.h100-sxm.fp8_kv.prefill_factor: expected a number in 0.25..4, got None" in _bad(
+        lambda d: d["gpus"]["h100-sxm"]["fp8_kv"].pop("prefill_factor")
     )
-    assert f"{fp8}.decode_time_factor.kv_bytes_per_call: expected positive, increasing knots" in _bad(
-        lambda d: dec(d)["kv_bytes_per_call"].reverse()
+    assert "gpus.h100-sxm.fp8_kv: expected an object" in _bad(
+        lambda d: d["gpus"]["h100-sxm"].update(fp8_kv=1)
     )
-    assert f"{fp8}.decode_time_factor.factor: expected as many factors as knots (8), got 7" in _bad(
-        lambda d: dec(d)["factor"].pop()
-    )
-    assert f"{fp8}.decode_time_factor.factor: expected a non-empty list of numbers, got 'x'" in _bad(
-        lambda d: dec(d).update(factor="x")
-    )
-    assert f"{fp8}: expected an object" in _bad(lambda d: d["gpus"]["h100-sxm"].update(fp8_kv=1))
 
 
-def test_fp8_kv_prices_the_fitted_factors_by_shape_where_the_tables_have_them():
-    """H200: fp8's decode-attention call is its bf16 call times the factor at the call's bf16 KV
-    bytes per layer (slower below 32 MB, faster from 64 MB, as the tables), its prefill chunk's work
-    times the factor at the chunk's length; both through the per-part methods."""
+def test_fp8_kv_uses_the_fitted_speed_up_and_prefill_factor_where_the_tables_have_them():
     fit = shipped_fits()["h200-sxm"]
-    assert fit.fp8_decode is not None and fit.fp8_prefill is not None
+    assert fit.fp8_decode_speedup is not None and fit.fp8_prefill_factor is not None
     bf16 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}))
     fp8 = make_cost_model(small_scenario(cluster={"gpu": "h200-sxm"}, kv={"format": "fp8"}))
-    assert isinstance(bf16, AnalyticCostModel) and isinstance(fp8, AnalyticCostModel)
-    assert fp8.speedup["fp8_e4m3"] == 1.0 and fp8.decode_attn_s_per_token == bf16.decode_attn_s_per_token
-    per_token = 2 * 8 * 128 * 2  # Llama-3.1-8B at TP 1: K and V, 8 KV heads x 128 dims, bf16
-    for batch, ctx in ((1, 500), (8, 1000), (8, 1234), (16, 2000), (64, 4000)):
-        sum_ctx = np.array([float(batch * ctx)])
-        tokens = float(bf16.paged_tokens(batch, sum_ctx + batch)[0])
-        want = fit.fp8_decode.at(tokens * per_token)
-        got = float(fp8._decode_attn_time(batch, sum_ctx)[0] / bf16._decode_attn_time(batch, sum_ctx)[0])
-        assert got == pytest.approx(want, rel=1e-9), (batch, ctx)
-        if tokens * per_token <= 32 * 2**20 or tokens * per_token >= 64 * 2**20:  # the tables' turn
-            assert (got > 1) == (tokens * per_token <= 32 * 2**20), (batch, ctx)
-    # A window of steps prices each step as it would alone, float for float (fast-forward).
-    window = np.array([float(8 * c) for c in range(900, 9000, 450)])
-    vec = fp8._decode_attn_time(8, window)
-    assert [float(fp8._decode_attn_time(8, window[j : j + 1])[0]) for j in range(window.size)] == vec.tolist()
-    p = bf16.ops.prefill_attn
-    for n in (64, 512, 2048, 8192, 16384, 20000):
-        work = (bf16._prefill_attn_time(n, 0), fp8._prefill_attn_time(n, 0))
-        assert work[1] == pytest.approx(fit.fp8_prefill.at(n) * work[0], rel=1e-12)
-    assert fit.fp8_prefill.at(20000) == fit.fp8_prefill.ys[-1]  # held beyond the last knot
-    assert p.t0_s > 0 and fp8.prefill_launch_s == bf16.prefill_launch_s  # the launch is not scaled
-    # Without fp8 tables (a100-80gb) or any tables (h100-pcie): the published 1.6x, no prefill factor.
-    for gpu in ("a100-80gb", "h100-pcie"):
-        pub = make_cost_model(small_scenario(cluster={"gpu": gpu}, kv={"format": "fp8"}))
-        assert isinstance(pub, AnalyticCostModel) and pub.fp8_decode is None and pub.fp8_prefill is None
-        assert pub.speedup["fp8_e4m3"] == 1.6 and pub.prefill_format_factor == 1.0
-
-
-def test_a_mix_and_a_switch_price_fp8s_factor_on_its_part_only():
-    """Half the heads in fp8: half the call's per-token and fixed time takes the factor; a switch to
-    fp8 prices its switched slots with it, and with no sequence switched it prices as bf16."""
-    h200 = {"gpu": "h200-sxm"}
-    bf16 = make_cost_model(small_scenario(cluster=h200))
-    fp8 = make_cost_model(small_scenario(cluster=h200, kv={"format": "fp8"}))
-    mix = make_cost_model(
-        small_scenario(cluster=h200, kv={"format": "bf16", "format_mix": {"format": "fp8", "share": 0.5}})
+    assert fp8.speedup["fp8_e4m3"] == fit.fp8_decode_speedup
+    assert fp8.decode_attn_s_per_token == pytest.approx(bf16.decode_attn_s_per_token / fit.fp8_decode_speedup)
+    assert fp8._prefill_attn_time(2048, 0) == pytest.approx(
+        fit.fp8_prefill_factor * bf16._prefill_attn_time(2048, 0)
     )
-    assert isinstance(mix, AnalyticCostModel) and mix.fp8_share == 0.5
-    ctx = np.array([16.0 * 4000])
-    b, f, m = (float(c._decode_attn_time(16, ctx)[0]) for c in (bf16, fp8, mix))
-    assert m == pytest.approx((b + f) / 2, rel=1e-9) and f < b
-    switch = {"format": "bf16", "format_switch": {"after_tokens": 1000, "format": "fp8"}}
-    sw = make_cost_model(small_scenario(cluster=h200, kv=switch))
-    assert isinstance(sw, AnalyticCostModel) and sw.fp8_decode is not None and sw.fp8_s_per_token == 0
-    assert float(sw._decode_attn_time(16, ctx)[0]) == b
-    # All 16 sequences switched (their contexts in bf16 slots: each slot holds 2 fp8 tokens).
-    half = np.array([16.0 * 2000])
-    assert float(sw._switched_decode_attn_time(16, half, 16, half - 16)[0]) == pytest.approx(
-        float(fp8._decode_attn_time(16, ctx)[0]), rel=0.02
-    )
+    # Without tables (h100-pcie): the published 1.6x, no prefill factor.
+    pub = make_cost_model(small_scenario(cluster={"gpu": "h100-pcie"}, kv={"format": "fp8"}))
+    assert pub.speedup["fp8_e4m3"] == 1.6 and pub.prefill_format_factor == 1.0
 
 
 def _measured(op: str, **where: int) -> float:

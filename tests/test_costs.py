@@ -14,9 +14,8 @@ from tests.test_profile import _model
 
 
 def test_a_one_token_prefill_chunk_is_priced_as_prefill_not_decode():
-    # fp8 KV (H100, fitted): decode attention is priced from bf16 bytes times the measured decode
-    # factor at the call's bytes, a prefill chunk from its own bytes times the prefill factor at its
-    # length, so the two prices of one token over 4096 cached ones differ.
+    # fp8 KV: decode attention is priced from bf16 bytes over a measured 1.6x speed-up, a prefill
+    # chunk from its own bytes, so the two prices of one token over 4096 cached ones differ.
     cm = make_cost_model(small_scenario(kv={"format": "fp8"}))
     one = ForwardBatch.prefill(1, 4096)
     dec = ForwardBatch.decode((4096,))
@@ -31,13 +30,7 @@ def test_a_one_token_prefill_chunk_is_priced_as_prefill_not_decode():
     verify = ForwardBatch((SeqKind.VERIFY,), (4,), (4096,), 4)
     verify_attn = cm.prefill_launch_s + cm._verify_attn_time(4, 4096)
     assert cm.step_time(verify) == cm.overhead_s + cm._gemm_time(4, 4) + cm._write_time(4) + verify_attn
-    assert cm.step_time(dec) < cm.step_time(verify)
-    # In bf16 the one-token chunk costs more than the decode. In fp8 the two land within 1%: the
-    # decode call at 16 MB of bf16 KV takes the tables' 1.09x, the chunk reads half the bytes at
-    # the prefill factor fitted on chunks without a prefix (no table measures one over a prefix).
-    bf16 = make_cost_model(small_scenario())
-    assert bf16.step_time(dec) < bf16.step_time(one)
-    assert cm.step_time(one) == pytest.approx(cm.step_time(dec), rel=0.01)
+    assert cm.step_time(dec) < cm.step_time(verify) and cm.step_time(dec) < cm.step_time(one)
 
 
 def test_a_short_chunk_over_a_long_prefix_pays_the_ramp_on_its_own_tokens():

@@ -303,29 +303,26 @@ def _sign_model(tmp_path: Path, prof: dict, fmt: str = "fp8", **kv: object) -> P
 
 
 def test_a_profile_that_disagrees_with_the_fitted_model_on_a_formats_direction_says_so(tmp_path):
-    # The fitted H100 model: fp8's decode call at 512 MB of bf16 KV (32 x 4,000 tokens) 0.72x
-    # bf16's (NVIDIA's tables: fp8 faster from 64 MB a call). This profile: fp8 twice as slow.
+    # The fitted H100 model: fp8 decode attention 1.26x faster. This profile: fp8 twice as slow.
     cm = _sign_model(tmp_path, _fp8_profile(2.0))
-    (line,) = cm.format_sign_warnings(32, 4000.0)
+    (line,) = cm.format_sign_warnings(8, 1000.0)
     assert line.startswith(
         "cost model: the profile and the fitted analytic model disagree on fp8_e4m3/per_tensor's "
-        "direction: a decode step of 32 sequences x 4,000 tokens (the run's mean) takes +"
+        "direction: a decode step of 8 sequences x 1,000 tokens (the run's mean) takes +"
     )
     assert "on analytic (fitted to aiconfigurator h100_sxm tables)" in line and "% vs bf16" in line
     # Agreeing (fp8 faster on both), a bf16 cache, a profile with no bf16 to compare: silent.
-    assert _sign_model(tmp_path, _fp8_profile(0.5)).format_sign_warnings(32, 4000.0) == []
-    assert _sign_model(tmp_path, _fp8_profile(2.0), "bf16").format_sign_warnings(32, 4000.0) == []
+    assert _sign_model(tmp_path, _fp8_profile(0.5)).format_sign_warnings(8, 1000.0) == []
+    assert _sign_model(tmp_path, _fp8_profile(2.0), "bf16").format_sign_warnings(8, 1000.0) == []
     no_bf16 = _sign_model(tmp_path, _fp8_profile(2.0, bf16=False))
-    assert no_bf16.format_sign_warnings(32, 4000.0) == []
+    assert no_bf16.format_sign_warnings(8, 1000.0) == []
     # A change too small for a direction (under 0.1% of the step), and the analytic model itself.
-    assert _sign_model(tmp_path, _fp8_profile(1.001)).format_sign_warnings(32, 4000.0) == []
-    assert _analytic(format="fp8").format_sign_warnings(32, 4000.0) == []
+    assert _sign_model(tmp_path, _fp8_profile(1.001)).format_sign_warnings(8, 1000.0) == []
+    assert _analytic(format="fp8").format_sign_warnings(8, 1000.0) == []
 
 
 def test_the_run_warns_once_at_its_typical_shape_stepping_and_fast_forward(tmp_path):
-    # Prompts of 6,000 tokens: the typical decode call reads well over 64 MB of bf16 KV, where the
-    # fitted H100 model's fp8 is faster (below 32 MB the tables' fp8 is slower).
-    wl = {"synthetic": {"num_requests": 12, "rate": 50, "input": {"dist": "constant", "mean": 6000}}}
+    wl = {"synthetic": {"num_requests": 12, "rate": 50, "input": {"dist": "constant", "mean": 600}}}
     for fp8_time, warned in ((2.0, 1), (0.5, 0)):
         path = tmp_path / f"p{fp8_time}.json"
         path.write_text(json.dumps(_fp8_profile(fp8_time)))
@@ -339,7 +336,7 @@ def test_the_run_warns_once_at_its_typical_shape_stepping_and_fast_forward(tmp_p
         assert stepped.summary["warnings"] == res.summary["warnings"]  # the shape is the requests'
     finished = [r for r in res.seqs if r.output_len > 1]
     n, ctx = typical_shape(finished, math.fsum(s.busy_s for s in res.stats)) or (0, 0.0)
-    assert 1 <= n <= 12 and 6000 < ctx < 6000 + max(r.output_len for r in finished)
+    assert 1 <= n <= 12 and 600 < ctx < 600 + max(r.output_len for r in finished)
     assert typical_shape([], 1.0) is None
 
 

@@ -32,12 +32,9 @@ Published efficiencies (`kvsim.costs.analytic_fit.PUBLISHED`) and their sources
 
 On every GPU (not fitted: the tables hold no such data):
 - decode attention speed-up over bf16 by KV format, at long context: fp8 1.6x (vLLM FA3 1.5-1.75x
-  on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4's 4-bit codes 1.7x
-  (KVQuant's kernel about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in
-  SGLang). GPUs whose tables hold fp8 points (h100-sxm, h200-sxm, b200) price fp8 instead at
-  bf16's rates times fitted time factors (``fp8_kv`` in the fit file): decode attention's call by
-  its bf16 KV bytes per layer (H100: 1.08-1.15x up to 32 MB, 0.61-0.77x from 64 MB), a prefill
-  chunk's work by its length (H100: 1.36-1.63x up to 1,024 tokens, 1.0x at 16,384).
+  on H100; GPUs with tables use their fitted fp8 speed-up and an fp8 prefill-attention factor,
+  ``fp8_kv`` in the fit file: 1.26x and 1.18x slower prefill on H100), int8 1.6x (estimate: same bytes as fp8), int4 and kvquant4's 4-bit codes 1.7x (KVQuant's kernel
+  about 1.7x over fp16; a fused 4-bit Triton kernel reached only 0.93-1.05x in SGLang).
 - kvquant4's outlier path, on top of its codes' 1.7x (estimate, `kvsim.costs.work`): its outliers'
   bytes (fp16 value + int16 index) at the decode efficiency, and their merge into the dequantized
   vectors, 2 vector operations per element per outlier (``kernels/kv_cache.py``), at the
@@ -53,7 +50,7 @@ On every GPU (not fitted: the tables hold no such data):
   short elementwise kernel over a few MB per step, no measurement on file), its vector operations
   at 1/15 of the dense BF16 tensor rate (H100 SXM datasheet: 67 TFLOP/s FP32 vs 989 TFLOP/s BF16).
 - mixed formats per head: each part's decode attention at its own speed-up, weighted by its share
-  of the cached vectors (a fitted fp8 factor on fp8's share of the call's time and of a chunk's).
+  of the cached vectors.
 - a format switch (``kv.format_switch``): a switched sequence's decode attention at the second
   format's speed-up over its real tokens (b1 / b2 per first-format slot), its new tokens'
   quantize-on-write in the second format, and the crossing's re-quantization (every resident token
@@ -88,7 +85,6 @@ On every GPU (not fitted: the tables hold no such data):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,7 +93,6 @@ from kvsim.core.eviction import Eviction, EvictionKind, EvictionWork
 from kvsim.costs.analytic_fit import PUBLISHED, PUBLISHED_LABEL, OpFits, fit_for, smooth_max
 from kvsim.costs.base import StepCostModel, transfer_time
 from kvsim.costs.work import (
-    BF16,
     REFERENCE_BLOCK_SIZE,
     ModelWork,
     attended_prefix,
@@ -106,7 +101,6 @@ from kvsim.costs.work import (
     decode_tokens_read,
     format_parts,
     kv_bytes_per_token_gpu,
-    kv_bytes_per_token_layer_gpu,
     outlier_read_work_per_token,
     quant_write_work_per_token,
     requant_work_per_token,
@@ -137,7 +131,6 @@ class Efficiencies:
     )
 
 
-FP8 = "fp8_e4m3"  # the format kind whose factors the fit file holds
 TRIM_LAUNCHES = 3  # top-k, compaction, block-table update
 TRIM_LAUNCH_S = 5e-6  # estimate of one small kernel's launch and tail
 
@@ -172,7 +165,7 @@ class AnalyticCostModel(StepCostModel):
         self.ops = ops or (self.fit.ops if self.fit else PUBLISHED)
         self.name = self.fit.label if self.fit else PUBLISHED_LABEL
         self.overhead_s = self.eff.step_overhead_s
-        self._init_formats(fmt, mix, switch)
+        self._init_formats(fmt, mix)
         m = model
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
@@ -194,16 +187,6 @@ class AnalyticCostModel(StepCostModel):
             share * (w.kv_bytes_per_token_bf16 / (self.bw * d.e_max) / self.speedup.get(f.kind.value, 1.0))
             for f, share in format_parts(fmt, mix)
         )
-        # fp8's part of that (at bf16's rate, so its factor's excess over 1 adds (r - 1) x it), and
-        # the factor's knots in tokens read per call (bytes per layer over the bf16 bytes a token
-        # of one layer holds on this GPU), in log for `np.interp`.
-        self.fp8_s_per_token = 0.0
-        self.fp8_log_tokens = self.fp8_factors = np.zeros(0)
-        if self.fp8_decode is not None:
-            self.fp8_s_per_token = self.fp8_share * w.kv_bytes_per_token_bf16 / (self.bw * d.e_max)
-            per_token = kv_bytes_per_token_layer_gpu(m, BF16, tp)
-            self.fp8_log_tokens = np.log(np.asarray(self.fp8_decode.xs) / per_token)
-            self.fp8_factors = np.asarray(self.fp8_decode.ys)
         # kvquant4's outlier path on top of its 4-bit codes' speed-up (int4's): the outliers' bytes
         # at the decode efficiency, their merge into the vectors at the vector rate, not overlapped.
         self.vector_flops = gpu.bf16_flops * self.eff.vector_flops_fraction
@@ -226,21 +209,19 @@ class AnalyticCostModel(StepCostModel):
         # All-reduces run over the GPUs' peer link: NVLink, or PCIe peer copies where there is none.
         self.link_bw = topology.nvlink.bw_bytes_per_s
 
-    def _init_formats(self, fmt: KVFormat, mix: FormatMix | None, switch: FormatSwitch | None) -> None:
-        """fp8 KV where the GPU's tables measured it (`GpuFit.fp8_decode`, `.fp8_prefill`): its part
-        of the cache priced at bf16's rates, then its decode-attention call times the fitted
-        factor at the call's bf16 KV bytes per layer, its prefill chunk times the fitted factor at
-        the chunk's length. Elsewhere the published decode speed-up and no prefill factor."""
+    def _init_formats(self, fmt: KVFormat, mix: FormatMix | None) -> None:
+        """fp8 KV: the fitted speed-up and prefill factor where the GPU's tables measured them."""
         self.speedup = dict(self.eff.format_decode_speedup)
-        self.fp8_share = sum(s for f, s in format_parts(fmt, mix) if f.kind.value == FP8)
-        switch_fp8 = switch is not None and switch.format.kind.value == FP8
-        fit = self.fit
-        self.fp8_decode = fit.fp8_decode if fit is not None and (self.fp8_share or switch_fp8) else None
-        self.fp8_prefill = fit.fp8_prefill if fit is not None and self.fp8_share else None
-        if self.fp8_decode is not None:
-            self.speedup[FP8] = 1.0  # at bf16's rate: the fitted time factor says the rest
-        self.prefill_format_factor = 1.0  # prefill attention's time factor without a fitted curve
-        self._prefill_factors: dict[int, float] = {}  # `_prefill_factor`'s memo, per chunk length
+        fp8_prefill = 1.0
+        if self.fit is not None and self.fit.fp8_decode_speedup is not None:
+            self.speedup["fp8_e4m3"] = self.fit.fp8_decode_speedup
+        if self.fit is not None and self.fit.fp8_prefill_factor is not None:
+            fp8_prefill = self.fit.fp8_prefill_factor
+        # Prefill attention's time factor: each part of the cache's formats at its share.
+        self.prefill_format_factor = sum(
+            share * (fp8_prefill if f.kind.value == "fp8_e4m3" else 1.0)
+            for f, share in format_parts(fmt, mix)
+        )
 
     def _init_eviction(self, eviction: Eviction | None) -> None:
         """Token eviction's per-token work: H2O's score accumulation or the entropy statistics, plus
@@ -269,15 +250,11 @@ class AnalyticCostModel(StepCostModel):
         self.switch_write_s_per_token = 0.0
         self.requant_bytes_per_token = 0.0
         self.requant_flops_per_token = 0.0
-        self.switch_fp8_s_per_slot = 0.0  # fp8 second format with a fitted factor: as `fp8_s_per_token`
-        self.switch_fp8_slots = 0.0  # its real tokens per first-format slot (0: not fp8)
-        self.switch_slots = 0.0  # real tokens per first-format slot of the second format
         if switch is None:
             return
         m, w, tp, gpu = self.model, self.work, self.tp, self.gpu
         f2 = switch.format
         slots = w.kv_bytes_per_token / kv_bytes_per_token_gpu(m, f2, tp)  # tokens per slot: b1 / b2
-        self.switch_slots = slots
         speed = self.speedup.get(f2.kind.value, 1.0)
         e_max = self.ops.decode_attn.e_max
         self.switch_s_per_slot = slots * w.kv_bytes_per_token_bf16 / (self.bw * e_max) / speed
@@ -286,9 +263,6 @@ class AnalyticCostModel(StepCostModel):
             self.switch_s_per_slot += slots * ob / (self.bw * e_max)
             self.switch_outlier_s_per_slot = slots * self.outlier_merge_s(f2)
         self.switch_flops_s_per_slot = slots * self.decode_attn_flops_s_per_token
-        if f2.kind.value == FP8 and self.fp8_decode is not None:  # fp8 as the second format: its factor
-            self.switch_fp8_s_per_slot = self.switch_s_per_slot
-            self.switch_fp8_slots = slots
         qb, qf = quant_write_work_per_token(m, f2, tp, None)
         self.switch_write_s_per_token = max(
             qb / (self.bw * self.eff.kv_write_bw),
@@ -331,23 +305,12 @@ class AnalyticCostModel(StepCostModel):
         sw = decode_tokens_read(num_switched, switched_ctx)
         rest = tokens - sw + block_extra_tokens(num_seqs, tokens, self.block_size)
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
-        bytes_s = rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot
-        if self.fp8_s_per_token or self.switch_fp8_s_per_slot:  # fp8's part times its factor
-            real = rest + sw * self.switch_slots  # the call's tokens, whichever format holds them
-            excess = self._fp8_factor(real) - 1.0
-            fp8_tokens = rest * self.fp8_share + sw * self.switch_fp8_slots
-            fixed = fixed * (1.0 + excess * fp8_tokens / real)
-            bytes_s = bytes_s + excess * (rest * self.fp8_s_per_token + sw * self.switch_fp8_s_per_slot)
         out: np.ndarray = fixed + np.maximum(
-            bytes_s, rest * self.decode_attn_flops_s_per_token + sw * self.switch_flops_s_per_slot
+            rest * self.decode_attn_s_per_token + sw * self.switch_s_per_slot,
+            rest * self.decode_attn_flops_s_per_token + sw * self.switch_flops_s_per_slot,
         )
         if self.outlier_s_per_token or self.switch_outlier_s_per_slot:
             out = out + (rest * self.outlier_s_per_token + sw * self.switch_outlier_s_per_slot)
-        return out
-
-    def _fp8_factor(self, tokens: np.ndarray) -> np.ndarray:
-        """fp8's fitted decode-attention time factor for calls reading ``tokens`` tokens each."""
-        out: np.ndarray = np.interp(np.log(tokens), self.fp8_log_tokens, self.fp8_factors)
         return out
 
     def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
@@ -359,21 +322,9 @@ class AnalyticCostModel(StepCostModel):
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
-        if self.fp8_s_per_token:  # fp8's part of the call times its fitted factor at these bytes
-            r = self._fp8_factor(tokens)
-            if self.fp8_share == 1.0:  # all of the cache in fp8: the whole call (its FLOPs aside)
-                call, read = fixed * r, r * self.fp8_s_per_token
-            else:
-                call = fixed + fixed * self.fp8_share * (r - 1.0)
-                read = self.decode_attn_s_per_token + self.fp8_s_per_token * (r - 1.0)
-            if self.score_s_per_token:
-                per_token = np.maximum(read, self.decode_attn_flops_s_per_token)
-                out: np.ndarray = call + tokens * (per_token + self.score_s_per_token)
-            else:
-                out = call + np.maximum(tokens * read, tokens * self.decode_attn_flops_s_per_token)
-        elif self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
-            most = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
-            out = fixed + tokens * (most + self.score_s_per_token)
+        if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
+            per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+            out: np.ndarray = fixed + tokens * (per_token + self.score_s_per_token)
         else:
             out = fixed + np.maximum(
                 tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
@@ -388,12 +339,9 @@ class AnalyticCostModel(StepCostModel):
         # for n queries if larger, plus its per-sequence time. Estimate: the prefill fit's ramp
         # (n_half) is fitted to chunks of hundreds of tokens and would price 5 queries like 1,000.
         tokens = ctx + n + float(block_extra_tokens(1, ctx + n, self.block_size))
-        per_seq, read = self.decode_per_seq_s, self.decode_attn_s_per_token
-        if self.fp8_s_per_token:  # fp8's factor at this row's bytes, as a decode call's
-            excess = float(np.interp(math.log(tokens), self.fp8_log_tokens, self.fp8_factors)) - 1.0
-            per_seq *= 1.0 + self.fp8_share * excess
-            read += self.fp8_s_per_token * excess
-        t = per_seq + max(tokens * read, n * tokens * self.decode_attn_flops_s_per_token)
+        t = self.decode_per_seq_s + max(
+            tokens * self.decode_attn_s_per_token, n * tokens * self.decode_attn_flops_s_per_token
+        )
         if self.outlier_s_per_token:
             t += tokens * self.outlier_s_per_token
         return t
@@ -442,8 +390,7 @@ class AnalyticCostModel(StepCostModel):
         # The efficiency ramp of short chunks on the chunk's own causal pairs (`PrefillAttnEff`):
         # the tables measure prefix 0 only, where the two are the same.
         ramp = (self.work.prefill_attn_flops(n, 0) if ctx else flops) * (p.n_half / n)
-        factor = self.prefill_format_factor if self.fp8_prefill is None else self._prefill_factor(n)
-        t = factor * float(
+        t = self.prefill_format_factor * float(
             max(
                 (flops + ramp) / (self.gpu.bf16_flops * p.e_max),
                 self.work.prefill_kv_bytes(n, ctx) * self.gather / (self.bw * p.e_kv),
@@ -454,15 +401,6 @@ class AnalyticCostModel(StepCostModel):
         if self.outlier_s_per_token and ctx:  # the cached prefix's outliers, merged once per chunk
             t += attended_prefix(self.model, ctx) * self.outlier_s_per_token
         return t
-
-    def _prefill_factor(self, n: int) -> float:
-        """fp8's fitted prefill-attention time factor for a chunk of ``n`` new tokens, at its share
-        of the cache (memoised per chunk length)."""
-        f = self._prefill_factors.get(n)
-        if f is None:
-            assert self.fp8_prefill is not None
-            f = self._prefill_factors[n] = 1.0 + self.fp8_share * (self.fp8_prefill.at(n) - 1.0)
-        return f
 
     prefix_rule = (
         "the prefix's pairs at the fitted long-chunk efficiency, the short-chunk ramp on the chunk's "

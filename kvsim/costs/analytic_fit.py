@@ -19,10 +19,6 @@ dense bf16 peak, B its HBM bandwidth):
   prefix hit's remainder, a one-token recompute) is not priced as ``n_half`` queries over the
   whole prefix, which no measurement supports.
 
-fp8 KV, where the tables measured it: the bf16 forms times a time factor over the call's shape
-(`Curve`, piecewise linear in log x, clamped): decode attention's whole call by its bf16 KV bytes
-per layer, prefill attention's chunk work by its new tokens, fitted to the measured fp8 / bf16 time.
-
 With ``t0 = t_item = 0``, ``n_half = 0`` and ``q = inf`` the forms are the plain roofline of published
 peaks times one efficiency (`PUBLISHED`). ``python -m calibrate.fit_analytic`` fits the parameters
 per GPU to NVIDIA aiconfigurator-core's measured kernel tables (least squares on log relative
@@ -32,9 +28,7 @@ error) and writes them, with the tables' provenance, to ``kvsim/data/analytic_fi
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import json
 import math
 from dataclasses import dataclass, fields
@@ -47,7 +41,7 @@ from kvsim.errors import KvsimError
 from kvsim.spec.hardware import GPUSpec
 
 SCHEMA = "kvsim-analytic-fit"
-VERSION = 2  # 2: fp8 KV's factors are curves over the call's shape (``fp8_kv``), not constants
+VERSION = 1
 FIT_FILE = "data/analytic_fit.json"  # inside the kvsim package
 
 
@@ -109,31 +103,6 @@ class PrefillAttnEff:
 
 
 @dataclass(frozen=True)
-class Curve:
-    """A factor over one shape variable ``x``: piecewise linear in log x between the knots, held at
-    the end knots' values beyond them (a fit says nothing outside its data)."""
-
-    xs: tuple[float, ...]  # knots, increasing, > 0
-    ys: tuple[float, ...]  # the factor at each knot
-
-    def at(self, x: float) -> float:
-        """The factor at one ``x`` (Python floats: for the scalar parts of a step's price)."""
-        xs, ys = self.xs, self.ys
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_right(xs, x)
-        lo, hi = math.log(xs[i - 1]), math.log(xs[i])
-        return ys[i - 1] + (ys[i] - ys[i - 1]) * (math.log(x) - lo) / (hi - lo)
-
-    def over(self, x: Any) -> np.ndarray:
-        """The factor at each ``x`` (vectorised; the same interpolation as `at`)."""
-        out: np.ndarray = np.interp(np.log(x), np.log(np.asarray(self.xs)), np.asarray(self.ys))
-        return out
-
-
-@dataclass(frozen=True)
 class OpFits:
     gemm: GemmEff
     decode_attn: DecodeAttnEff
@@ -176,10 +145,8 @@ class GpuFit:
     peaks: tuple[float, float]  # the preset's bf16 FLOP/s and HBM bytes/s the efficiencies divide
     reused_from: str | None = None  # a preset of the same architecture whose fit this one reuses
     # fp8 KV over the bf16 forms (``fp8_kv``; None: the published speed-up, no prefill factor):
-    # the fp8 call's time over bf16's at the same shape, by the call's bf16 KV bytes per layer
-    # (decode attention) and by the chunk's new tokens (prefill attention).
-    fp8_decode: Curve | None = None
-    fp8_prefill: Curve | None = None
+    fp8_decode_speedup: float | None = None  # decode's bf16-equivalent bytes divided by it
+    fp8_prefill_factor: float | None = None  # prefill attention's time multiplied by it
 
     @property
     def label(self) -> str:
@@ -213,45 +180,6 @@ def _op(cls: Any, raw: object, source: str, path: str) -> Any:
             )
         values[name] = float(v)
     return cls(**values)
-
-
-# fp8 KV's factors in the fit file: (key under ``fp8_kv``, the name of its knots' variable).
-FP8_CURVES = (("decode_time_factor", "kv_bytes_per_call"), ("prefill_time_factor", "chunk_tokens"))
-FACTOR_BOUNDS = (0.25, 4.0)  # what a fitted time factor may be
-
-
-def _curve(raw: object, x_name: str, source: str, path: str) -> Curve:
-    """A `Curve` from ``{x_name: [knots], "factor": [values]}``, validated (one line per error)."""
-    if not isinstance(raw, dict):
-        raise KvsimError(f"expected an object of {x_name} and factor", source=source, path=path)
-    xs, ys = raw.get(x_name), raw.get("factor")
-    for name, v in ((x_name, xs), ("factor", ys)):
-        if not isinstance(v, list) or not v or not all(_finite(e) for e in v):
-            raise KvsimError(
-                f"expected a non-empty list of numbers, got {v!r}", source=source, path=f"{path}.{name}"
-            )
-    assert isinstance(xs, list) and isinstance(ys, list)
-    if len(xs) != len(ys):
-        raise KvsimError(
-            f"expected as many factors as knots ({len(xs)}), got {len(ys)}",
-            source=source,
-            path=f"{path}.factor",
-        )
-    if xs[0] <= 0 or any(b <= a for a, b in itertools.pairwise(xs)):
-        raise KvsimError(
-            f"expected positive, increasing knots, got {xs!r}", source=source, path=f"{path}.{x_name}"
-        )
-    lo, hi = FACTOR_BOUNDS
-    bad = [v for v in ys if not lo <= v <= hi]
-    if bad:
-        raise KvsimError(
-            f"expected factors in {lo:g}..{hi:g}, got {bad[0]!r}", source=source, path=f"{path}.factor"
-        )
-    return Curve(tuple(float(v) for v in xs), tuple(float(v) for v in ys))
-
-
-def _finite(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def parse_fits(data: object, source: str) -> dict[str, GpuFit]:
@@ -300,13 +228,20 @@ def parse_fits(data: object, source: str) -> dict[str, GpuFit]:
         if reused is not None and not isinstance(reused, str):
             raise KvsimError("expected a GPU preset name or null", source=source, path=f"{where}.reused_from")
         pk = (float(peaks["bf16_flops"]), float(peaks["hbm_bw_bytes_per_s"]))
-        fp8: list[Curve | None] = [None, None]
+        fp8: list[float | None] = [None, None]
         raw8 = entry.get("fp8_kv")
         if raw8 is not None:
             if not isinstance(raw8, dict):
                 raise KvsimError("expected an object", source=source, path=f"{where}.fp8_kv")
-            for i, (key, x_name) in enumerate(FP8_CURVES):
-                fp8[i] = _curve(raw8.get(key), x_name, source, f"{where}.fp8_kv.{key}")
+            for i, key in enumerate(("decode_speedup", "prefill_factor")):
+                v = raw8.get(key)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0.25 <= v <= 4.0:
+                    raise KvsimError(
+                        f"expected a number in 0.25..4, got {v!r}",
+                        source=source,
+                        path=f"{where}.fp8_kv.{key}",
+                    )
+                fp8[i] = float(v)
         out[gpu] = GpuFit(gpu, OpFits(**parsed), system, prov, pk, reused, fp8[0], fp8[1])
     return out
 
