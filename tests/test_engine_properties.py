@@ -84,8 +84,8 @@ class CheckedScheduler(Scheduler):
         self.check()
         return plan
 
-    def advance(self, plan, k=1, *, scheduled=True):  # type: ignore[no-untyped-def]
-        out = super().advance(plan, k, scheduled=scheduled)
+    def advance(self, plan, k=1):  # type: ignore[no-untyped-def]
+        out = super().advance(plan, k)
         self.check()
         return out
 

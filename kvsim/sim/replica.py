@@ -1,7 +1,7 @@
 """A replica: one SimPy process running the scheduler's step loop; the clock advances only by step
 durations from the cost model. Every schedule runs as a window of steps, one engine for all: a
-fast-forward window where nothing stepping would react to can happen (`kvsim.core.horizon`), a
-chain (a step of another composition, then everyone's decode steps), or a single step; each priced
+fast-forward window where nothing stepping would react to can happen (`kvsim.core.horizon`) or a
+single step; each priced
 by `CostModel.step_times` and applied by `Scheduler.advance`, so results equal stepping one by one
 (`sim.fast_forward: false`; tests/test_engine.py and the property tests check this). An arrival
 routed here mid-window cuts it after the step it lands in; the router reads a windowed replica in
@@ -24,7 +24,6 @@ import simpy
 
 from kvsim.core.horizon import (
     VerifyWindow,
-    blocks_needed_through,
     decode_window,
     mixed_window,
     steps_before,
@@ -219,17 +218,6 @@ class Replica:
         # (None: not written): then windows change no cache entry, so every event comes at a
         # schedule or a step's end.
         self.sched, self.offload, self.kv_events = parts(self)
-        # Whether a step of another composition may open a window (`_chain`): not where a mechanism
-        # acts between steps (lower tiers and their links, token eviction, speculative decoding) or
-        # KV events are written per schedule.
-        sched = self.sched
-        self._chains = (
-            fast_forward
-            and self.offload is None
-            and self.kv_events is None
-            and sched.kv.eviction is None
-            and sched.spec is None
-        )
         # Running ahead of the clock (`run`): a window that ends strictly before the next arrival
         # and the end of the simulation is applied at once, without an engine event, since only an
         # arrival (routed here, or reading this replica through the router) can come between. Only
@@ -354,8 +342,6 @@ class Replica:
         """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
         stepping's order. Returns (sampled their first token, finished)."""
         sched = self.sched
-        if not n:  # a chain cut after its first step, which it applied when it began
-            return [], []
         if win.verify is not None:
             a = win.applied
             in_use, done = sched.advance_verify(win.reqs, win.verify.drafts, win.verify.accepted, a, n)
@@ -379,13 +365,13 @@ class Replica:
         others = plan.verify_reqs + plan.prefill_reqs if plan.verify_reqs else plan.prefill_reqs
         if others:
             g0 = [r.num_generated for r in others]
-            first, done = sched.advance(plan, n, scheduled=not win.chained)
+            first, done = sched.advance(plan, n)
             t = win.ends[a + n - 1]
             for r, g in zip(others, g0, strict=True):
                 if r.num_generated > g:  # a prefill's last chunk sampled; a verify row's tokens
                     self.gaps.emit(r.id, t, r.num_generated - g)
         else:
-            first, done = sched.advance(plan, n, scheduled=not (win.chained and a == 1))
+            first, done = sched.advance(plan, n)
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
@@ -447,15 +433,11 @@ class Replica:
             for seq in plan.admitted:
                 if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                     seq.first_scheduled_s = self.clock
-            win = self._window(plan) if self.fast_forward else None
-            if win is None and self._chains:
-                win = self._chain(plan)
-            if win is None:
-                win = self._single_step(plan)
+            win = (self._window(plan) if self.fast_forward else None) or self._single_step(plan)
             ahead = self._ahead is not None and win.ends[win.k - 1] < self._ahead()
             if ahead:
                 pass  # it ends before anything from outside can come: applied now, no event
-            elif win.k > 1 or win.applied:  # the router reads it mid-window; an arrival may cut it
+            elif win.k > 1:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -561,73 +543,6 @@ class Replica:
                 if c
             )
             win.prefix_extrapolated = lambda _k: terms
-        return win
-
-    def _chain(self, plan: SchedulerOutput) -> _Window | None:
-        """The scheduled step (admitting requests, finishing prompts) and after it the decode-only
-        steps of everyone running, as one window, where stepping's next schedule is known in closed
-        form: every prefill row samples at this step, nobody finishes at it, verify rows and
-        preemptions none, and nobody can be admitted next (nothing waits, the running cap is
-        reached, or the first waiting request is out for want of blocks, which the decode steps take
-        only from empty ones). Its first step is applied now: the router reads it through the
-        window's token counts (`outstanding_tokens_at`), and an arrival cuts it where it lands,
-        as any window. Only without the mechanisms that act between steps (`_chains`)."""
-        sched, kv = self.sched, self.sched.kv
-        running = sched.running
-        if (
-            not plan.prefill_reqs
-            or plan.verify_reqs
-            or plan.preempted
-            or sched.loading
-            or sched.swapped
-            or len(plan.decode_reqs) + len(plan.prefill_reqs) != len(running)
-            or (sched.waiting and not plan.waiting_blocked and len(running) < sched.max_num_seqs)
-            or not all(plan.prefill_sampling)
-            or any(r.output_len <= 1 for r in plan.prefill_reqs)
-            or any(r.num_generated + 1 >= r.output_len for r in plan.decode_reqs)
-        ):
-            return None
-        win0 = self._single_step(plan)
-        dt0 = float(win0.durations[0])
-        # Step 0 applied now, in stepping's order: its blocks in use x seconds, its tokens.
-        self.stats.kv_block_s += kv.pool.num_used * dt0
-        t0 = win0.ends[0]
-        self.gaps.window(plan.decode_reqs, win0.ends)
-        g0 = [r.num_generated for r in plan.prefill_reqs]
-        first, done = sched.advance(plan, 1)
-        assert not done, "a chain's first step finishes nobody"
-        for r, g in zip(plan.prefill_reqs, g0, strict=True):
-            self.gaps.emit(r.id, t0, r.num_generated - g)
-        for seq in first:
-            seq.first_token_s = t0
-        tok0 = len(plan.decode_reqs) + sum(plan.prefill_new)
-        reqs = list(running)  # all decoding now, in running order: the next schedule's rows
-        part = SchedulerOutput(decode_reqs=reqs, decode_ctx=[r.num_computed for r in reqs])
-        if blocks_needed_through(reqs, 0, kv.block_size) > kv.num_empty_blocks:
-            dw = None  # the next step's blocks do not fit in the empty ones: it is scheduled alone
-        else:
-            dw = decode_window(part, kv, MAX_FF_STEPS - 1, may_evict=False)
-        n = len(reqs)
-        if dw is None:
-            d = win0.durations
-        else:
-            run = StepRun.decode(n, dw.sum_ctx)
-            d = np.concatenate((win0.durations, self.cost.step_times(run)))
-        ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
-        ends[0] = t0
-        k = self._steps_within(ends)
-        cost = self.cost
-        flags0 = win0.off_grid(1)
-
-        def off_grid(j: int) -> frozenset[str]:
-            if j <= 1 or dw is None:
-                return flags0
-            return flags0 | cost.step_off_grid(StepRun.decode(n, dw.sum_ctx), j - 1)
-
-        cum = [0, tok0, *(tok0 + n * j for j in range(1, k))]
-        win = _Window(part, reqs, ends[:k], k, 0, n, False, d[:k], off_grid, applied=1, chained=True)
-        win.tokens_cum = cum
-        win.prefix_extrapolated = win0.prefix_extrapolated
         return win
 
     def _window(self, plan: SchedulerOutput) -> _Window | None:
@@ -795,8 +710,5 @@ class _Window:
     # A single step's blocks in use, read when it was scheduled (a load landing mid-step may share
     # them); None: a window's, read as each part is applied (no load lands inside a window).
     used0: int | None = None
-    # A chain (`Replica._chain`): its first step, of another composition, was applied when it began;
-    # its decode steps after it take their first step's blocks when applied.
-    chained: bool = False
     # Seconds of its first k steps' prefill attention beyond the measured prefixes, added in order.
     prefix_extrapolated: Callable[[int], tuple[float, ...]] = field(default=lambda k: ())

@@ -45,9 +45,6 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     last_is_prefill: bool = False  # the last request scheduled (in running order) is a prefill row
-    # The first waiting request stayed out for want of blocks (not of budget or of the running cap):
-    # until blocks are freed or cached entries evicted, it stays out (`kvsim.sim.replica`'s chains).
-    waiting_blocked: bool = False
 
     @property
     def empty(self) -> bool:

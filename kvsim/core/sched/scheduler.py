@@ -301,7 +301,6 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             if not kv.admit(req, hits, num_new):
-                out.waiting_blocked = True  # for blocks: as long as none is freed, it stays out
                 break
             waiting.popleft()
             self.outstanding_tokens -= computed
@@ -352,19 +351,15 @@ class Scheduler:
         return computed
 
     # ---- after the step ---------------------------------------------------------------------------
-    def advance(
-        self, out: SchedulerOutput, k: int = 1, *, scheduled: bool = True
-    ) -> tuple[list[Request], list[Request]]:
+    def advance(self, out: SchedulerOutput, k: int = 1) -> tuple[list[Request], list[Request]]:
         """Apply `k` steps of `out`: the engine's one way to advance (a single step is k = 1). Each
         decode row computes one token a step; each prefill row its chunk a step, sampling when its
         computed tokens reach its token count; verify rows (k = 1 only: a speculative-decoding
         window applies through `advance_verify`) their accepted drafts. A fast-forward window
         (k > 1: decode-only, or decodes plus one prefill chunk, `kvsim.core.horizon`) takes the
         blocks of its steps after the first here (the first's were taken by `schedule`) and
-        registers the prefilling request's full blocks. `scheduled` false: the first step's blocks
-        are not held either (a window's steps after a step of another composition) and are taken
-        here too. Returns (requests that sampled their first token, finished); a window applied in
-        parts finishes nobody before its last part."""
+        registers the prefilling request's full blocks. Returns (requests that sampled their first
+        token, finished); a window applied in parts finishes nobody before its last part."""
         decoders = out.decode_reqs
         done = _advance_decoding(decoders, k)
         first: list[Request] = []
@@ -376,7 +371,7 @@ class Scheduler:
         for req, n in zip(out.prefill_reqs, out.prefill_new, strict=True):
             req.num_computed += k * n
             tokens += k * n
-        if k > 1 or not scheduled:
+        if k > 1:
             chunk = out.prefill_new[0] if out.prefill_reqs else 0
             self.last_new_blocks = kv.grow_decode([*decoders, *out.prefill_reqs], k, chunk)
             if chunk and len((p := out.prefill_reqs[0]).held_keys) < len(p.keys):
