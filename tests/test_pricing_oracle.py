@@ -57,6 +57,7 @@ def batches(draw):  # type: ignore[no-untyped-def]
 def test_a_single_step_costs_what_the_oracle_says(batch, which):  # type: ignore[no-untyped-def]
     cm = MODELS[which]
     assert cm.step_times(StepRun.of(batch))[0] == oracle_price(cm, batch)
+    assert cm.step_seconds(StepRun.of(batch)) == oracle_price(cm, batch)  # the hot path's one step
     assert cm.price(batch).seconds == oracle_price(cm, batch)
 
 
@@ -101,6 +102,12 @@ class _Checked:
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self.cm, name)
+
+    def step_seconds(self, run: StepRun) -> float:
+        t = self.cm.step_seconds(run)
+        assert run.num_steps == 1 and t == oracle_price(self.cm, _batch(run, 0)), run
+        self.steps += 1
+        return t
 
     def step_times(self, run: StepRun) -> np.ndarray:
         times = self.cm.step_times(run)

@@ -72,7 +72,7 @@ class StepPrice:
     off_grid: frozenset[str] = NO_FLAGS
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepRun:
     """The engine's one pricing question: `num_steps` steps of one composition, a single step being a
     run of one. Each step runs `num_decode` decode rows whose cached contexts sum to
@@ -161,6 +161,10 @@ class CostModel(Protocol):
         single steps are priced by this one path, so a window of k steps costs what k single steps
         do, float for float. No side effects: fast-forward prices candidate steps past the next
         event too."""
+        ...
+
+    def step_seconds(self, run: StepRun) -> float:
+        """``step_times(run)[0]`` of a single step, float for float."""
         ...
 
     def step_off_grid(self, run: StepRun, k: int | None = None) -> frozenset[str]:
@@ -320,6 +324,25 @@ class StepCostModel:
             return np.full(run.num_steps, t)
         return t
 
+    def step_seconds(self, run: StepRun) -> float:
+        """``step_times(run)[0]`` of a single step, in Python floats: the same parts summed in the
+        same order (the engine's hot path prices most steps alone)."""
+        nd = run.num_decode
+        total = nd + run.row_tokens
+        samp = run.num_sampling if isinstance(run.num_sampling, int) else run.num_sampling[0]
+        t = (
+            self._step_base(total, nd + len(run.rows), nd, samp)
+            + self._gemm_time(total, samp)
+            + self._comm_time(total)
+            + self._write_part(total, run.num_switched, nd)
+        )
+        if run.rows:
+            t = t + self._rows_attn(run)[0]
+        if nd:
+            sw = run.switched_ctx
+            t += float(self._decode_part(nd, run.dec_sum_ctx.astype(np.float64), run.num_switched, sw)[0])
+        return t
+
     def _rows_attn(self, run: StepRun) -> list[float]:
         """Per step: the prefill launch plus the attention of the prefill and verify rows, summed
         last row first (where the scheduler puts them)."""
@@ -361,10 +384,10 @@ class StepCostModel:
 
     def price(self, batch: ForwardBatch) -> StepPrice:
         run = StepRun.of(batch)
-        return StepPrice(float(self.step_times(run)[0]), self.step_off_grid(run))
+        return StepPrice(self.step_seconds(run), self.step_off_grid(run))
 
     def step_time(self, batch: ForwardBatch) -> float:
-        return float(self.step_times(StepRun.of(batch))[0])
+        return self.step_seconds(StepRun.of(batch))
 
     def decode_step_times(
         self,

@@ -350,8 +350,9 @@ class Replica:
                 for req, n_draft, n_acc in rows:
                     self.gaps.emit(req.id, win.ends[j], 1 + (n_acc if n_draft else 0))  # as advance_verify
             acc, dsum = self.stats.kv_block_s, self.stats.draft_s
+            dv = win.durations[a : a + n]
             for u, d_j, ds in zip(
-                in_use, win.durations[a : a + n].tolist(), win.draft_s[a : a + n], strict=True
+                in_use, dv if isinstance(dv, list) else dv.tolist(), win.draft_s[a : a + n], strict=True
             ):
                 dsum += ds
                 acc += u * d_j
@@ -375,7 +376,7 @@ class Replica:
         taken, d = sched.last_new_blocks, win.durations[a : a + n]
         if n <= 64:  # a short part: a plain loop beats numpy's per-call cost; the same sums either way
             acc, used = self.stats.kv_block_s, used0
-            for t_j, d_j in zip(list(taken), d.tolist(), strict=True):
+            for t_j, d_j in zip(taken, d if isinstance(d, list) else d.tolist(), strict=True):
                 used += t_j
                 acc += used * d_j
             self.stats.kv_block_s = acc
@@ -523,7 +524,7 @@ class Replica:
             ctxs += [(c,) for c in plan.prefill_ctx]
         dec = np.array([sum(plan.decode_ctx)], dtype=np.float64) if m else _NO_DECODE
         run = StepRun(m, dec, plan.num_sampling, 1, tuple(rows), tuple(ctxs), switched, switched_ctx)
-        dt = float(cost.step_times(run)[0])
+        dt = cost.step_seconds(run)
         flags = cost.step_off_grid(run)
         draft_s: list[float] = []
         if plan.verify_reqs and self.draft is not None:
@@ -531,9 +532,7 @@ class Replica:
             dt += ds
             if ds:
                 draft_s.append(ds)
-        reqs = [*plan.decode_reqs, *plan.verify_reqs, *plan.prefill_reqs]
-        d = np.array([dt])
-        win = _Window(plan, reqs, [self.clock + dt], 1, 0, 0, False, d, lambda _k: flags)
+        win = _Window(plan, plan.decode_reqs, [self.clock + dt], 1, 0, 0, False, [dt], lambda _k: flags)
         win.used0 = sched.kv.pool.num_used
         win.draft_s = draft_s
         if plan.prefill_reqs and any(plan.prefill_ctx):
@@ -689,7 +688,7 @@ class Replica:
         return win
 
 
-@dataclass
+@dataclass(slots=True)
 class _Window:
     """A fast-forward window in flight: `k` of its steps will run (an arrival may lower it)."""
 
@@ -700,7 +699,7 @@ class _Window:
     chunk: int  # prefill tokens per step of the last request (mixed window), 0 for decode-only
     tokens_per_step: int  # tokens computed per step, all requests together
     changes_cache: bool  # it evicts cached entries or registers blocks: reads first apply ended steps
-    durations: np.ndarray  # (len(ends),) seconds of each step
+    durations: np.ndarray | list[float]  # (len(ends),) seconds of each step (a single step's: a list)
     off_grid: Callable[[int], frozenset[str]]  # the cost model's flags of its first k steps
     applied: int = 0  # steps already applied (the router read this replica mid-window)
     verify: VerifyWindow | None = None  # speculative decoding's window (its rows and drafts per step)
