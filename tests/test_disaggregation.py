@@ -92,6 +92,10 @@ def test_ttft_includes_the_transfer_and_decode_runs_on_the_decode_pool():
     assert ttft > d["handoff_s"]["mean"] > 0
     roles = {r["role"]: r for r in d["roles"]}
     assert roles["prefill"]["requests"] == 1 and roles["decode"]["requests"] == 1
+    # The prefill replica holds the prompt's 64 blocks from its schedule until the KV has landed.
+    assert roles["prefill"]["kv_mean_used_blocks"] * res.summary["simulated_s"] == pytest.approx(64 * ttft)
+    assert res.summary["replicas"][0]["requests"] == 1
+    assert [x["name"] for x in res.summary["links"]] == ["decode0/nvlink/rx", "prefill0/nvlink/tx"]
     assert res.summary["cost_usd"] == pytest.approx(
         roles["prefill"]["cost_usd"] + roles["decode"]["cost_usd"]
     )

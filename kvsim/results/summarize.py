@@ -44,6 +44,7 @@ from kvsim.results.record import (
 )
 from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.assembly import AssembledRun
+from kvsim.sim.links import LinkQueue
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
@@ -218,7 +219,9 @@ def run_summary(
         config=_config(sc, cost, wl),
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
-        replicas=_replica_records(replicas, seqs, simulated),
+        replicas=_replica_records(
+            replicas, seqs, simulated, None if run.handoff is None else run.handoff.prefilled
+        ),
         offload=None
         if offload is None or offload.tiers is None
         else _offload_record(offload, seqs, simulated),
@@ -226,7 +229,9 @@ def run_summary(
         global_pool=None
         if offload is None or offload.pool is None
         else _pool_record(offload, seqs, simulated),
-        links=() if offload is None else _link_records(offload, simulated),
+        links=_queue_records(run.handoff.queues(), simulated)
+        if run.handoff is not None
+        else (() if offload is None else _link_records(offload, simulated)),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
         sliding_window=None if window is None else _window_record(sc, replicas),
@@ -271,7 +276,7 @@ def _disagg_record(
     landed = np.array([x.landed_s for x in tr], dtype=np.float64)
     reserved = np.array([x.reserved_s for x in tr], dtype=np.float64)
     ended = np.array([x.prefill_end_s for x in tr], dtype=np.float64)
-    links = list(h.link_busy(simulated).values())
+    links = [q.busy_within(simulated) / span for q in h.queues()]
     return DisaggregationRecord(
         roles=tuple(roles),
         transfers=len(tr),
@@ -351,8 +356,11 @@ def _swap_record(off: OffloadWiring) -> SwapRecord:
 
 
 def _link_records(off: OffloadWiring, simulated: float) -> tuple[LinkRecord, ...]:
+    return _queue_records(off.queues(), simulated)
+
+
+def _queue_records(queues: list[LinkQueue], simulated: float) -> tuple[LinkRecord, ...]:
     span = simulated if simulated > 0 else math.inf
-    queues = off.queues()
     for q in queues:
         q.settle(simulated)
     return tuple(
@@ -623,14 +631,18 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
 
 
 def _replica_records(
-    replicas: list[Replica], seqs: list[Request], simulated: float
+    replicas: list[Replica], seqs: list[Request], simulated: float, prefilled: list[int] | None = None
 ) -> tuple[ReplicaRecord, ...]:
+    """`prefilled`: a disaggregated run's prefills per prefill replica (the first replicas), which
+    count as their requests (a request's `replica` is where it finished)."""
     routed = np.zeros(len(replicas), np.int64)
     preempted = np.zeros(len(replicas), np.int64)
     for s in seqs:
         if s.replica >= 0:
             routed[s.replica] += 1
             preempted[s.replica] += s.preemptions
+    if prefilled is not None:
+        routed[: len(prefilled)] = prefilled
     span = simulated if simulated > 0 else math.inf
     return tuple(
         ReplicaRecord(

@@ -165,7 +165,7 @@ def assemble_disaggregated(
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     seqs: list[Request] = []
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
-    make_original = request_maker(sc, wl, plans[1], None, seqs)
+    make_original = request_maker(sc, wl, plans[1], None, seqs, "a decode replica")
     originals: dict[int, Request] = {}
     bs = sc.kv.block_size
     prefill_blocks = plans[0].num_blocks
@@ -205,6 +205,7 @@ def assemble_disaggregated(
             sample_every_s=sample_every,
             on_load_change=None if touched_p is None else touched_p.add,
             on_finish=handoff.on_prefill_done,
+            before_schedule=handoff.release_sent(i),
         )
         for i in range(n_p)
     ]
@@ -225,7 +226,7 @@ def assemble_disaggregated(
         )
         for j in range(n_d)
     ]
-    handoff.decode = decode
+    handoff.prefill, handoff.decode = prefill, decode
     handoff.router = Router(decode_policy, decode, touched_d)
     router = Router(policy, prefill, touched_p)
     env.process(arrival_process(env, wl.arrival_s, make_seq, router))
@@ -281,10 +282,17 @@ def replica_parts(
 
 
 def request_maker(
-    sc: Scenario, wl: Workload, plan: MemoryPlan, window: Eviction | None, seqs: list[Request]
+    sc: Scenario,
+    wl: Workload,
+    plan: MemoryPlan,
+    window: Eviction | None,
+    seqs: list[Request],
+    replica: str = "a replica",
 ) -> Callable[..., Request]:
     """``make_seq(i, t=None)``: the workload's request `i` (arriving at `t`, else at the trace's
-    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason."""
+    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason (`replica`:
+    whose blocks `plan` counts, in that reason)."""
+    too_big = f"needs more KV blocks than {replica} has"
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
     use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
@@ -323,7 +331,7 @@ def request_maker(
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
         elif -(-stored(p, o) // bs) > plan.num_blocks:
-            seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
+            seq.status, seq.reason = RequestStatus.REJECTED, too_big
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
                 RequestStatus.REJECTED,

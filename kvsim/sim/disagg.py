@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -75,11 +74,17 @@ class HandOff:
         self.num_layers = num_layers
         self.originals = originals  # request id -> the run's request (its stand-in prefills)
         self.block_bytes = (plans[0].block_bytes_per_gpu, plans[1].block_bytes_per_gpu)
+        self.prefill: list[Replica] = []
         self.decode: list[Replica] = []
+        # Per prefill replica: the blocks (cached entries, private blocks) of sends that have
+        # arrived, released at its next schedule.
+        self.sent: list[list[tuple[list[int], int]]] = [[] for _ in range(cfg.prefill.replicas)]
+        self.prefilled = [0] * cfg.prefill.replicas  # prefills each prefill replica completed
         self.router: Router | None = None
         self.sides: list[DecodeSide] = [DecodeSide() for _ in range(cfg.decode.replicas)]
         self.transfers: list[Transfer] = []
-        self._prefill_of: dict[int, tuple[int, float]] = {}  # request id -> (prefill replica, its end)
+        # request id -> (its prefill replica, the prefill's end, the blocks held there)
+        self._prefill_of: dict[int, tuple[int, float, tuple[list[int], int]]] = {}
         # Placement: prefill replicas on the first GPUs, decode after them (on a fresh node where
         # the GPU types differ); a replica's tensor-parallel group sits in one node.
         p, d = cfg.prefill, cfg.decode
@@ -110,6 +115,7 @@ class HandOff:
         """Prefill replicas' finished stand-ins, at their step's end: each request's KV is sent on
         (or, asking for one token only, it is answered)."""
         for stand_in in done:
+            self.prefilled[stand_in.replica] += 1
             seq = self.originals[stand_in.id]
             t = stand_in.finish_s
             seq.first_scheduled_s = stand_in.first_scheduled_s
@@ -121,12 +127,28 @@ class HandOff:
                 seq.first_token_s = seq.finish_s = t
                 seq.status = RequestStatus.FINISHED
                 continue
+            held = self._hold(stand_in.replica, seq)
             # Through an URGENT event at t, as closed-loop turns are sent: never from inside the
             # prefill replica's step end.
             ev = urgent_at(self.env, t)
-            ev.callbacks.append(functools.partial(self._hand_off, seq, stand_in.replica, t))
+            ev.callbacks.append(functools.partial(self._hand_off, seq, stand_in.replica, t, held))
 
-    def _hand_off(self, seq: Request, prefill: int, t: float, _ev: simpy.events.Event) -> None:
+    def _hold(self, i: int, seq: Request) -> tuple[list[int], int]:
+        """Prefill replica `i` keeps the blocks of `seq`'s prompt until its KV has been sent (as
+        vLLM's NIXL connector delays the free, and Mooncake's prefill keeps them until the decode
+        side has read them): the stand-in's blocks, released (its entries cached) at its finish,
+        taken again at once, before the replica's next schedule. Returns (entries, private blocks)."""
+        pool = self.prefill[i].sched.kv.pool
+        refs, sizes = pool.refs, pool.sizes
+        keys = [k for k in seq.keys if k in refs]  # its prompt's entries, cached at its finish
+        private = -(-seq.prompt_len // self.block_size) - sum(sizes.get(k, 1) for k in keys)
+        pool.acquire_cached(keys)
+        pool.allocate(private)
+        return keys, private
+
+    def _hand_off(
+        self, seq: Request, prefill: int, t: float, held: tuple[list[int], int], _ev: simpy.events.Event
+    ) -> None:
         assert self.router is not None
         rep = self.router.choose(seq, t)
         j = rep.index - self.cfg.prefill.replicas
@@ -140,7 +162,7 @@ class HandOff:
         # Its decode tokens count as this replica's load from now (the router's reading).
         r.sched.outstanding_tokens += seq.output_len - 1
         bisect.insort(self.sides[j].pending, (t, seq.id, seq), key=lambda x: (x[0], x[1]))
-        self._prefill_of[seq.id] = (prefill, t)
+        self._prefill_of[seq.id] = (prefill, t, held)
         r.poke(t)
 
     # ---- the decode side ---------------------------------------------------------------------------
@@ -172,8 +194,22 @@ class HandOff:
 
         return step
 
+    def release_sent(self, i: int) -> Callable[[], None]:
+        """Prefill replica `i`'s step before each schedule: the blocks of its arrived sends freed
+        (their entries left cached)."""
+        sent = self.sent[i]
+
+        def step() -> None:
+            if sent:
+                pool = self.prefill[i].sched.kv.pool
+                for keys, private in sent:
+                    pool.release(private, keys)
+                sent.clear()
+
+        return step
+
     def _send(self, seq: Request, j: int, blocks: int, now: float) -> None:
-        i, t_end = self._prefill_of.pop(seq.id)
+        i, t_end, held = self._prefill_of.pop(seq.id)
         kind = self.link_kind(i, j)
         src = self._link("prefill", i, kind, "tx")
         dst = self._link("decode", j, kind, "rx")
@@ -182,14 +218,15 @@ class HandOff:
         total = b_p * self.cfg.prefill.tensor_parallel
         self.transfers.append(Transfer(seq.id, t_end, now, land, total))
         ev = urgent_at(self.env, land)
-        ev.callbacks.append(lambda _e: self._land(seq, j, land))
+        ev.callbacks.append(lambda _e: self._land(seq, i, j, land, held))
 
-    def _land(self, seq: Request, j: int, t: float) -> None:
+    def _land(self, seq: Request, i: int, j: int, t: float, held: tuple[list[int], int]) -> None:
         seq.first_token_s = t  # the user sees the first token once the decode replica has its KV
         self.sides[j].landed.append(seq)
         self.decode[j].poke(t)
+        self.sent[i].append(held)
+        self.prefill[i].poke(t)
 
-    def link_busy(self, simulated: float) -> dict[str, float]:
-        """Each link queue's share of the run it was occupied."""
-        span = simulated if simulated > 0 else math.inf
-        return {name: q.busy_within(simulated) / span for name, q in sorted(self.links.items())}
+    def queues(self) -> list[LinkQueue]:
+        """The replicas' link queues that carried a transfer, by name."""
+        return [q for _name, q in sorted(self.links.items())]
