@@ -5,7 +5,7 @@ A request is prefilled on a prefill replica as a stand-in asking for one output 
 when its prefill samples its first token, its blocks freed or cached there). Its KV, the prompt's
 blocks in the cache's format per GPU, then moves to a decode replica (least outstanding tokens):
 the decode replica reserves the blocks at its next schedule (FIFO, waiting there while they do not
-fit), the transfer is queued on the two replicas' links (`kvsim.sim.links.reserve_through`:
+fit; then in its scheduler's `loading` list, as a swap-in), the transfer is queued on the two replicas' links (`kvsim.sim.links.reserve_through`:
 NVLink inside a node, the NICs between nodes), and at its arrival the request joins the decode
 replica's running requests with its prompt computed and its first token sampled, which the user
 sees then (TTFT includes the transfer). Both hand-off and arrival poke the decode replica as an
@@ -50,7 +50,6 @@ class DecodeSide:
 
     pending: list[tuple[float, int, Request]] = field(default_factory=list)
     landed: list[Request] = field(default_factory=list)
-    in_flight: int = 0  # reserved, KV on its way: each holds a seat of max_num_seqs
 
 
 class HandOff:
@@ -76,15 +75,17 @@ class HandOff:
         self.block_bytes = (plans[0].block_bytes_per_gpu, plans[1].block_bytes_per_gpu)
         self.prefill: list[Replica] = []
         self.decode: list[Replica] = []
-        # Per prefill replica: the blocks (cached entries, private blocks) of sends that have
-        # arrived, released at its next schedule.
-        self.sent: list[list[tuple[list[int], int]]] = [[] for _ in range(cfg.prefill.replicas)]
+        # Per prefill replica: the requests whose KV has arrived, their held blocks released at
+        # its next schedule.
+        self.sent: list[list[int]] = [[] for _ in range(cfg.prefill.replicas)]
         self.prefilled = [0] * cfg.prefill.replicas  # prefills each prefill replica completed
+        # Per prefill replica: request id -> the blocks it holds for that request's send.
+        self.held: list[dict[int, tuple[list[int], int]]] = [{} for _ in range(cfg.prefill.replicas)]
         self.router: Router | None = None
         self.sides: list[DecodeSide] = [DecodeSide() for _ in range(cfg.decode.replicas)]
         self.transfers: list[Transfer] = []
-        # request id -> (its prefill replica, the prefill's end, the blocks held there)
-        self._prefill_of: dict[int, tuple[int, float, tuple[list[int], int]]] = {}
+        # request id -> (its prefill replica, the prefill's end)
+        self._prefill_of: dict[int, tuple[int, float]] = {}
         # Placement: prefill replicas on the first GPUs, decode after them (on a fresh node where
         # the GPU types differ); a replica's tensor-parallel group sits in one node.
         p, d = cfg.prefill, cfg.decode
@@ -127,34 +128,31 @@ class HandOff:
                 seq.first_token_s = seq.finish_s = t
                 seq.status = RequestStatus.FINISHED
                 continue
-            held = self._hold(stand_in.replica, seq)
+            self._hold(stand_in.replica, seq)
             # Through an URGENT event at t, as closed-loop turns are sent: never from inside the
             # prefill replica's step end.
             ev = urgent_at(self.env, t)
-            ev.callbacks.append(functools.partial(self._hand_off, seq, stand_in.replica, t, held))
+            ev.callbacks.append(functools.partial(self._hand_off, seq, stand_in.replica, t))
 
-    def _hold(self, i: int, seq: Request) -> tuple[list[int], int]:
+    def _hold(self, i: int, seq: Request) -> None:
         """Prefill replica `i` keeps the blocks of `seq`'s prompt until its KV has been sent (as
         vLLM's NIXL connector delays the free, and Mooncake's prefill keeps them until the decode
         side has read them): the stand-in's blocks, released (its entries cached) at its finish,
-        taken again at once, before the replica's next schedule. Returns (entries, private blocks)."""
+        taken again at once, before the replica's next schedule (`held`: entries, private blocks)."""
         pool = self.prefill[i].sched.kv.pool
         refs, sizes = pool.refs, pool.sizes
         keys = [k for k in seq.keys if k in refs]  # its prompt's entries, cached at its finish
         private = -(-seq.prompt_len // self.block_size) - sum(sizes.get(k, 1) for k in keys)
         pool.acquire_cached(keys)
         pool.allocate(private)
-        return keys, private
+        self.held[i][seq.id] = (keys, private)
 
-    def _hand_off(
-        self, seq: Request, prefill: int, t: float, held: tuple[list[int], int], _ev: simpy.events.Event
-    ) -> None:
+    def _hand_off(self, seq: Request, prefill: int, t: float, _ev: simpy.events.Event) -> None:
         assert self.router is not None
         rep = self.router.choose(seq, t)
         j = rep.index - self.cfg.prefill.replicas
         r = self.decode[j]
         seq.replica = r.index
-        seq.num_computed = seq.prompt_len
         seq.num_generated = 1
         seq.num_tokens = seq.prompt_len + 1
         seq.keys, seq.key_cum, seq.out_keys = [], [0], []  # the decode pool keeps no prefix cache
@@ -162,7 +160,7 @@ class HandOff:
         # Its decode tokens count as this replica's load from now (the router's reading).
         r.sched.outstanding_tokens += seq.output_len - 1
         bisect.insort(self.sides[j].pending, (t, seq.id, seq), key=lambda x: (x[0], x[1]))
-        self._prefill_of[seq.id] = (prefill, t, held)
+        self._prefill_of[seq.id] = (prefill, t)
         r.poke(t)
 
     # ---- the decode side ---------------------------------------------------------------------------
@@ -177,19 +175,20 @@ class HandOff:
             r = self.decode[j]
             sched = r.sched
             for seq in side.landed:
-                seq.status = RequestStatus.RUNNING
-                sched.running.append(seq)
+                sched.finish_load(seq)  # it resumes where its prefill stopped, as a swap-in does
                 r.gaps.last[seq.id] = seq.first_token_s  # its next token's gap from the first
-            side.in_flight -= len(side.landed)
             side.landed.clear()
             kv = sched.kv
-            while side.pending and len(sched.running) + side.in_flight < sched.max_num_seqs:
+            while side.pending and len(sched.running) + len(sched.loading) < sched.max_num_seqs:
                 _t, _i, seq = side.pending[0]
                 need = -(-seq.prompt_len // self.block_size)
                 if not kv.allocate_slots(seq, need):
                     break
                 side.pending.pop(0)
-                side.in_flight += 1
+                # Waiting for its KV with its blocks reserved and a seat taken (`Scheduler.loading`,
+                # entries -1: it joins as it is, `finish_load`).
+                seq.num_computed = seq.prompt_len
+                sched.loading.append((seq, -1))
                 self._send(seq, j, need, r.clock)
 
         return step
@@ -199,17 +198,20 @@ class HandOff:
         (their entries left cached)."""
         sent = self.sent[i]
 
+        held = self.held[i]
+
         def step() -> None:
             if sent:
                 pool = self.prefill[i].sched.kv.pool
-                for keys, private in sent:
+                for rid in sent:
+                    keys, private = held.pop(rid)
                     pool.release(private, keys)
                 sent.clear()
 
         return step
 
     def _send(self, seq: Request, j: int, blocks: int, now: float) -> None:
-        i, t_end, held = self._prefill_of.pop(seq.id)
+        i, t_end = self._prefill_of.pop(seq.id)
         kind = self.link_kind(i, j)
         src = self._link("prefill", i, kind, "tx")
         dst = self._link("decode", j, kind, "rx")
@@ -218,13 +220,13 @@ class HandOff:
         total = b_p * self.cfg.prefill.tensor_parallel
         self.transfers.append(Transfer(seq.id, t_end, now, land, total))
         ev = urgent_at(self.env, land)
-        ev.callbacks.append(lambda _e: self._land(seq, i, j, land, held))
+        ev.callbacks.append(lambda _e: self._land(seq, i, j, land))
 
-    def _land(self, seq: Request, i: int, j: int, t: float, held: tuple[list[int], int]) -> None:
+    def _land(self, seq: Request, i: int, j: int, t: float) -> None:
         seq.first_token_s = t  # the user sees the first token once the decode replica has its KV
         self.sides[j].landed.append(seq)
         self.decode[j].poke(t)
-        self.sent[i].append(held)
+        self.sent[i].append(seq.id)
         self.prefill[i].poke(t)
 
     def queues(self) -> list[LinkQueue]:
