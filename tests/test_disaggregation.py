@@ -75,6 +75,7 @@ def test_fast_forward_equals_stepping_disaggregated(prefill, decode, blocks):
     assert d["transfers"] == sum(1 for s in a.seqs if s.output_len > 1 and s.finish_s == s.finish_s)
     if blocks is not None:
         assert d["block_wait_s"]["p99"] > 0 or a.summary["preemptions"] > 0
+        assert r["rejected_reasons"]["needs more KV blocks than a decode replica has"] > 0
 
 
 def test_ttft_includes_the_transfer_and_decode_runs_on_the_decode_pool():
@@ -127,3 +128,52 @@ def test_aggregated_options_it_cannot_run_with_are_refused():
     }
     with pytest.raises(KvsimError, match="cluster.disaggregation"):
         scenario_from_dict(data, source="pd.yaml", base_dir=ROOT)
+
+
+def test_heterogeneous_pools_on_separate_nodes_priced_each():
+    """Splitwise's mix: H100 prefill, H200 decode at TP 2 on a node of its own (NICs between)."""
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "gpu": "h100-sxm",
+            "gpus_per_node": 8,
+            "disaggregation": {
+                "prefill": {"replicas": 2},
+                "decode": {"replicas": 1, "gpu": "h200", "tensor_parallel": 2, "gpu_hour": 4.5},
+            },
+        },
+        "workload": MOONCAKE,
+        "pricing": {"gpu_hour": 3.0},
+        "sim": {"seed": 1, "max_time": 30},
+    }
+    sc = scenario_from_dict(data, source="pd.yaml", base_dir=ROOT)
+    assert sc.cluster.num_gpus == 4 and sc.cluster.num_replicas == 3
+    assert sc.gpu_hour_usd == pytest.approx((2 * 3.0 + 2 * 4.5) / 4)
+    res = run_scenario(sc)
+    s = res.summary
+    r = s["requests"]
+    assert r["completed"] + r["rejected"] + r["unfinished"] == r["total"] and r["unfinished"] > 0
+    d = s["disaggregation"]
+    roles = {x["role"]: x for x in d["roles"]}
+    assert roles["decode"]["gpu"] == "h200-sxm" and roles["decode"]["gpus"] == 2
+    assert roles["decode"]["cost_usd"] == pytest.approx(2 * 4.5 * s["simulated_s"] / 3600)
+    assert s["cost_usd"] == pytest.approx(roles["prefill"]["cost_usd"] + roles["decode"]["cost_usd"])
+    assert {x["name"].split("/")[1] for x in s["links"]} == {"network"}
+    # Each decode GPU receives half of what each prefill GPU sends (TP 2 against TP 1).
+    rx = next(x for x in s["links"] if x["name"] == "decode0/network/rx")
+    tx = sum(x["bytes"] for x in s["links"] if x["name"].endswith("/tx"))
+    assert rx["bytes"] == pytest.approx(tx / 2)
+
+
+def test_a_pool_priced_by_a_scenario_wide_price_for_another_gpu_warns():
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "gpu": "h100-sxm",
+            "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1, "gpu": "h200"}},
+        },
+        "workload": MOONCAKE,
+        "pricing": {"gpu_hour": 3.0},
+    }
+    sc = scenario_from_dict(data, source="pd.yaml", base_dir=ROOT, file_gpu="h100-sxm")
+    assert any("also prices h200-sxm" in n for n in sc.notes)

@@ -516,7 +516,12 @@ def _read_cluster(root: Section) -> ClusterConfig:
 
 
 def _read_disaggregation(
-    root: Section, cluster: ClusterConfig, model: ModelSpec, pricing: Section, overrides: tuple[str, ...]
+    root: Section,
+    cluster: ClusterConfig,
+    model: ModelSpec,
+    pricing: Section,
+    overrides: tuple[str, ...],
+    file_gpu: str | None,
 ) -> DisaggregationConfig | None:
     """``cluster.disaggregation`` (None when absent): each role's ``replicas`` (required, at least
     one), ``gpu`` (a preset name; default cluster.gpu) and ``tensor_parallel`` (default the
@@ -549,7 +554,7 @@ def _read_disaggregation(
             usd = r.parsed("gpu_hour", bounded(parse_price_per_hour, B.PRICE))
             price = GpuPrice(usd, PriceBasis.SCENARIO, f"{r._p('gpu_hour')} ({Path(r.source).name})")
         else:
-            price = resolve_gpu_price(pricing, gpu, overrides=overrides)
+            price = resolve_gpu_price(pricing, gpu, file_gpu=file_gpu, overrides=overrides)
         r.done()
         pools.append(PoolConfig(role, gpu, tp, n, price))
     t = d.section("transfer")
@@ -1288,9 +1293,10 @@ def _scenario_from_dict(
     notes: list[str] = []
     pricing = _renamed_section(root, "pricing", notes)
     gpu_price = resolve_gpu_price(pricing, cluster.gpu, file_gpu=file_gpu, overrides=overrides)
-    disagg = _read_disaggregation(root, cluster, model, pricing, overrides)
+    disagg = _read_disaggregation(root, cluster, model, pricing, overrides, file_gpu)
     if disagg is not None:
         cluster = dataclasses.replace(cluster, disaggregation=disagg)
+        notes.extend(p.price.warning for p in disagg.pools if p.price.warning)
     pricing.done()
     if gpu_price.warning:
         notes.append(gpu_price.warning)
