@@ -501,7 +501,8 @@ class RunSummary:
     spec_decode: SpecDecodeRecord | None = None  # scheduler.spec_decode's effect (None when off)
     sliding_window: SlidingWindowRecord | None = None  # the model's windowed layers (None without)
     format_switch: FormatSwitchRecord | None = None  # kv.format_switch's effect (None when off)
-    disaggregation: DisaggregationRecord | None = None  # cluster.disaggregation (None: aggregated)
+    # cluster.disaggregation; absent from the file when aggregated (its summary.json unchanged)
+    disaggregation: DisaggregationRecord | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 
@@ -632,7 +633,11 @@ def _json_fields(cls: type) -> list[Any]:
 
 def _encode(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: _encode(getattr(value, f.name)) for f in _json_fields(type(value))}
+        out = {
+            f.name: _encode(getattr(value, f.name))
+            for f in _json_fields(type(value))
+            if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)
+        }
         for k, v in getattr(value, "extra", {}).items():
             out.setdefault(k, v)
         return out
