@@ -216,6 +216,9 @@ class HandOff:
         src = self._link("prefill", i, kind, "tx")
         dst = self._link("decode", j, kind, "rx")
         b_p, b_d = blocks * self.block_bytes[0], blocks * self.block_bytes[1]
+        # One call per layer: an estimate (vLLM's NIXL connector registers each layer's KV as a
+        # region and posts a batched read over them; no measurement on file), each at the link's
+        # per-call overhead (`kvsim.spec.topology`: 2.3 us, FlexKV PR #193/#203).
         _start, land = reserve_through(src, dst, now, b_p, self.num_layers, b_d)
         total = b_p * self.cfg.prefill.tensor_parallel
         self.transfers.append(Transfer(seq.id, t_end, now, land, total))
