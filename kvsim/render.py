@@ -143,6 +143,19 @@ def print_summary(summary: RunSummary) -> None:
                 f"  replica {r.index}: {r.requests:,} req, busy {r.busy_fraction:.0%}, KV peak "
                 f"{r.kv_peak_used_blocks:,} / mean {r.kv_mean_used_blocks:,.0f} blocks, {r.preemptions:,} preempted"
             )
+    pd = summary.disaggregation
+    if pd is not None:
+        for role in pd.roles:
+            con.print(
+                f"{role.role} pool: {role.replicas} x {role.gpu} TP {role.tensor_parallel} at "
+                f"{_usd(role.gpu_hour_usd)}/GPU-h ({_usd(role.cost_usd)}), {role.requests:,} req, busy "
+                f"{role.busy_fraction.mean:.0%}, KV peak {role.kv_peak_used_blocks:,} of {role.kv_blocks_per_replica:,} blocks"
+            )
+        con.print(
+            f"KV transfers {pd.transfers:,} ({pd.transferred_bytes / 1e9:,.1f} GB): transfer mean "
+            f"{_ms(pd.transfer_s.mean)} / p99 {_ms(pd.transfer_s.p99)}; hand-off (prefill end to KV landed, "
+            f"in TTFT) mean {_ms(pd.handoff_s.mean)} / p99 {_ms(pd.handoff_s.p99)}"
+        )
     tiers = _tiers_line(summary)
     if tiers:
         con.print(tiers)

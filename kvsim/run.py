@@ -35,7 +35,7 @@ from kvsim.results.io import (
 )
 from kvsim.results.record import RunSummary, write_summary
 from kvsim.results.summarize import run_summary
-from kvsim.sim.assembly import assemble
+from kvsim.sim.assembly import assemble, assemble_disaggregated
 from kvsim.sim.cluster import make_pool_and_scheduler
 from kvsim.sim.replica import ReplicaStats, TokenGaps
 from kvsim.spec.scenario import Scenario
@@ -204,14 +204,37 @@ def run_scenario(
     wl = workload if workload is not None else scenario_workload(sc)
     if sc.workload.clip_to_context:
         wl = clip_to_context(wl, sc.model.max_context)
-    plan = plan_memory(sc)
-    if cost is None:  # a caller running many points may pass one it built (pricing is pure)
-        cost = make_cost_model(sc)
-    run = assemble(sc, wl, plan, cost, make_scheduler=make_scheduler, kv_events=kv_events)
+    disagg = sc.cluster.disaggregation
+    role_plans = None
+    if disagg is not None:  # each pool its own memory plan and cost model, built as for one cluster
+        if kv_events is not None:
+            raise KvsimError(
+                "--kv-events is not written for a disaggregated run yet",
+                source=sc.source,
+                path="cluster.disaggregation",
+            )
+        roles = [sc.role(p) for p in disagg.pools]
+        role_plans = (_role_plan(roles[0], "prefill"), _role_plan(roles[1], "decode"))
+        costs = (make_cost_model(roles[0]), make_cost_model(roles[1]))
+        plan, cost = role_plans[1], costs[1]
+        run = assemble_disaggregated(sc, wl, role_plans, costs, make_scheduler=make_scheduler)
+    else:
+        plan = plan_memory(sc)
+        if cost is None:  # a caller running many points may pass one it built (pricing is pure)
+            cost = make_cost_model(sc)
+        run = assemble(sc, wl, plan, cost, make_scheduler=make_scheduler, kv_events=kv_events)
     _drive(run.env, run.span, run.end_s, progress)
     wall = time.perf_counter() - t0
     summary = run_summary(
-        sc, run, plan, cost, simulated=run.simulated_s(), wall=wall, t0=t0, percentiles=percentiles
+        sc,
+        run,
+        plan,
+        cost,
+        simulated=run.simulated_s(),
+        wall=wall,
+        t0=t0,
+        percentiles=percentiles,
+        role_plans=role_plans,
     )
     offload, replicas = run.offload, run.replicas
     return RunResult(
@@ -224,6 +247,16 @@ def run_scenario(
         [] if offload is None else offload.link_samples(),
         [r.gaps for r in replicas],
     )
+
+
+def _role_plan(role: Scenario, name: str) -> MemoryPlan:
+    """A pool's memory plan; where its HBM holds no KV, the error names its pool."""
+    try:
+        return plan_memory(role)
+    except KvsimError as exc:
+        raise KvsimError(
+            f"the {name} pool: {exc.message}", source=role.source, path=f"cluster.disaggregation.{name}"
+        ) from None
 
 
 def _drive(env: simpy.Environment, span: float, end_s: float, progress: bool) -> None:

@@ -12,7 +12,8 @@ import kvsim.run as krun
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import RequestStatus
 from kvsim.core.sched.scheduler import Scheduler
-from tests.helpers import make_workload, records, small_scenario
+from kvsim.spec.scenario import scenario_from_dict
+from tests.helpers import ROOT, make_workload, records, small_scenario
 
 
 class CheckedScheduler(Scheduler):
@@ -58,12 +59,19 @@ class CheckedScheduler(Scheduler):
             assert 0 <= seq.evicted < seq.num_computed
         for seq in self.waiting:
             assert seq.num_blocks == 0 and seq.num_computed == 0 and not seq.held_keys and not seq.evicted
-        assert private == pool.private
-        assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         remaining = sum(
             s.prompt_len + s.output_len - 1 - s.num_computed
             for s in [*self.running, *self.waiting, *loading, *self.swapped]
         )
+        outside = getattr(self, "outside", None)  # a disaggregated run's (`_register_outside`)
+        if outside is not None:
+            extra_private, extra_keys, extra_tokens = outside()
+            private += extra_private
+            remaining += extra_tokens
+            for k in extra_keys:
+                refs[k] = refs.get(k, 0) + 1
+        assert private == pool.private
+        assert all(r == refs.get(k, 0) for k, r in pool.refs.items())
         assert remaining == self.outstanding_tokens
 
     def _preempt(self, req):  # type: ignore[no-untyped-def]
@@ -73,7 +81,8 @@ class CheckedScheduler(Scheduler):
             self.swapped_state[req.id] = state
 
     def finish_load(self, req):  # type: ignore[no-untyped-def]
-        swap_in = any(r is req and n < 0 for r, n in self.loading)
+        # (a disaggregated decode replica's hand-offs join through it too; swap is off there)
+        swap_in = any(r is req and n < 0 for r, n in self.loading) and getattr(self, "outside", None) is None
         out = super().finish_load(req)
         if swap_in:  # it resumes as it left: the same computed and evicted tokens, the same blocks
             assert self.swapped_state.pop(req.id) == (req.num_computed, req.evicted, req.num_blocks)
@@ -118,6 +127,63 @@ def _checked(
         )
     )
     return sched
+
+
+def _register_outside(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Give each scheduler of a disaggregated run what it counts but holds in none of its queues:
+    a prefill replica's blocks held for sends (`HandOff.held`), a decode replica's decode tokens of
+    the hand-offs waiting there for blocks."""
+    real = krun.assemble_disaggregated
+
+    def assemble(*args, **kwargs):  # type: ignore[no-untyped-def]
+        run = real(*args, **kwargs)
+        h = run.handoff
+        n_p = len(h.prefill)
+        for i, rep in enumerate(h.prefill):
+
+            def held(i=i):  # type: ignore[no-untyped-def]
+                items = h.held[i].values()
+                return sum(p for _, p in items), [k for keys, _ in items for k in keys], 0
+
+            rep.sched.outside = held
+        for j, rep in enumerate(run.replicas[n_p:]):
+
+            def pending(j=j):  # type: ignore[no-untyped-def]
+                return 0, [], sum(seq.output_len - 1 for _, _, seq in h.sides[j].pending)
+
+            rep.sched.outside = pending
+        return run
+
+    monkeypatch.setattr(krun, "assemble_disaggregated", assemble)
+
+
+@st.composite
+def disaggregated_cases(draw):  # type: ignore[no-untyped-def]
+    """`cases`' workloads on a disaggregated cluster: 1-2 prefill and 1-2 decode replicas, in one
+    node (NVLink) or one to a node (NICs), HBM as tight as `cases` draws it."""
+    sc, wl = draw(cases())
+    pd = {"prefill": {"replicas": draw(st.integers(1, 2))}, "decode": {"replicas": draw(st.integers(1, 2))}}
+    c = sc.cluster
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "gpu": {"preset": "h100-sxm", "hbm": c.gpu.hbm_bytes},
+            "gpus_per_node": draw(st.sampled_from([1, 8])),
+            "gpu_memory_utilization": 1.0,
+            "activation_reserve": 0,
+            "router": str(c.router),
+            "disaggregation": pd,
+        },
+        "kv": {"block_size": sc.kv.block_size, "prefix_cache": {"scope": str(sc.kv.prefix_cache)}},
+        "scheduler": {
+            "max_num_seqs": sc.scheduler.max_num_seqs,
+            "max_batched_tokens": sc.scheduler.max_batched_tokens,
+            "chunked_prefill": sc.scheduler.chunked_prefill,
+        },
+        "workload": {"synthetic": {"num_requests": 1, "rate": 1}},
+        "sim": {"seed": 1},
+    }
+    return scenario_from_dict(data, source="pd.yaml", base_dir=ROOT), wl
 
 
 @st.composite
@@ -410,6 +476,23 @@ def test_invariants_and_fast_forward_equality_with_a_format_switch(case):
     a, b = _check_invariants_and_fast_forward(case)
     assert a.summary["format_switch"] == b.summary["format_switch"]
     assert a.summary["format_switch"] is not None
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(case=disaggregated_cases())
+def test_invariants_and_fast_forward_equality_disaggregated(case, monkeypatch):
+    """Prefill and decode pools: each scheduler's blocks and tokens add up with the blocks a prefill
+    replica holds for its sends and the hand-offs waiting at a decode replica, every request
+    completes or is rejected, and fast-forward equals stepping (hand-offs and landings cut
+    windows as arrivals)."""
+    _register_outside(monkeypatch)
+    a, b = _check_invariants_and_fast_forward(case)
+    assert a.summary["disaggregation"] == b.summary["disaggregation"]
+    assert a.summary["links"] == b.summary["links"]
 
 
 def _check_invariants_and_fast_forward(case):  # type: ignore[no-untyped-def]

@@ -211,6 +211,39 @@ class SwapRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RoleRecord:
+    """One pool of a disaggregated cluster (``cluster.disaggregation``) over the run."""
+
+    role: str  # prefill | decode
+    gpu: str
+    tensor_parallel: int
+    replicas: int
+    gpus: int
+    gpu_hour_usd: float
+    cost_usd: float  # its GPUs at its price over the simulated time
+    requests: int  # routed to this pool
+    busy_fraction: BusyFraction  # share of simulated time its replicas ran steps
+    kv_blocks_per_replica: int  # its memory plan
+    kv_peak_used_blocks: int  # the fullest of its replicas
+    kv_mean_used_blocks: float  # mean over its replicas and the run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DisaggregationRecord:
+    """Prefill and decode on separate pools: each pool, and the KV moved between them."""
+
+    roles: tuple[RoleRecord, ...]
+    transfers: int  # requests whose KV moved to a decode replica
+    transferred_bytes: float  # all GPUs' shards together
+    transfer_s: Distribution  # from the decode replica's reservation to the KV's arrival
+    block_wait_s: Distribution  # from the prefill's end to the reservation (blocks or seats full)
+    handoff_s: Distribution  # from the prefill's end to the KV's arrival (what TTFT adds)
+    link_busy_fraction: BusyFraction  # over the replicas' link queues that moved bytes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Citation:
     claim: str
     source: str
@@ -468,6 +501,8 @@ class RunSummary:
     spec_decode: SpecDecodeRecord | None = None  # scheduler.spec_decode's effect (None when off)
     sliding_window: SlidingWindowRecord | None = None  # the model's windowed layers (None without)
     format_switch: FormatSwitchRecord | None = None  # kv.format_switch's effect (None when off)
+    # cluster.disaggregation; absent from the file when aggregated (its summary.json unchanged)
+    disaggregation: DisaggregationRecord | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 
@@ -598,7 +633,11 @@ def _json_fields(cls: type) -> list[Any]:
 
 def _encode(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: _encode(getattr(value, f.name)) for f in _json_fields(type(value))}
+        out = {
+            f.name: _encode(getattr(value, f.name))
+            for f in _json_fields(type(value))
+            if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)
+        }
         for k, v in getattr(value, "extra", {}).items():
             out.setdefault(k, v)
         return out

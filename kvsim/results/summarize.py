@@ -22,6 +22,7 @@ from kvsim.results.record import (
     AccuracyEstimate,
     AccuracyNote,
     BusyFraction,
+    DisaggregationRecord,
     Distribution,
     EvictionRecord,
     FormatSwitchRecord,
@@ -31,6 +32,7 @@ from kvsim.results.record import (
     PoolNodesRecord,
     ReplicaRecord,
     RequestCounts,
+    RoleRecord,
     RunConfig,
     RunSummary,
     SessionRecord,
@@ -42,6 +44,7 @@ from kvsim.results.record import (
 )
 from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.assembly import AssembledRun
+from kvsim.sim.links import LinkQueue
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica
 from kvsim.spec.scenario import POOL_NODE_SOURCES, Scenario
@@ -79,9 +82,12 @@ def run_summary(
     wall: float,
     t0: float,
     percentiles: tuple[float, ...] = (),
+    role_plans: tuple[MemoryPlan, MemoryPlan] | None = None,
 ) -> RunSummary:
     """`run`'s summary after it ran to `simulated` s (`wall` s of CPU wall time for the drive, `t0`
-    the `time.perf_counter` at the run's start); `percentiles` also in each latency distribution."""
+    the `time.perf_counter` at the run's start); `percentiles` also in each latency distribution.
+    `role_plans`: a disaggregated run's prefill and decode memory plans (`plan` is the decode
+    pool's, which the memory fields describe)."""
     wl, seqs, replicas, offload = run.wl, run.seqs, run.replicas, run.offload
     evictor, window, switch, spec = run.evictor, run.window, run.switch, run.spec
     end_s, agent, max_ctx = run.end_s, wl.agent, sc.model.max_context
@@ -213,7 +219,9 @@ def run_summary(
         config=_config(sc, cost, wl),
         workload=WorkloadRecord(**wl.accounting(), clipped_to_context=wl.clipped_to_context),  # type: ignore[arg-type]
         sim_speed_x=simulated / max(wall, 1e-9),
-        replicas=_replica_records(replicas, seqs, simulated),
+        replicas=_replica_records(
+            replicas, seqs, simulated, None if run.handoff is None else run.handoff.prefilled
+        ),
         offload=None
         if offload is None or offload.tiers is None
         else _offload_record(offload, seqs, simulated),
@@ -221,12 +229,64 @@ def run_summary(
         global_pool=None
         if offload is None or offload.pool is None
         else _pool_record(offload, seqs, simulated),
-        links=() if offload is None else _link_records(offload, simulated),
+        links=_queue_records(run.handoff.queues(), simulated)
+        if run.handoff is not None
+        else (() if offload is None else _link_records(offload, simulated)),
         sessions=None if agent is None else _session_record(sc, wl, seqs, replicas),
         eviction=None if evictor is None else _eviction_record(sc, replicas, plan, simulated),
         sliding_window=None if window is None else _window_record(sc, replicas),
         format_switch=None if switch is None else _switch_record(sc, replicas),
         spec_decode=None if spec is None else _spec_record(sc, spec, replicas, plan),
+        disaggregation=None
+        if run.handoff is None or role_plans is None
+        else _disagg_record(sc, run, role_plans, simulated),
+    )
+
+
+def _disagg_record(
+    sc: Scenario, run: AssembledRun, plans: tuple[MemoryPlan, MemoryPlan], simulated: float
+) -> DisaggregationRecord:
+    cfg, h = sc.cluster.disaggregation, run.handoff
+    assert cfg is not None and h is not None
+    span = simulated if simulated > 0 else math.inf
+    n_p = cfg.prefill.replicas
+    pools = (run.replicas[:n_p], run.replicas[n_p:])
+    routed_p = sum(1 for s in run.seqs if s.status is not RequestStatus.REJECTED)
+    routed = (routed_p, sum(1 for s in run.seqs if s.replica >= n_p))
+    roles = []
+    for pool, reps, plan, n in zip(cfg.pools, pools, plans, routed, strict=True):
+        busy = [r.stats.busy_s / span for r in reps]
+        roles.append(
+            RoleRecord(
+                role=pool.role,
+                gpu=pool.gpu.name,
+                tensor_parallel=pool.tensor_parallel,
+                replicas=pool.replicas,
+                gpus=pool.num_gpus,
+                gpu_hour_usd=pool.price.usd_per_hour,
+                cost_usd=pool.num_gpus * pool.price.usd_per_hour * simulated / 3600.0,
+                requests=n,
+                busy_fraction=BusyFraction(mean=sum(busy) / len(busy), max=max(busy)),
+                kv_blocks_per_replica=plan.num_blocks,
+                kv_peak_used_blocks=max(r.sched.kv.peak_used_blocks for r in reps),
+                kv_mean_used_blocks=sum(r.stats.kv_block_s for r in reps) / len(reps) / span,
+            )
+        )
+    tr = h.transfers
+    landed = np.array([x.landed_s for x in tr], dtype=np.float64)
+    reserved = np.array([x.reserved_s for x in tr], dtype=np.float64)
+    ended = np.array([x.prefill_end_s for x in tr], dtype=np.float64)
+    links = [q.busy_within(simulated) / span for q in h.queues()]
+    return DisaggregationRecord(
+        roles=tuple(roles),
+        transfers=len(tr),
+        transferred_bytes=math.fsum(x.bytes for x in tr),
+        transfer_s=dist(landed - reserved),
+        block_wait_s=dist(reserved - ended),
+        handoff_s=dist(landed - ended),
+        link_busy_fraction=BusyFraction(
+            mean=sum(links) / len(links) if links else 0.0, max=max(links, default=0.0)
+        ),
     )
 
 
@@ -296,8 +356,11 @@ def _swap_record(off: OffloadWiring) -> SwapRecord:
 
 
 def _link_records(off: OffloadWiring, simulated: float) -> tuple[LinkRecord, ...]:
+    return _queue_records(off.queues(), simulated)
+
+
+def _queue_records(queues: list[LinkQueue], simulated: float) -> tuple[LinkRecord, ...]:
     span = simulated if simulated > 0 else math.inf
-    queues = off.queues()
     for q in queues:
         q.settle(simulated)
     return tuple(
@@ -568,14 +631,18 @@ def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:
 
 
 def _replica_records(
-    replicas: list[Replica], seqs: list[Request], simulated: float
+    replicas: list[Replica], seqs: list[Request], simulated: float, prefilled: list[int] | None = None
 ) -> tuple[ReplicaRecord, ...]:
+    """`prefilled`: a disaggregated run's prefills per prefill replica (the first replicas), which
+    count as their requests (a request's `replica` is where it finished)."""
     routed = np.zeros(len(replicas), np.int64)
     preempted = np.zeros(len(replicas), np.int64)
     for s in seqs:
         if s.replica >= 0:
             routed[s.replica] += 1
             preempted[s.replica] += s.preemptions
+    if prefilled is not None:
+        routed[: len(prefilled)] = prefilled
     span = simulated if simulated > 0 else math.inf
     return tuple(
         ReplicaRecord(

@@ -10,7 +10,9 @@ sink, offload port); the router and the arrival processes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +32,11 @@ from kvsim.costs.base import CostModel
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
+from kvsim.sim.disagg import HandOff
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
-from kvsim.spec.scenario import Scenario
+from kvsim.spec.scenario import PrefixCacheScope, Scenario
 from kvsim.spec.workload import Workload
 
 
@@ -53,6 +56,9 @@ class AssembledRun:
     spec: SpecDecoder | None  # scheduler.spec_decode
     end_s: float  # sim.max_time, or inf
     span: float  # the last arrival of the trace, s
+    # cluster.disaggregation: the hand-off to the decode pool, whose replicas follow the prefill
+    # pool's in `replicas` (None: aggregated)
+    handoff: HandOff | None = None
 
     @property
     def closed_loop(self) -> bool:
@@ -139,6 +145,105 @@ def assemble(
     return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
 
 
+def assemble_disaggregated(
+    sc: Scenario,
+    wl: Workload,
+    plans: tuple[MemoryPlan, MemoryPlan],
+    costs: tuple[CostModel, CostModel],
+    *,
+    make_scheduler: Callable[..., Scheduler],
+) -> AssembledRun:
+    """Build `sc`'s disaggregated run (`kvsim.sim.disagg`): the prefill pool's replicas (indices
+    0..P-1, routed by the scenario's router, each request prefilled as a stand-in asking for one
+    token), then the decode pool's (P..P+D-1, least outstanding tokens, no prefix cache), each with
+    its role's memory plan and cost model (`plans`, `costs`: prefill's, decode's). Replicas do not
+    run ahead of the clock here: hand-offs are not known in advance."""
+    cfg = sc.cluster.disaggregation
+    assert cfg is not None
+    check_hash_blocks(sc, wl)
+    env = simpy.Environment()
+    end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
+    seqs: list[Request] = []
+    span = float(wl.arrival_s[-1]) if len(wl) else 0.0
+    make_original = request_maker(sc, wl, plans[1], None, seqs, "a decode replica")
+    originals: dict[int, Request] = {}
+    bs = sc.kv.block_size
+    prefill_blocks = plans[0].num_blocks
+
+    def make_seq(i: int, t: float | None = None) -> Request:
+        seq = make_original(i, t)
+        if seq.status is RequestStatus.REJECTED:
+            return seq
+        if -(-seq.prompt_len // bs) > prefill_blocks:
+            seq.status, seq.reason = (
+                RequestStatus.REJECTED,
+                "prompt needs more KV blocks than a prefill replica has",
+            )
+            return seq
+        originals[seq.id] = seq
+        cum = seq.key_cum
+        sizes = [b - a for a, b in itertools.pairwise(cum)]
+        return Request(seq.id, seq.arrival_s, seq.prompt_len, 1, seq.keys, sizes)
+
+    handoff = HandOff(
+        env, cfg, sc.cluster.topology, sc.cluster.gpus_per_node, plans, bs, sc.model.num_layers, originals
+    )
+    n_p, n_d = cfg.prefill.replicas, cfg.decode.replicas
+    policy = sc.cluster.router
+    touched_p: set[int] | None = set() if Router.indexes(policy, n_p) else None
+    decode_policy = "least_outstanding_tokens"
+    touched_d: set[int] | None = set() if Router.indexes(decode_policy, n_d) else None
+    sample_every = max(span / 2000.0, 0.05)
+    prefill = [
+        Replica(
+            env,
+            i,
+            costs[0],
+            functools.partial(replica_parts, sc, plans[0], make_scheduler, None, None, None, None, None, i),
+            fast_forward=sc.sim.fast_forward,
+            next_outside_event=lambda: end_s,
+            sample_every_s=sample_every,
+            on_load_change=None if touched_p is None else touched_p.add,
+            on_finish=handoff.on_prefill_done,
+            before_schedule=handoff.release_sent(i),
+        )
+        for i in range(n_p)
+    ]
+    sc_d = dataclasses.replace(sc, kv=dataclasses.replace(sc.kv, prefix_cache=PrefixCacheScope.NONE))
+    decode = [
+        Replica(
+            env,
+            n_p + j,
+            costs[1],
+            functools.partial(
+                replica_parts, sc_d, plans[1], make_scheduler, None, None, None, None, None, n_p + j
+            ),
+            fast_forward=sc.sim.fast_forward,
+            next_outside_event=lambda: end_s,
+            sample_every_s=sample_every,
+            on_load_change=None if touched_d is None else _adder(touched_d, j),
+            before_schedule=handoff.before_schedule(j),
+        )
+        for j in range(n_d)
+    ]
+    handoff.prefill, handoff.decode = prefill, decode
+    handoff.router = Router(decode_policy, decode, touched_d)
+    router = Router(policy, prefill, touched_p)
+    env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+    return AssembledRun(
+        env, wl, prefill + decode, router, seqs, None, None, None, None, None, end_s, span, handoff
+    )
+
+
+def _adder(touched: set[int], j: int) -> Callable[[int], None]:
+    """A decode replica's `on_load_change`: its position in the decode pool's router."""
+
+    def add(_index: int) -> None:
+        touched.add(j)
+
+    return add
+
+
 def replica_parts(
     sc: Scenario,
     plan: MemoryPlan,
@@ -177,10 +282,17 @@ def replica_parts(
 
 
 def request_maker(
-    sc: Scenario, wl: Workload, plan: MemoryPlan, window: Eviction | None, seqs: list[Request]
+    sc: Scenario,
+    wl: Workload,
+    plan: MemoryPlan,
+    window: Eviction | None,
+    seqs: list[Request],
+    replica: str = "a replica",
 ) -> Callable[..., Request]:
     """``make_seq(i, t=None)``: the workload's request `i` (arriving at `t`, else at the trace's
-    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason."""
+    time), appended to `seqs`, with its prefix-cache keys, or rejected with the reason (`replica`:
+    whose blocks `plan` counts, in that reason)."""
+    too_big = f"needs more KV blocks than {replica} has"
     bs = sc.kv.block_size
     caching = sc.kv.prefix_cache != "none"
     use_prefix = caching and wl.hash_ids is not None  # content ids; else each prompt's own keys
@@ -219,7 +331,7 @@ def request_maker(
         if p + o > max_ctx:
             seq.status, seq.reason = RequestStatus.REJECTED, "longer than the model's context"
         elif -(-stored(p, o) // bs) > plan.num_blocks:
-            seq.status, seq.reason = RequestStatus.REJECTED, "needs more KV blocks than a replica has"
+            seq.status, seq.reason = RequestStatus.REJECTED, too_big
         elif not chunked and p > max_batched:
             seq.status, seq.reason = (
                 RequestStatus.REJECTED,

@@ -190,9 +190,12 @@ class Replica:
         on_load_change: Callable[[int], None] | None = None,
         on_finish: Callable[[list[Request]], None] | None = None,
         next_arrival: Callable[[], float] | None = None,
+        before_schedule: Callable[[], None] | None = None,
     ) -> None:
         """`parts` builds its scheduler, offload port and KV events sink, given the replica: they
-        read its clock and poke it (`kvsim.sim.offload.ReplicaClock`), it runs them."""
+        read its clock and poke it (`kvsim.sim.offload.ReplicaClock`), it runs them.
+        `before_schedule`: called before each schedule (a decode replica of a disaggregated run
+        takes in the requests whose KV landed, `kvsim.sim.disagg`; None: nothing)."""
         self.env = env
         self.index = index
         self.cost = cost
@@ -214,6 +217,7 @@ class Replica:
         # router that keeps loads in heaps, `kvsim.core.router`), before the process next waits;
         # None: not read so.
         self.on_load_change = on_load_change
+        self.before_schedule = before_schedule
         # The host-DRAM tier and its links (None: off); its pool's KV events, stamped by its clock
         # (None: not written): then windows change no cache entry, so every event comes at a
         # schedule or a step's end.
@@ -410,7 +414,10 @@ class Replica:
         env = self.env
         sched = self.sched
         offload = self.offload
+        before = self.before_schedule
         while True:
+            if before is not None:
+                before()
             plan = sched.schedule()
             if offload is not None:
                 offload.after_schedule()  # write-backs of what it evicted, loads of whom it admitted

@@ -110,6 +110,9 @@ class ClusterConfig:
     gpu_memory_utilization: float  # vLLM's knob: share of HBM the engine may plan with
     activation_reserve_bytes: int | None  # None = estimated from the model and scheduler
     router: RouterPolicy
+    # cluster.disaggregation: a prefill pool and a decode pool (None: aggregated, every replica
+    # runs both phases). With it, the pools' replicas are the cluster; nodes is not read.
+    disaggregation: DisaggregationConfig | None = None
 
     @property
     def host_dram_bytes(self) -> int:  # per node
@@ -117,11 +120,60 @@ class ClusterConfig:
 
     @property
     def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.num_gpus
         return self.nodes * self.gpus_per_node
 
     @property
     def num_replicas(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.prefill.replicas + self.disaggregation.decode.replicas
         return self.num_gpus // self.tensor_parallel
+
+
+ROLES = ("prefill", "decode")
+TRANSFER_LINKS = ("auto", "nvlink", "network")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One role's pool (``cluster.disaggregation.prefill`` or ``.decode``): its replicas, each of
+    `tensor_parallel` GPUs of type `gpu`, at `price` per GPU-hour."""
+
+    role: str  # "prefill" or "decode"
+    gpu: GPUSpec
+    tensor_parallel: int
+    replicas: int
+    price: GpuPrice
+
+    @property
+    def num_gpus(self) -> int:
+        return self.replicas * self.tensor_parallel
+
+
+@dataclass(frozen=True)
+class DisaggregationConfig:
+    """``cluster.disaggregation``: prefill and decode on separate pools, each request's KV moved from
+    the prefill replica that computed it to a decode replica over `link` (``auto``: NVLink where both
+    replicas sit in one node, the GPUs' NICs otherwise). Design: docs/architecture.md
+    ("Disaggregated prefill and decode")."""
+
+    prefill: PoolConfig
+    decode: PoolConfig
+    link: str  # auto, nvlink or network
+
+    @property
+    def pools(self) -> tuple[PoolConfig, PoolConfig]:
+        return self.prefill, self.decode
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill.num_gpus + self.decode.num_gpus
+
+    @property
+    def usd_per_hour(self) -> float:
+        """Both pools' GPUs at their prices, per hour."""
+        return sum(p.num_gpus * p.price.usd_per_hour for p in self.pools)
 
 
 @dataclass(frozen=True)
@@ -371,7 +423,25 @@ class Scenario:
 
     @property
     def gpu_hour_usd(self) -> float:
+        """$/GPU-hour; with cluster.disaggregation, the mean over both pools' GPUs at their prices
+        (so GPUs x hours x this is what the run's GPUs cost)."""
+        d = self.cluster.disaggregation
+        if d is not None:
+            return d.usd_per_hour / d.num_gpus
         return self.gpu_price.usd_per_hour
+
+    def role(self, pool: PoolConfig) -> Scenario:
+        """This scenario as one pool of its disaggregated cluster sees it: that pool's GPU, TP and
+        price alone (its memory plan and cost model are built from it as from any scenario)."""
+        c = dataclasses.replace(
+            self.cluster,
+            gpu=pool.gpu,
+            tensor_parallel=pool.tensor_parallel,
+            nodes=1,
+            gpus_per_node=pool.num_gpus,
+            disaggregation=None,
+        )
+        return dataclasses.replace(self, cluster=c, gpu_price=pool.price)
 
     @property
     def pool_nodes_usd_per_hour(self) -> float:
@@ -440,8 +510,58 @@ def _read_cluster(root: Section) -> ClusterConfig:
     if reserve_raw != "auto":
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
     router = _choice(s, "router", RouterPolicy, RouterPolicy.LEAST_OUTSTANDING_TOKENS)
+    s.raw("disaggregation", None)  # read with the pricing (`_read_disaggregation`)
     s.done()
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
+
+
+def _read_disaggregation(
+    root: Section,
+    cluster: ClusterConfig,
+    model: ModelSpec,
+    pricing: Section,
+    overrides: tuple[str, ...],
+    file_gpu: str | None,
+) -> DisaggregationConfig | None:
+    """``cluster.disaggregation`` (None when absent): each role's ``replicas`` (required, at least
+    one), ``gpu`` (a preset name; default cluster.gpu) and ``tensor_parallel`` (default the
+    cluster's), priced as `resolve_gpu_price` prices the cluster's GPU unless the role gives its own
+    ``gpu_hour``; and the ``transfer.link``."""
+    c = root.section("cluster", required=True)
+    if not c.has("disaggregation"):
+        return None
+    d = c.section("disaggregation")
+    if c.has("nodes"):
+        raise c.err(
+            "nodes", "the pools of cluster.disaggregation set the GPUs: give each role's replicas instead"
+        )
+    pools = []
+    for role in ROLES:
+        r = d.section(role, required=True)
+        gpu = cluster.gpu if not r.has("gpu") else r.parsed("gpu", lambda v: load_gpu(v))
+        tp = r.int("tensor_parallel", cluster.tensor_parallel, lo=1, hi=64)
+        if cluster.gpus_per_node % tp:
+            raise r.err(
+                "tensor_parallel", f"must divide cluster.gpus_per_node ({cluster.gpus_per_node}), got {tp}"
+            )
+        if model.num_heads % tp and model.num_kv_heads % tp:
+            raise r.err(
+                "tensor_parallel",
+                f"{tp} divides neither the model's {model.num_heads} query heads nor its {model.num_kv_heads} KV heads",
+            )
+        n = r.int("replicas", lo=1, hi=100_000)
+        if r.has("gpu_hour"):
+            usd = r.parsed("gpu_hour", bounded(parse_price_per_hour, B.PRICE))
+            price = GpuPrice(usd, PriceBasis.SCENARIO, f"{r._p('gpu_hour')} ({Path(r.source).name})")
+        else:
+            price = resolve_gpu_price(pricing, gpu, file_gpu=file_gpu, overrides=overrides)
+        r.done()
+        pools.append(PoolConfig(role, gpu, tp, n, price))
+    t = d.section("transfer")
+    link = t.choice("link", TRANSFER_LINKS, "auto")
+    t.done()
+    d.done()
+    return DisaggregationConfig(pools[0], pools[1], link)
 
 
 def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix | None:
@@ -1173,6 +1293,10 @@ def _scenario_from_dict(
     notes: list[str] = []
     pricing = _renamed_section(root, "pricing", notes)
     gpu_price = resolve_gpu_price(pricing, cluster.gpu, file_gpu=file_gpu, overrides=overrides)
+    disagg = _read_disaggregation(root, cluster, model, pricing, overrides, file_gpu)
+    if disagg is not None:
+        cluster = dataclasses.replace(cluster, disaggregation=disagg)
+        notes.extend(p.price.warning for p in disagg.pools if p.price.warning)
     pricing.done()
     if gpu_price.warning:
         notes.append(gpu_price.warning)
@@ -1218,6 +1342,8 @@ def _scenario_from_dict(
             source=source,
             path="kv.prefix_cache.pool_nodes",
         )
+    if disagg is not None:
+        _refuse_with_disaggregation(source, model, cluster, kv, scheduler, workload, cost_model)
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
         # model's context must fit one step, or it would block the queue forever.
@@ -1241,6 +1367,43 @@ def _scenario_from_dict(
         overrides,
         tuple(notes),
     )
+
+
+def _refuse_with_disaggregation(
+    source: str,
+    model: ModelSpec,
+    cluster: ClusterConfig,
+    kv: KVConfig,
+    scheduler: SchedulerConfig,
+    workload: WorkloadConfig,
+    cost_model: CostModelConfig,
+) -> None:
+    """The options cluster.disaggregation does not run with yet, refused in one line naming the
+    first: the tiers below HBM and the global pool (Mooncake's store between the pools is issue 21's
+    next step), swap, token eviction, sliding windows and format switches (the decode side would
+    receive trimmed KV), speculative decoding, pinned segments, closed-loop sessions (a reply's end
+    on the decode pool sends the next turn), fair-shared links and measured profiles (one GPU and
+    TP each)."""
+    on = (
+        ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
+        ("kv.offload", kv.offload.enabled),
+        ("scheduler.preemption: swap or auto", scheduler.preemption != "recompute"),
+        ("kv.eviction", kv.eviction.policy != "none"),
+        ("kv.format_switch", kv.format_switch is not None),
+        ("sliding-window layers (model.sliding_window)", model.windowed_kv_layers() > 0),
+        ("scheduler.spec_decode", scheduler.spec_decode is not None),
+        ("kv.prefix_cache.pin", bool(kv.pin_segments)),
+        ("closed-loop agent sessions", workload.agent is not None and workload.agent.closed_loop),
+        ("cluster.topology.sharing: fair", cluster.topology.sharing == "fair"),
+        ("a measured cost_model.profile", cost_model.kind != "analytic"),
+    )
+    for name, enabled in on:
+        if enabled:
+            raise KvsimError(
+                f"disaggregated prefill and decode is not simulated together with {name} yet; turn one off",
+                source=source,
+                path="cluster.disaggregation",
+            )
 
 
 # The fields that name a file, and whether they may name a model preset instead.
