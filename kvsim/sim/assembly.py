@@ -165,26 +165,9 @@ def assemble_disaggregated(
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     seqs: list[Request] = []
     span = float(wl.arrival_s[-1]) if len(wl) else 0.0
-    make_original = request_maker(sc, wl, plans[1], None, seqs, "a decode replica")
     originals: dict[int, Request] = {}
+    make_seq = _prefill_request_maker(sc, wl, plans, seqs, originals)
     bs = sc.kv.block_size
-    prefill_blocks = plans[0].num_blocks
-
-    def make_seq(i: int, t: float | None = None) -> Request:
-        seq = make_original(i, t)
-        if seq.status is RequestStatus.REJECTED:
-            return seq
-        if -(-seq.prompt_len // bs) > prefill_blocks:
-            seq.status, seq.reason = (
-                RequestStatus.REJECTED,
-                "prompt needs more KV blocks than a prefill replica has",
-            )
-            return seq
-        originals[seq.id] = seq
-        cum = seq.key_cum
-        sizes = [b - a for a, b in itertools.pairwise(cum)]
-        return Request(seq.id, seq.arrival_s, seq.prompt_len, 1, seq.keys, sizes)
-
     handoff = HandOff(
         env, cfg, sc.cluster.topology, sc.cluster.gpus_per_node, plans, bs, sc.model.num_layers, originals
     )
@@ -233,6 +216,38 @@ def assemble_disaggregated(
     return AssembledRun(
         env, wl, prefill + decode, router, seqs, None, None, None, None, None, end_s, span, handoff
     )
+
+
+def _prefill_request_maker(
+    sc: Scenario,
+    wl: Workload,
+    plans: tuple[MemoryPlan, MemoryPlan],
+    seqs: list[Request],
+    originals: dict[int, Request],
+) -> Callable[[int], Request]:
+    """A disaggregated run's `request_maker`: the request as the decode pool takes it (kept in
+    `originals`, rejected where a decode replica cannot hold it), and its stand-in for the prefill
+    pool, asking for one token (rejected where a prefill replica cannot hold its prompt)."""
+    make_original = request_maker(sc, wl, plans[1], None, seqs, "a decode replica")
+    bs = sc.kv.block_size
+    prefill_blocks = plans[0].num_blocks
+
+    def make_seq(i: int, t: float | None = None) -> Request:
+        seq = make_original(i, t)
+        if seq.status is RequestStatus.REJECTED:
+            return seq
+        if -(-seq.prompt_len // bs) > prefill_blocks:
+            seq.status, seq.reason = (
+                RequestStatus.REJECTED,
+                "prompt needs more KV blocks than a prefill replica has",
+            )
+            return seq
+        originals[seq.id] = seq
+        cum = seq.key_cum
+        sizes = [b - a for a, b in itertools.pairwise(cum)]
+        return Request(seq.id, seq.arrival_s, seq.prompt_len, 1, seq.keys, sizes)
+
+    return make_seq
 
 
 def _adder(touched: set[int], j: int) -> Callable[[int], None]:
