@@ -117,11 +117,9 @@ class TokenGaps:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
         equal gaps (the decode rows of one step share theirs) come as one value with their count:
         the distribution is the same, its arrays a step's size rather than a token's."""
-        gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), None)
         others = set(self.last) - keep  # emitted, never completed (sim.max_time)
-        if others:
-            ids = np.frombuffer(self.gap_id, dtype=np.int64)
-            gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), ~np.isin(ids, list(others)))
+        kept = ~np.isin(np.frombuffer(self.gap_id, dtype=np.int64), list(others)) if others else None
+        gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), kept)
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
         ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
         for shared, ids_w, _ in self._shared_gaps():
@@ -154,12 +152,10 @@ class TokenGaps:
 
 def _runs(values: np.ndarray, kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """`values` (each counted once, or where `kept`) as runs of equal neighbours: (value, count)."""
+    if kept is not None and len(values):
+        values = values[kept]
     if not len(values):
         return np.zeros(0), np.zeros(0, dtype=np.int64)
-    if kept is not None:
-        values = values[kept]
-        if not len(values):
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
     starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
     counts = np.diff(np.append(starts, len(values)))
     return values[starts], counts
@@ -442,10 +438,9 @@ class Replica:
                 if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                     seq.first_scheduled_s = self.clock
             win = (self._window(plan) if self.fast_forward else None) or self._single_step(plan)
+            # Ahead: it ends before anything from outside can come, so it is applied now, no event.
             ahead = self._ahead is not None and win.ends[win.k - 1] < self._ahead()
-            if ahead:
-                pass  # it ends before anything from outside can come: applied now, no event
-            elif win.k > 1:  # the router reads it mid-window; an arrival may cut it
+            if not ahead and win.k > 1:  # the router reads it mid-window; an arrival may cut it
                 self._win = win
                 while True:
                     try:
@@ -454,7 +449,7 @@ class Replica:
                     except simpy.Interrupt:  # an arrival cut the window shorter
                         continue
                 self._win = None
-            else:
+            elif not ahead:
                 yield env.timeout(max(0.0, win.ends[0] - env.now))
             k = win.k
             if win.verify is not None:  # grow the plan while windows run whole, shrink when cut
