@@ -641,7 +641,7 @@ class Replica:
         dl = d.tolist()
         ends = list(accumulate(dl, initial=self.clock))[1:]  # as numpy's cumsum: in order, float for float
         k = self._steps_within(ends)
-        win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, dl[:k], off_grid)
+        win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
         if chunk:
             win.prefix_extrapolated = extrapolated
         return win
