@@ -316,6 +316,8 @@ class AnalyticCostModel(StepCostModel):
     def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
         """``tokens`` read by a paged decode of ``num_seqs`` sequences, plus the per-block and
         partial-block reads of this block size beyond the reference one (`block_extra_tokens`)."""
+        if self.block_size == REFERENCE_BLOCK_SIZE:  # nothing beyond: tokens + 0.0, value for value
+            return tokens
         out: np.ndarray = tokens + block_extra_tokens(num_seqs, tokens, self.block_size)
         return out
 
