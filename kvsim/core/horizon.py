@@ -54,7 +54,7 @@ from kvsim.core.sched.output import SchedulerOutput
 from kvsim.core.spec_decode import SpecDecoder
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built once per window: a frozen one costs more to build
 class DecodeWindow:
     num_steps: int
     num_seqs: int
@@ -315,7 +315,7 @@ def steps_before(ends: list[float], t: float, k: int | None = None) -> int:
     return bisect_left(ends, t, 0, len(ends) if k is None else k)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MixedWindow:
     num_steps: int
     num_decode: int  # decoding requests: all but the last of the step

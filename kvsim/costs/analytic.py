@@ -316,8 +316,18 @@ class AnalyticCostModel(StepCostModel):
     def paged_tokens(self, num_seqs: int, tokens: np.ndarray) -> np.ndarray:
         """``tokens`` read by a paged decode of ``num_seqs`` sequences, plus the per-block and
         partial-block reads of this block size beyond the reference one (`block_extra_tokens`)."""
+        if self.block_size == REFERENCE_BLOCK_SIZE:  # nothing beyond: tokens + 0.0, value for value
+            return tokens
         out: np.ndarray = tokens + block_extra_tokens(num_seqs, tokens, self.block_size)
         return out
+
+    def _decode_seconds(
+        self, num_seqs: int, sum_ctx: float, num_switched: int, switched_ctx: float | None
+    ) -> float:
+        if num_switched and switched_ctx is not None:  # rare: the arrays' path
+            return super()._decode_seconds(num_seqs, sum_ctx, num_switched, switched_ctx)
+        # `_decode_attn_time`'s operations take a float as they take an array, float for float.
+        return float(self._decode_attn_time(num_seqs, sum_ctx))  # type: ignore[arg-type]
 
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
@@ -325,10 +335,8 @@ class AnalyticCostModel(StepCostModel):
         if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
             per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
             out: np.ndarray = fixed + tokens * (per_token + self.score_s_per_token)
-        else:
-            out = fixed + np.maximum(
-                tokens * self.decode_attn_s_per_token, tokens * self.decode_attn_flops_s_per_token
-            )
+        else:  # the larger rate: tokens >= 0, so float for float max(tokens x a, tokens x b)
+            out = fixed + tokens * max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
         if self.outlier_s_per_token:  # kvquant4's outliers merged into the tokens it reads
             out = out + tokens * self.outlier_s_per_token
         return out

@@ -340,8 +340,18 @@ class StepCostModel:
             t = t + self._rows_attn(run)[0]
         if nd:
             sw = run.switched_ctx
-            t += float(self._decode_part(nd, run.dec_sum_ctx.astype(np.float64), run.num_switched, sw)[0])
+            t += self._decode_seconds(
+                nd, float(run.dec_sum_ctx[0]), run.num_switched, None if sw is None else float(sw[0])
+            )
         return t
+
+    def _decode_seconds(
+        self, num_seqs: int, sum_ctx: float, num_switched: int, switched_ctx: float | None
+    ) -> float:
+        """`_decode_part` of one step, as a float. A model whose decode formulas take floats as
+        they take arrays (the analytic one) overrides it to skip the one-element arrays."""
+        sw = None if switched_ctx is None else np.array([switched_ctx])
+        return float(self._decode_part(num_seqs, np.array([sum_ctx]), num_switched, sw)[0])
 
     def _rows_attn(self, run: StepRun) -> list[float]:
         """Per step: the prefill launch plus the attention of the prefill and verify rows, summed

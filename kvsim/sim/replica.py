@@ -17,6 +17,7 @@ import math
 from array import array
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -110,8 +111,15 @@ class TokenGaps:
 
     def _shared_gaps(self) -> list[tuple[np.ndarray, array[int], int]]:
         """`shared` with each window's gaps (the differences of its step ends) and its requests."""
+        if not self.shared:
+            return []
         gid = self.gap_id
-        return [(np.diff(np.frombuffer(e, dtype=np.float64)), gid[a:b], b) for e, a, b in self.shared]
+        g, lens = self._shared_diffs()
+        starts = (np.cumsum(lens) - lens).tolist()
+        return [
+            (g[o : o + n - 1], gid[a:b], b)
+            for o, n, (_, a, b) in zip(starts, lens.tolist(), self.shared, strict=True)
+        ]
 
     def pooled(self, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, how many tokens had each) of the requests in `keep` (the completed ones). Runs of
@@ -122,11 +130,24 @@ class TokenGaps:
         gaps, counts = _runs(np.frombuffer(self.gap_s, dtype=np.float64), kept)
         vals, ns = [gaps, np.zeros(len(self.zeros))], [counts]
         ns.append(np.array([n if r in keep else 0 for r, n, _ in self.zeros], dtype=np.int64))
-        for shared, ids_w, _ in self._shared_gaps():
-            w = len(ids_w) if not others else sum(1 for r in ids_w if r in keep)
-            vals.append(shared)
-            ns.append(np.full(len(shared), w, dtype=np.int64))
+        if self.shared:  # every window's gaps at once, in the windows' order
+            g, lens = self._shared_diffs()
+            gid = self.gap_id
+            if others:
+                w = [sum(1 for r in gid[a:b] if r in keep) for _, a, b in self.shared]
+            else:
+                w = [b - a for _, a, b in self.shared]
+            inside = np.ones(len(g), dtype=bool)
+            inside[np.cumsum(lens)[:-1] - 1] = False  # a difference across two windows' ends
+            vals.append(g[inside])
+            ns.append(np.repeat(np.asarray(w, dtype=np.int64), lens - 1))
         return np.concatenate(vals), np.concatenate(ns)
+
+    def _shared_diffs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The differences of all windows' step ends laid end to end, and each window's ends."""
+        arrs = [np.frombuffer(e, dtype=np.float64) for e, _, _ in self.shared]
+        lens = np.fromiter((len(a) for a in arrs), dtype=np.int64, count=len(arrs))
+        return np.diff(np.concatenate(arrs)), lens
 
     def per_request(self, keep: set[int]) -> dict[int, list[float]]:
         """Each request in `keep`'s gaps (s) in the order its tokens came (vLLM bench's ``itls``);
@@ -617,7 +638,8 @@ class Replica:
             need = mw.new_blocks
             evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
-        ends = np.cumsum(np.concatenate(([self.clock], d)))[1:].tolist()
+        dl = d.tolist()
+        ends = list(accumulate(dl, initial=self.clock))[1:]  # as numpy's cumsum: in order, float for float
         k = self._steps_within(ends)
         win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
         if chunk:

@@ -177,6 +177,11 @@ class Scheduler:
         switching = kv.eviction is not None and kv.eviction.kind is EvictionKind.SWITCH
         last_is_prefill = False
         i = 0
+        if spec is None and not switching:  # the leading decode rows, in a loop of their own
+            i, budget = self._decode_rows(out, budget)
+            if i < 0:  # the request that needed a block was preempted
+                out.last_is_prefill = False
+                return budget
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
@@ -224,6 +229,29 @@ class Scheduler:
             i += 1
         out.last_is_prefill = last_is_prefill
         return budget
+
+    def _decode_rows(self, out: SchedulerOutput, budget: int) -> tuple[int, int]:
+        """`_schedule_running`'s decode rows from the front of the running requests while they
+        decode one token (no speculative decoding, no format switch: the common case, kept short).
+        Returns (the index of the first request not scheduled, or -1 when the one needing a block
+        was preempted; the budget left)."""
+        bs = self.block_size
+        add_dec, add_dec_ctx = out.decode_reqs.append, out.decode_ctx.append
+        i = 0
+        for req in self.running:  # `_take` preempts from the end: a victim is never reached
+            if budget <= 0:
+                break
+            c = req.num_computed
+            if req.num_tokens - c != 1 or not req.num_generated:
+                break  # prefilling: the general loop goes on from here
+            c -= req.evicted
+            if c >= req.num_blocks * bs and not self._take(req, 1, out):
+                return -1, budget
+            add_dec(req)
+            add_dec_ctx(c)
+            budget -= 1
+            i += 1
+        return i, budget
 
     def _take(self, req: Request, need: int, out: SchedulerOutput) -> bool:
         """`need` more blocks for running `req`, preempting the newest running requests until they
