@@ -193,7 +193,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_summary(result.record)
     also = f", {out / extra[0]}" if extra else ""
     also += f", {events_path}" if events_path is not None else ""
-    print(f"wrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.html'}{also}")
+    names = ("summary.json", "requests.csv", "timeseries.csv", "tiers.csv", "links.csv", "report.html")
+    written = [str(out / n) for n in (*names, "plotly.min.js") if (out / n).is_file()]
+    print(f"wrote {', '.join(written)}{also}")
     return 0
 
 

@@ -45,6 +45,12 @@ def test_run_writes_summary_requests_and_report(scenario, tmp_path, capsys):
     assert lines[1].startswith("SLO TPOT p99 <= 100.0 ms: ") and verdict[s.slo.tpot_met] in lines[1]
     assert f"{s.slo.ttft_at_percentile_s * 1e3:,.1f} ms" in lines[0]
     assert any("TTFT" in x and "TPOT" not in x for x in lines[3:])  # the table after them
+    # the last line names every file the run wrote, no more
+    names = [n.strip().rsplit("/", 1)[-1] for n in lines[-1].removeprefix("wrote ").split(",")]
+    assert names == sorted(
+        (p.name for p in out.iterdir()),
+        key=["summary.json", "requests.csv", "timeseries.csv", "report.html", "plotly.min.js"].index,
+    )
 
 
 def test_report_rebuilds_without_rerunning(scenario, tmp_path, capsys):
