@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from kvsim.errors import KvsimError
 from kvsim.report import html as h
 from kvsim.report.charts import _cdf, _counts, _envelope, _f32, _figure_html, _series_on_grid
 from kvsim.report.data import _Csv, _load_csv
-from kvsim.report.outputs import check_output_dir
+from kvsim.report.outputs import check_output_dir, same_file
 from kvsim.report.tables import _dur, _float, _get, _gib, _int, _is_num, _note, _pct, _table, _usd
 from kvsim.results.record import read_summary
 
@@ -104,13 +103,6 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
-def _same(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def check_inputs(run_dirs: Sequence[str], out: str, *, force: bool) -> Path:
     """Refuse bad run directories, one given twice, or an --out that is not ours to write. Returns
     the output path (its folder created)."""
@@ -128,7 +120,7 @@ def check_inputs(run_dirs: Sequence[str], out: str, *, force: bool) -> Path:
         if not (p / "summary.json").is_file():
             raise KvsimError("summary.json not found; is this a kvsim run directory?", source=d)
         for q in seen:
-            if _same(p, q):
+            if same_file(p, q):
                 raise KvsimError(f"the same run directory is given twice (also as {q})", source=d)
         seen.append(p)
     if not out.strip():
@@ -138,11 +130,11 @@ def check_inputs(run_dirs: Sequence[str], out: str, *, force: bool) -> Path:
         raise KvsimError(f"{out}: a comparison report is an .html file", source="--out")
     reads = [(name, p / name) for p in seen for name in _READS]
     for what, p in reads:
-        if _same(target, p):
+        if same_file(target, p):
             raise KvsimError(
                 f"{out} is the {what} of a run this command reads; choose another --out", source="--out"
             )
-        if target.exists() and p.parent.exists() and _same(target, p.parent):
+        if target.exists() and p.parent.exists() and same_file(target, p.parent):
             raise KvsimError(f"{out} is a run directory this command reads", source="--out")
     files = (target.name, h.PLOTLY_JS)  # the page and the plotly.js beside it
     check_output_dir(str(target.parent), reads=reads, force=force, files=files, flag="--out")

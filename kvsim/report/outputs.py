@@ -118,7 +118,8 @@ def special_file(path: Path) -> str | None:
     return "a socket" if stat.S_ISSOCK(mode) else "a special file"
 
 
-def _same(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one file (False when either cannot be looked at)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -168,7 +169,7 @@ def _check_target(target: Path, inputs: list[tuple[str, Path]], force: bool, fla
     if not (target.exists() or target.is_symlink()):
         return
     for what, p in inputs:
-        if _same(target, p):
+        if same_file(target, p):
             raise KvsimError(f"{target} is the {what} this command reads; choose another {flag}", source=flag)
     if target.is_dir():
         raise KvsimError(f"{target} is a directory, where kvsim writes a file", source=flag)
