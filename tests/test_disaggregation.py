@@ -177,3 +177,33 @@ def test_a_pool_priced_by_a_scenario_wide_price_for_another_gpu_warns():
     }
     sc = scenario_from_dict(data, source="pd.yaml", base_dir=ROOT, file_gpu="h100-sxm")
     assert any("also prices h200-sxm" in n for n in sc.notes)
+
+
+def test_report_shows_both_pools_and_the_kv_moved(tmp_path):
+    """The HTML report's pools section carries each pool's figures and the hand-off from the
+    summary; an aggregated run's report has no such section."""
+    from kvsim.report import write_report
+    from kvsim.results.record import read_summary
+    from kvsim.run import write_run
+
+    sc = _scenario(1, 2)
+    out = tmp_path / "pd"
+    write_run(run_scenario(sc), out)
+    page = write_report(out).read_text(encoding="utf-8")
+    s = read_summary(out / "summary.json")
+    d = s.disaggregation
+    assert d is not None
+    section = page[page.index("Prefill and decode pools") : page.index("<h2>Replicas")]
+    for r in d.roles:
+        assert f"{r.replicas} x TP{r.tensor_parallel} {r.gpu}" in section
+        assert f"{r.requests:,}" in section and f"{r.kv_blocks_per_replica:,}" in section
+    assert f"{d.transfers:,}" in section
+    assert f"{d.handoff_s.p99 * 1e3:,.1f} ms" in section
+    agg = tmp_path / "agg"
+    write_run(run_scenario(_scenario_aggregated()), agg)
+    assert "Prefill and decode pools" not in write_report(agg).read_text(encoding="utf-8")
+
+
+def _scenario_aggregated():  # type: ignore[no-untyped-def]
+    data = {"model": "llama-3.1-8b", "cluster": {"gpu": "h100-sxm", "gpus_per_node": 1}, "workload": MOONCAKE}
+    return scenario_from_dict(data, source="agg.yaml", base_dir=ROOT)

@@ -39,6 +39,7 @@ from kvsim.report.tables import (
     _get,
     _headline_section,
     _plural,
+    _pools_section,
     _rejections_section,
     _replicas_section,
     _sessions_section,
@@ -81,6 +82,7 @@ def _page(record: RunSummary, run_dir: Path, plotly_src: str) -> tuple[str, bool
     sections = [
         _headline_section(s, requests),
         _warnings_section(s),
+        _pools_section(record),
         _replicas_section(record),
         _tiers_section(record),
         _sessions_section(record),

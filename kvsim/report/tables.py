@@ -11,7 +11,7 @@ from markupsafe import Markup
 
 from kvsim.report import html as h
 from kvsim.report.data import _Csv
-from kvsim.results.record import RunSummary
+from kvsim.results.record import Distribution, RunSummary
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -286,6 +286,60 @@ def _replicas_section(rec: RunSummary) -> Markup | str:
         "Replicas",
         _table(rows, header=header, cls="num"),
         _note("busy: share of simulated time running steps; KV mean: time-weighted blocks in use."),
+    )
+
+
+def _pools_section(rec: RunSummary) -> Markup | str:
+    """A disaggregated cluster's prefill and decode pools, one row each, and the KV moved between
+    them (``cluster.disaggregation``); nothing when aggregated."""
+    d = rec.disaggregation
+    if d is None:
+        return ""
+    rows = [
+        (
+            r.role,
+            f"{r.replicas} x TP{r.tensor_parallel} {r.gpu}",
+            _int(r.gpus),
+            _int(r.requests),
+            f"{_pct(r.busy_fraction.mean)} / {_pct(r.busy_fraction.max)}",
+            _int(r.kv_blocks_per_replica),
+            _int(r.kv_peak_used_blocks),
+            _float(r.kv_mean_used_blocks, ",.0f"),
+            _usd(r.cost_usd),
+        )
+        for r in d.roles
+    ]
+    header = (
+        "pool",
+        "replicas",
+        "GPUs",
+        "requests",
+        "busy mean / max",
+        "KV blocks per replica",
+        "KV peak",
+        "KV mean",
+        "cost",
+    )
+
+    def dist(x: Distribution) -> str:
+        return f"{_dur(x.p50)} / {_dur(x.p99)}"
+
+    moved = [
+        ("KV transfers", _int(d.transfers)),
+        ("KV moved (all GPUs' shards)", _gib(d.transferred_bytes)),
+        ("hand-off p50 / p99 (prefill end to KV landed: what TTFT adds)", dist(d.handoff_s)),
+        ("waiting for decode blocks or seats p50 / p99", dist(d.block_wait_s)),
+        ("transfer p50 / p99", dist(d.transfer_s)),
+        ("links busy mean / max", f"{_pct(d.link_busy_fraction.mean)} / {_pct(d.link_busy_fraction.max)}"),
+    ]
+    return h.section(
+        "Prefill and decode pools",
+        _table(rows, header=header, cls="num"),
+        _table(moved),
+        _note(
+            "busy: share of simulated time the pool's replicas ran steps; cost: the pool's GPUs "
+            "at their hourly price over the simulated time."
+        ),
     )
 
 
