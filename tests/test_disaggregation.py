@@ -207,3 +207,33 @@ def test_report_shows_both_pools_and_the_kv_moved(tmp_path):
 def _scenario_aggregated():  # type: ignore[no-untyped-def]
     data = {"model": "llama-3.1-8b", "cluster": {"gpu": "h100-sxm", "gpus_per_node": 1}, "workload": MOONCAKE}
     return scenario_from_dict(data, source="agg.yaml", base_dir=ROOT)
+
+
+def test_conditional_disaggregation_prefills_short_prompts_on_the_decode_pool():
+    """``max_local_prefill_tokens`` (Dynamo's disaggregated router): the prompts at most that long
+    are prefilled where they decode, their KV never moved; the rest go through the prefill pool.
+    Every request is accounted for, and fast-forward equals stepping."""
+    base = _scenario(1, 2)
+    wl = load_workload(base.workload, seed=1)
+    cut = int(sorted(wl.prompt_tokens.tolist())[len(wl) // 2])  # about half the prompts
+    cfg = dataclasses.replace(base.cluster.disaggregation, max_local_prefill_tokens=cut)
+    sc = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, disaggregation=cfg))
+    a = run_scenario(sc, workload=wl)
+    r, d = a.summary["requests"], a.summary["disaggregation"]
+    assert r["completed"] + r["rejected"] + r["unfinished"] == r["total"]
+    admitted = [s for s in a.seqs if s.reason == ""]
+    short = [s for s in admitted if s.prompt_len <= cut]
+    assert 0 < len(short) < len(admitted)
+    assert d["local_prefills"] == len(short)
+    # the long ones' KV moved (an answer of one token is done at the prefill: nothing to move)
+    assert d["transfers"] == sum(1 for s in admitted if s.prompt_len > cut and s.output_len > 1)
+    assert {s.replica for s in short} <= {1, 2}  # the decode pool: replicas P + j, P = 1
+    roles = {x["role"]: x for x in d["roles"]}
+    assert roles["prefill"]["requests"] == len(admitted) - len(short)
+    b = run_scenario(
+        dataclasses.replace(sc, sim=dataclasses.replace(sc.sim, fast_forward=False)), workload=wl
+    )
+    assert records(a) == records(b)
+    assert _comparable(a.summary) == _comparable(b.summary)
+    off = run_scenario(base, workload=wl).summary["disaggregation"]
+    assert off["local_prefills"] == 0 and off["transfers"] > d["transfers"]

@@ -160,9 +160,12 @@ def _register_outside(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 @st.composite
 def disaggregated_cases(draw):  # type: ignore[no-untyped-def]
     """`cases`' workloads on a disaggregated cluster: 1-2 prefill and 1-2 decode replicas, in one
-    node (NVLink) or one to a node (NICs), HBM as tight as `cases` draws it."""
+    node (NVLink) or one to a node (NICs), HBM as tight as `cases` draws it, with or without
+    prefilling short prompts on the decode pool (``max_local_prefill_tokens``)."""
     sc, wl = draw(cases())
     pd = {"prefill": {"replicas": draw(st.integers(1, 2))}, "decode": {"replicas": draw(st.integers(1, 2))}}
+    # conditional disaggregation: none, some or every prompt prefilled on the decode pool
+    pd["max_local_prefill_tokens"] = draw(st.sampled_from([0, int(wl.prompt_tokens.min()), 1 << 24]))
     c = sc.cluster
     data = {
         "model": "llama-3.1-8b",

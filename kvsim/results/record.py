@@ -240,6 +240,8 @@ class DisaggregationRecord:
     block_wait_s: Distribution  # from the prefill's end to the reservation (blocks or seats full)
     handoff_s: Distribution  # from the prefill's end to the KV's arrival (what TTFT adds)
     link_busy_fraction: BusyFraction  # over the replicas' link queues that moved bytes
+    # cluster.disaggregation.max_local_prefill_tokens: requests prefilled on the decode pool
+    local_prefills: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

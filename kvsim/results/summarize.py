@@ -251,7 +251,8 @@ def _disagg_record(
     span = simulated if simulated > 0 else math.inf
     n_p = cfg.prefill.replicas
     pools = (run.replicas[:n_p], run.replicas[n_p:])
-    routed_p = sum(1 for s in run.seqs if s.status is not RequestStatus.REJECTED)
+    # every request admitted but those prefilled on the decode pool (conditional disaggregation)
+    routed_p = sum(1 for s in run.seqs if s.status is not RequestStatus.REJECTED) - h.local_prefills
     routed = (routed_p, sum(1 for s in run.seqs if s.replica >= n_p))
     roles = []
     for pool, reps, plan, n in zip(cfg.pools, pools, plans, routed, strict=True):
@@ -287,6 +288,7 @@ def _disagg_record(
         link_busy_fraction=BusyFraction(
             mean=sum(links) / len(links) if links else 0.0, max=max(links, default=0.0)
         ),
+        local_prefills=h.local_prefills,
     )
 
 

@@ -32,7 +32,7 @@ from kvsim.costs.base import CostModel
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
-from kvsim.sim.disagg import HandOff
+from kvsim.sim.disagg import HandOff, SplitRouter
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
@@ -212,7 +212,9 @@ def assemble_disaggregated(
     handoff.prefill, handoff.decode = prefill, decode
     handoff.router = Router(decode_policy, decode, touched_d)
     router = Router(policy, prefill, touched_p)
-    env.process(arrival_process(env, wl.arrival_s, make_seq, router))
+    # A request not in `originals` (conditional disaggregation) is prefilled on the decode pool.
+    arrivals = SplitRouter(router, handoff) if cfg.max_local_prefill_tokens else router
+    env.process(arrival_process(env, wl.arrival_s, make_seq, arrivals))
     return AssembledRun(
         env, wl, prefill + decode, router, seqs, None, None, None, None, None, end_s, span, handoff
     )
@@ -227,9 +229,12 @@ def _prefill_request_maker(
 ) -> Callable[[int], Request]:
     """A disaggregated run's `request_maker`: the request as the decode pool takes it (kept in
     `originals`, rejected where a decode replica cannot hold it), and its stand-in for the prefill
-    pool, asking for one token (rejected where a prefill replica cannot hold its prompt)."""
+    pool, asking for one token (rejected where a prefill replica cannot hold its prompt); with
+    ``max_local_prefill_tokens``, a prompt that short is returned itself, for the decode pool."""
     make_original = request_maker(sc, wl, plans[1], None, seqs, "a decode replica")
     bs = sc.kv.block_size
+    assert sc.cluster.disaggregation is not None
+    local = sc.cluster.disaggregation.max_local_prefill_tokens
     prefill_blocks = plans[0].num_blocks
 
     def make_seq(i: int, t: float | None = None) -> Request:
@@ -241,6 +246,8 @@ def _prefill_request_maker(
                 RequestStatus.REJECTED,
                 "prompt needs more KV blocks than a prefill replica has",
             )
+            return seq
+        if seq.prompt_len <= local:  # conditional disaggregation: prefilled where it decodes
             return seq
         originals[seq.id] = seq
         cum = seq.key_cum

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -20,6 +20,9 @@ from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import SwapDecider, TierLookup
+
+if TYPE_CHECKING:
+    from kvsim.sim.disagg import SplitRouter
 
 
 class _ArrivalTimeout(simpy.events.Event):
@@ -50,7 +53,7 @@ def arrival_process(
     env: simpy.Environment,
     times: np.ndarray,
     make_seq: Callable[[int], Request],
-    router: Router,
+    router: Router | SplitRouter,
     next_arrival: NextArrival | None = None,
 ) -> Generator[simpy.Event, Any, None]:
     """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only.

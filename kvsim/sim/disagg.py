@@ -25,7 +25,7 @@ import simpy
 
 from kvsim.core.memory_plan import MemoryPlan
 from kvsim.core.request import Request, RequestStatus
-from kvsim.core.router import Router
+from kvsim.core.router import ReplicaView, Router
 from kvsim.sim.links import LinkQueue, reserve_through, urgent_at
 from kvsim.sim.replica import Replica
 from kvsim.spec.scenario import DisaggregationConfig
@@ -82,6 +82,7 @@ class HandOff:
         # Per prefill replica: request id -> the blocks it holds for that request's send.
         self.held: list[dict[int, tuple[list[int], int]]] = [{} for _ in range(cfg.prefill.replicas)]
         self.router: Router | None = None
+        self.local_prefills = 0  # conditional disaggregation: prefilled on the decode pool
         self.sides: list[DecodeSide] = [DecodeSide() for _ in range(cfg.decode.replicas)]
         self.transfers: list[Transfer] = []
         # request id -> (its prefill replica, the prefill's end)
@@ -235,3 +236,20 @@ class HandOff:
     def queues(self) -> list[LinkQueue]:
         """The replicas' link queues that carried a transfer, by name."""
         return [q for _name, q in sorted(self.links.items())]
+
+
+class SplitRouter:
+    """Conditional disaggregation's arrival router (``max_local_prefill_tokens``, after Dynamo's
+    disaggregated router): a request with a stand-in in the hand-off's ``originals`` goes to the
+    prefill pool's router; one without (its prompt short enough) to the decode pool's, which
+    prefills it there (counted in ``HandOff.local_prefills``)."""
+
+    def __init__(self, prefill: Router, handoff: HandOff) -> None:
+        assert handoff.router is not None
+        self.prefill, self.decode, self.handoff = prefill, handoff.router, handoff
+
+    def choose(self, req: Request, now: float) -> ReplicaView:
+        if req.id in self.handoff.originals:
+            return self.prefill.choose(req, now)
+        self.handoff.local_prefills += 1
+        return self.decode.choose(req, now)

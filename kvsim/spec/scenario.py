@@ -161,6 +161,10 @@ class DisaggregationConfig:
     prefill: PoolConfig
     decode: PoolConfig
     link: str  # auto, nvlink or network
+    # Conditional disaggregation (Dynamo's disaggregated router, ``max_local_prefill_length``):
+    # a request whose prompt is at most this many tokens is prefilled on the decode pool itself,
+    # its KV never moved; 0 (the default): every request is prefilled remotely.
+    max_local_prefill_tokens: int = 0
 
     @property
     def pools(self) -> tuple[PoolConfig, PoolConfig]:
@@ -560,8 +564,9 @@ def _read_disaggregation(
     t = d.section("transfer")
     link = t.choice("link", TRANSFER_LINKS, "auto")
     t.done()
+    local = d.int("max_local_prefill_tokens", 0, lo=0, hi=1 << 24)
     d.done()
-    return DisaggregationConfig(pools[0], pools[1], link)
+    return DisaggregationConfig(pools[0], pools[1], link, local)
 
 
 def _read_format_mix(s: Section, model: ModelSpec, main: KVFormat) -> FormatMix | None:
