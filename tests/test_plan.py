@@ -373,3 +373,31 @@ def test_a_budget_with_nothing_lossy_searched_is_refused(scenario: Path, tmp_pat
     err = capsys.readouterr().err
     assert "--max-accuracy-loss: no configuration searched uses a lossy technique" in err
     assert not out.exists()
+
+
+def test_a_disaggregated_split_is_priced_pool_by_pool(tmp_path: Path, capsys):
+    """A split search over the decode pool (issue 21): each configuration costs its prefill GPUs at
+    the prefill pool's price plus its decode GPUs at the decode pool's, named with their sources."""
+    s = tmp_path / "pd.yaml"
+    s.write_text(
+        SCENARIO.replace(
+            "cluster: {gpu: h100-sxm, gpus_per_node: 1}",
+            "cluster:\n  gpu: h100-sxm\n  gpus_per_node: 8\n  disaggregation:\n"
+            "    prefill: {replicas: 1, gpu_hour: $4/h}\n    decode: {replicas: 1, gpu: a100-80gb}",
+        )
+    )
+    out = tmp_path / "plan"
+    rc = _plan(s, out, "--slo", "ttft_p99=60s", "--search", "cluster.disaggregation.decode.replicas=1,2")
+    assert rc == 0, capsys.readouterr().err
+    data = _data(out)
+    a100 = load_gpu("a100-80gb").usd_per_hour
+    by_decode = {e["overrides"][0]: e for e in data["configurations"]}
+    for n in (1, 2):
+        e = by_decode[f"cluster.disaggregation.decode.replicas={n}"]
+        assert e["gpus"] == 1 + n
+        assert e["usd_per_hour"] == pytest.approx(4.0 + n * a100)
+        assert (
+            "prefill 1 x $4.00/h" in e["gpu_hour_source"]
+            and f"decode {n} x ${a100:.2f}/h" in e["gpu_hour_source"]
+        )
+    assert data["choice"]["overrides"] == ["cluster.disaggregation.decode.replicas=1"]  # the cheaper split

@@ -39,7 +39,7 @@ from typing import Any
 from kvsim.accuracy import ESTIMATE_BASIS, accuracy_estimate, loss_text, within_budget
 from kvsim.errors import KvsimError
 from kvsim.progress import PointProgress
-from kvsim.spec.scenario import GpuPrice, load_scenario
+from kvsim.spec.scenario import GpuPrice, PriceBasis, Scenario, load_scenario
 from kvsim.spec.schema import shorten
 from kvsim.spec.workload import ARRIVAL_FIELDS, load_workload
 from kvsim.sweep.define import Factor, SweepPoint, parse_axis, point_id
@@ -269,7 +269,7 @@ def prepare_plan(
     accuracy: dict[tuple[str, ...], dict[str, Any]] = {}
     for p in sweep.points[:: len(loads)]:
         sc = load_scenario(scenario, p.overrides)
-        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, sc.gpu_price, sc.pool_nodes_usd_per_hour)
+        cost[p.overrides[:-1]] = (sc.cluster.num_gpus, plan_price(sc), sc.pool_nodes_usd_per_hour)
         accuracy[p.overrides[:-1]] = accuracy_estimate(sc.kv)
     if max_accuracy_loss is not None and not any(e["parts"] for e in accuracy.values()):
         raise KvsimError(
@@ -296,6 +296,23 @@ def prepare_plan(
         sweep.reads,
         accuracy,
         max_accuracy_loss,
+    )
+
+
+def plan_price(sc: Scenario) -> GpuPrice:
+    """The $/GPU-hour a configuration is ranked by: the cluster's; with ``cluster.disaggregation``,
+    the mean over both pools' GPUs at each pool's price (GPUs x it is what the pools cost an hour),
+    naming each pool's price and where it comes from."""
+    d = sc.cluster.disaggregation
+    if d is None:
+        return sc.gpu_price
+    parts = [f"{q.role} {q.num_gpus} x ${q.price.usd_per_hour:.2f}/h ({q.price.source})" for q in d.pools]
+    basis = {q.price.basis for q in d.pools}
+    return GpuPrice(
+        sc.gpu_hour_usd,
+        d.prefill.price.basis if len(basis) == 1 else PriceBasis.SCENARIO,
+        "the pools' GPUs: " + "; ".join(parts),
+        warning="; ".join(q.price.warning for q in d.pools if q.price.warning),
     )
 
 
