@@ -4,6 +4,7 @@ holds more requests' KV at once than TP8 can."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -131,3 +132,22 @@ def test_dp_attention_holds_more_requests_kv_at_once() -> None:
     assert dp8["kv_peak_used_blocks"] >= 64 * math.ceil(20_000 / 64)  # every prompt resident at once
     assert tp8["preemptions"] > 0 == dp8["preemptions"]
     assert tp8["requests"]["completed"] == dp8["requests"]["completed"] == 64
+
+
+def test_kv_size_shows_one_gpu_under_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsim.cli import main
+
+    argv = ["kv-size", "--model", "deepseek-v3", "--gpu", "h200", "--gpus", "8", "--format", "bf16"]
+    argv += ["--context", "32768", "--batch", "64", "--json"]
+    assert main([*argv, "--attention", "dp", "--ep", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["per_gpu"]
+    assert out["layout"] == "attention DP8, EP8"
+    assert row["weight_bytes_per_gpu"] == 96_194_092_032
+    assert row["kv_bytes_per_gpu"] == 8 * 32_768 * 70_272  # 64 sequences, 8 a GPU, whole latents
+    assert row["fits"]
+    assert main([*argv, "--attention", "tp"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["per_gpu"]
+    assert row["kv_bytes_per_gpu"] == 64 * 32_768 * 70_272  # every latent on every TP rank
+    assert not row["fits"]
+    assert "per_gpu" not in json.loads((main(argv), capsys.readouterr().out)[1])  # no layout asked
