@@ -13,11 +13,18 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.errors import KvsimError
 from kvsim.spec.schema import did_you_mean
+
+if TYPE_CHECKING:
+    from kvsim.kvsize import GPUMemoryRow, KVSizeRow
+    from kvsim.spec.hardware import GPUSpec
+    from kvsim.spec.models import ModelSpec
+    from kvsim.spec.parallel import ParallelLayout
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,13 +136,39 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
         notes.append(f"context {over[0]:,} exceeds {model.name}'s max context {model.max_context:,}")
     rows = kv_size_rows(model, formats, contexts, batch=args.batch, gpu=gpu, num_gpus=args.gpus)
     accuracy = [a for a in (accuracy_note(f, None) for f in formats) if a is not None]
+    layout, per_gpu = _kv_size_layout(args, model, gpu, rows)
     if args.json:
-        print(json.dumps({**rows_to_json(model, rows, notes), "accuracy": accuracy}, indent=2))
+        out = {**rows_to_json(model, rows, notes), "accuracy": accuracy}
+        if layout is not None:
+            out["layout"] = layout.describe(args.gpus)
+            out["per_gpu"] = [asdict(r) for r in per_gpu]
+        print(json.dumps(out, indent=2))
         return 0
     from kvsim.render import print_kv_size
 
     print_kv_size(model, gpu, args.gpus, rows, notes, accuracy)
+    if layout is not None:
+        from kvsim.render import print_gpu_memory
+
+        print_gpu_memory(layout.describe(args.gpus), per_gpu)
     return 0
+
+
+def _kv_size_layout(
+    args: argparse.Namespace, model: ModelSpec, gpu: GPUSpec, rows: list[KVSizeRow]
+) -> tuple[ParallelLayout | None, list[GPUMemoryRow]]:
+    """``--attention`` / ``--ep``: the layout (validated as ``cluster.parallel``) and its per-GPU rows."""
+    if args.attention is None and args.ep is None:
+        return None, []
+    from kvsim.kvsize import gpu_memory_rows
+    from kvsim.spec.parallel import read_parallel
+    from kvsim.spec.schema import Section
+
+    given = {"attention": args.attention or "tp", "expert_parallel": args.ep or 1}
+    cluster = Section({"parallel": given}, source="--attention/--ep", path="")
+    layout = read_parallel(cluster, model, args.gpus)
+    assert layout is not None
+    return layout, gpu_memory_rows(model, rows, gpu=gpu, num_gpus=args.gpus, layout=layout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -460,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--group-size", type=_positive_int, default=64)
     k.add_argument("--outlier-fraction", type=float, default=0.01)
     k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.add_argument("--attention", choices=["tp", "dp"], help="MoE layout: attention TP or DP over --gpus")
+    k.add_argument("--ep", type=_positive_int, help="MoE layout: experts over this many ranks of --gpus")
     k.set_defaults(func=cmd_kv_size)
 
     r = sub.add_parser("run", help="simulate a scenario and write summary.json, requests.csv, report.html")

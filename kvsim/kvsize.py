@@ -1,6 +1,10 @@
 """The memory table of the design documents: KV per sequence and per batch, weights, fit.
 
-Pure arithmetic over `ModelSpec` and `KVFormat`; the CLI renders it as a rich table or JSON.
+Pure arithmetic over `ModelSpec` and `KVFormat`; the CLI renders it as a rich table or JSON. With
+a MoE layout (``--attention``, ``--ep``: `kvsim.spec.parallel`) also the memory of one GPU: its
+weights as the layout places them and the batch's KV on the busiest GPU (all of each sequence's MLA
+latent on every TP rank, a TP rank's share of GQA heads; under DP attention whole sequences,
+ceil(batch / dp) of them on one GPU).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from dataclasses import asdict, dataclass
 from kvsim.spec.formats import KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
+from kvsim.spec.parallel import ParallelLayout, weight_bytes_per_gpu
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,34 @@ def kv_size_rows(
                 )
             )
     return rows
+
+
+@dataclass(frozen=True)
+class GPUMemoryRow:
+    """One GPU of a replica under a layout: weights, the batch's KV on the busiest GPU, and fit."""
+
+    format: str
+    context: int
+    weight_bytes_per_gpu: int
+    kv_bytes_per_gpu: int
+    memory_needed_bytes_per_gpu: int
+    hbm_bytes_per_gpu: int
+    fits: bool
+
+
+def gpu_memory_rows(
+    model: ModelSpec, rows: list[KVSizeRow], *, gpu: GPUSpec, num_gpus: int, layout: ParallelLayout
+) -> list[GPUMemoryRow]:
+    """`rows` per GPU of one replica of `num_gpus` GPUs under `layout` (see the module docstring)."""
+    weights = weight_bytes_per_gpu(model, num_gpus, layout)
+    dp = layout.attention_dp(num_gpus)
+    share = 1.0 if dp > 1 else model.kv_share(num_gpus)
+    out = []
+    for r in rows:
+        kv = int(-(-r.batch // dp) * r.kv_bytes_per_sequence * share)
+        need = weights + kv
+        out.append(GPUMemoryRow(r.format, r.context, weights, kv, need, gpu.hbm_bytes, need <= gpu.hbm_bytes))
+    return out
 
 
 def rows_to_json(model: ModelSpec, rows: list[KVSizeRow], notes: list[str]) -> dict[str, object]:

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.kvsize import KVSizeRow
+from kvsim.kvsize import GPUMemoryRow, KVSizeRow
 from kvsim.results.record import RunSummary
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
@@ -25,6 +25,24 @@ def console() -> Console:
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.2f} GB"
+
+
+def print_gpu_memory(layout: str, rows: list[GPUMemoryRow]) -> None:
+    """`kvsim kv-size --attention/--ep`: one GPU's weights and KV under the layout."""
+    t = Table(title=f"one GPU under {layout}", title_justify="left")
+    for col in ("format", "context", "weights per GPU", "KV per GPU", "weights + KV", "HBM", "fits"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            r.format,
+            f"{r.context:,}",
+            _gb(r.weight_bytes_per_gpu),
+            _gb(r.kv_bytes_per_gpu),
+            _gb(r.memory_needed_bytes_per_gpu),
+            _gb(r.hbm_bytes_per_gpu),
+            "[green]yes[/]" if r.fits else "[red]no[/]",
+        )
+    console().print(t)
 
 
 def print_kv_size(

@@ -152,22 +152,33 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.format_switch,
         sc.kv.block_size,
         c.topology,
+        c.parallel,
     )
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
     if sc.cost_model.kind == "analytic":
         c = sc.cluster
+        kv, evict = sc.kv, eviction_from_config(sc.kv.eviction)
+        args = (sc.model, c.gpu, c.tensor_parallel, kv.format, c.topology)
+        if c.parallel is not None and c.parallel.expert_parallel > 1:  # EP: the all-to-all priced too
+            from kvsim.costs.moe import MoECostModel
+
+            return MoECostModel(
+                *args,
+                c.parallel,
+                mix=kv.format_mix,
+                eviction=evict,
+                switch=kv.format_switch,
+                block_size=kv.block_size,
+            )
         return AnalyticCostModel(
-            sc.model,
-            c.gpu,
-            c.tensor_parallel,
-            sc.kv.format,
-            c.topology,
-            mix=sc.kv.format_mix,
-            eviction=eviction_from_config(sc.kv.eviction),
-            switch=sc.kv.format_switch,
-            block_size=sc.kv.block_size,
+            *args,
+            mix=kv.format_mix,
+            eviction=evict,
+            switch=kv.format_switch,
+            block_size=kv.block_size,
+            layout=c.parallel,
         )
     from kvsim.costs.profile import load_profile_cost_model
 

@@ -10,8 +10,11 @@ from hypothesis import strategies as st
 
 import kvsim.run as krun
 from kvsim.core.kv_cache_manager import KVCacheManager
+from kvsim.core.memory_plan import plan_memory
 from kvsim.core.request import RequestStatus
 from kvsim.core.sched.scheduler import Scheduler
+from kvsim.spec.models import PRESETS
+from kvsim.spec.parallel import AttentionParallel, ParallelLayout, weight_bytes_per_gpu
 from kvsim.spec.scenario import scenario_from_dict
 from tests.helpers import ROOT, make_workload, records, small_scenario
 
@@ -187,6 +190,52 @@ def disaggregated_cases(draw):  # type: ignore[no-untyped-def]
         "sim": {"seed": 1},
     }
     return scenario_from_dict(data, source="pd.yaml", base_dir=ROOT), wl
+
+
+@st.composite
+def moe_cases(draw):  # type: ignore[no-untyped-def]
+    """`cases`' workloads on DeepSeek-V3 (MLA + MoE) in a drawn layout (`cluster.parallel`): TP 2
+    or 4, attention TP or DP, EP 1, 2 or the replica's GPUs, the all-to-all overlapped or not, one
+    or two replicas; HBM sized so a replica gets about the blocks `cases` drew (DP: whole-token
+    blocks per rank, dp times), without the options a layout refuses."""
+    sc, wl = draw(cases())
+    tp = draw(st.sampled_from([2, 4]))
+    attention = draw(st.sampled_from(["tp", "dp"]))
+    ep = draw(st.sampled_from([1, 2, tp]))
+    layout = {"attention": attention, "expert_parallel": ep, "overlap_a2a": draw(st.booleans())}
+    v3 = PRESETS["deepseek-v3"]
+    weights = weight_bytes_per_gpu(v3, tp, ParallelLayout(AttentionParallel(attention), ep))
+    dp = tp if attention == "dp" else 1
+    rank_block = 70_272 * sc.kv.block_size  # MLA's bf16 latent, whole tokens (all of it on a TP rank)
+    per_rank = -(-plan_memory(sc).num_blocks // dp)
+    scope = "local" if sc.kv.prefix_cache == "global" else str(sc.kv.prefix_cache)
+    data = {
+        "model": "deepseek-v3",
+        "cluster": {
+            "gpu": {"preset": "h200-sxm", "hbm": weights + per_rank * rank_block + rank_block // 2},
+            "gpus_per_node": tp * draw(st.sampled_from([1, 2])),
+            "tensor_parallel": tp,
+            "gpu_memory_utilization": 1.0,
+            "activation_reserve": 0,
+            "router": str(sc.cluster.router),
+            "parallel": layout,
+        },
+        "kv": {"block_size": sc.kv.block_size, "prefix_cache": {"scope": scope}},
+        "scheduler": {
+            "max_num_seqs": sc.scheduler.max_num_seqs,
+            "max_batched_tokens": sc.scheduler.max_batched_tokens,
+            "chunked_prefill": True,
+        },
+        "workload": {"synthetic": {"num_requests": 1, "rate": 1}},
+        "sim": {"seed": 1},
+    }
+    return scenario_from_dict(data, source="moe.yaml", base_dir=ROOT), wl
+
+
+@st.composite
+def cases_or_moe(draw):  # type: ignore[no-untyped-def]
+    """`cases`, one draw in four `moe_cases` instead."""
+    return draw(moe_cases() if draw(st.integers(0, 3)) == 0 else cases())
 
 
 @st.composite
@@ -384,7 +433,7 @@ def cases(  # type: ignore[no-untyped-def]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=cases())
+@given(case=cases_or_moe())
 def test_invariants_completion_and_fast_forward_equality(case):
     _check_invariants_and_fast_forward(case)
 

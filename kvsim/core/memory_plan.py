@@ -9,6 +9,11 @@ is estimated as vLLM's profiling run would find it: the peak of one layer's acti
 max_batched_tokens (MLP gate+up outputs in bf16 plus three hidden-size buffers), fp32 logits for
 max_num_seqs rows, and 1 GiB of non-torch memory (CUDA context, cuBLAS/NCCL workspaces, CUDA
 graphs; an estimate: vLLM reports it per run, typically 0.5-2 GiB).
+
+With ``cluster.parallel`` (`kvsim.spec.parallel`) the weights per GPU follow the layout, and under
+DP attention each GPU holds whole tokens of its own requests: the replica gets dp times one GPU's
+blocks (pooled, an approximation: kvsim's replica has one block pool, where SGLang has one per DP
+rank), and the bytes per token and block per GPU are the average over the replica's GPUs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
+from kvsim.spec.parallel import kv_share, weight_bytes_per_gpu
 from kvsim.spec.scenario import Scenario
 
 NON_TORCH_BYTES = 2**30
@@ -52,16 +58,27 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
     tp = c.tensor_parallel
     hbm = c.gpu.hbm_bytes
     usable = int(hbm * c.gpu_memory_utilization)
-    weights = math.ceil(m.weight_bytes / tp)
+    layout = c.parallel
+    weights = weight_bytes_per_gpu(m, tp, layout)
     reserve = (
         c.activation_reserve_bytes
         if c.activation_reserve_bytes is not None
         else estimate_activation_reserve(sc)
     )
     kv_bytes = usable - weights - reserve
-    per_token = m.kv_bytes_per_token(sc.kv.format, sc.kv.format_mix) * m.kv_share(tp)
+    if layout is not None and weights >= usable:
+        raise KvsimError(
+            f"the weights of {m.name} under {layout.describe(tp)} take {weights / 2**30:.1f} GiB per GPU, "
+            f"over the {usable / 2**30:.1f} GiB usable ({c.gpu.name}, x {c.gpu_memory_utilization})",
+            source=sc.source,
+            path="cluster.parallel",
+        )
+    full = m.kv_bytes_per_token(sc.kv.format, sc.kv.format_mix)
+    dp = 1 if layout is None else layout.attention_dp(tp)
+    per_token = full * kv_share(m, tp, layout)
     block = per_token * sc.kv.block_size
-    if kv_bytes <= block:
+    rank_block = block if dp == 1 else full * sc.kv.block_size  # a DP rank's block: whole tokens
+    if kv_bytes <= rank_block:
         raise KvsimError(
             f"no room for the KV cache: {hbm / 2**30:.1f} GiB x {c.gpu_memory_utilization} usable per GPU, "
             f"weights {weights / 2**30:.1f} GiB per GPU (TP {tp}), activation reserve {reserve / 2**30:.1f} GiB; "
@@ -69,7 +86,7 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
             source=sc.source,
             path="cluster",
         )
-    num_blocks = int(kv_bytes // block)
+    num_blocks = int(kv_bytes // block) if dp == 1 else dp * int(kv_bytes // rank_block)
     return MemoryPlan(
         hbm, usable, weights, reserve, kv_bytes, per_token, block, num_blocks, num_blocks * sc.kv.block_size
     )

@@ -108,6 +108,7 @@ from kvsim.costs.work import (
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
+from kvsim.spec.parallel import ParallelLayout
 from kvsim.spec.topology import Link, Topology
 
 
@@ -155,8 +156,10 @@ class AnalyticCostModel(StepCostModel):
         eviction: Eviction | None = None,
         switch: FormatSwitch | None = None,
         block_size: int = REFERENCE_BLOCK_SIZE,
+        layout: ParallelLayout | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.fmt, self.topology = model, gpu, tp, fmt, topology
+        self.layout = layout
         self.block_size = block_size
         self.switch = switch
         self.mix = mix
@@ -170,7 +173,8 @@ class AnalyticCostModel(StepCostModel):
         fp8_weights = m.weight_dtype in ("fp8", "float8_e4m3fn") and gpu.fp8_flops > 0
         self.gemm_peak = gpu.fp8_flops if fp8_weights else gpu.bf16_flops
         self.bw = gpu.hbm_bw_bytes_per_s
-        self.work = w = ModelWork.of(m, tp, fmt, mix)
+        w = ModelWork.of(m, tp, fmt, mix)
+        self.work = w = w if layout is None else w.with_layout(layout)
         g, d, p = self.ops.gemm, self.ops.decode_attn, self.ops.prefill_attn
         layers = m.num_layers
         # Launch times: per layer four GEMMs (qkv, o, gate_up, down; MoE layers counted alike), the

@@ -39,19 +39,37 @@ same arithmetic.
 - Mixed formats per head (`FormatMix`): bytes are the two parts' bytes summed; `ModelWork` keeps
   each part's share of the cached vectors so a model can price each part at its own rate.
 
-Left out: sampling, the embedding lookup, pipeline parallelism, expert parallelism.
+- A MoE layout (``cluster.parallel``, `ModelWork.with_layout`): weights per GPU as
+  `kvsim.spec.parallel.weight_bytes_per_gpu` places them; routed-expert GEMM FLOPs per GPU are the
+  busiest EP rank's (the mean times ``expert_imbalance``); under DP attention a GPU holds and reads
+  1 / dp of the replica's tokens' KV (whole tokens, all heads) instead of its TP share; all-reduces
+  only where a TP split needs one (attention under TP; dense MLPs, and experts at EP 1, under DP:
+  an all-gather plus a reduce-scatter moves an all-reduce's bytes); under EP a dispatch and a
+  combine per MoE layer, each token sent once to every other rank holding one of its experts
+  (`kvsim.spec.parallel.remote_ranks_per_token`) in bf16 both ways (DeepEP can dispatch in FP8,
+  which would halve the dispatch: not modelled).
+
+Left out: sampling, the embedding lookup, pipeline parallelism, EP across nodes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import overload
 
 import numpy as np
 
 from kvsim.spec.formats import FP16_BYTES, OUTLIER_INDEX_BYTES, FormatKind, FormatMix, KVFormat
 from kvsim.spec.models import Attention, ModelSpec, TPShapes
+from kvsim.spec.parallel import (
+    AttentionParallel,
+    ParallelLayout,
+    WeightParts,
+    kv_share,
+    remote_ranks_per_token,
+    weight_bytes_per_gpu,
+)
 
 BF16 = KVFormat(kind=FormatKind.BF16)
 ACT_BYTES = 2  # bf16 activations
@@ -350,6 +368,8 @@ class ModelWork:
     mla_upproj_flops_per_token: float = 0.0  # MLA: up-projecting one cached latent, all layers
     quant_write_bytes_per_token: float = 0.0  # quantize-on-write, lossy parts only
     quant_write_flops_per_token: float = 0.0
+    a2a_calls: int = 0  # EP dispatches and combines per step (2 per MoE layer under EP)
+    a2a_bytes_per_token: float = 0.0  # bytes one GPU sends per call, per token of the replica's step
 
     @staticmethod
     def of(model: ModelSpec, tp: int, fmt: KVFormat, mix: FormatMix | None = None) -> ModelWork:
@@ -386,6 +406,39 @@ class ModelWork:
             mla_upproj_flops_per_token=upproj,
             quant_write_bytes_per_token=qbytes,
             quant_write_flops_per_token=qflops,
+        )
+
+    def with_layout(self, layout: ParallelLayout) -> ModelWork:
+        """This work under a MoE layout (see the module docstring): ``tp`` is the replica's GPUs."""
+        m, tp = self.model, self.tp
+        ep = layout.expert_parallel
+        moe_layers = m.num_layers - m.first_dense_layers if m.is_moe else 0
+        width = 3 * m.hidden_size * m.moe_intermediate_size  # one expert's gate, up, down
+        routed_active = moe_layers * m.experts_per_token * width
+        skew = layout.expert_imbalance if ep > 1 else 1.0  # TP'd experts split every token evenly
+        lm_head = m.vocab_size * m.hidden_size
+        body = (m.matmul_params_active() - lm_head - routed_active) / tp + routed_active * skew / tp
+        bpp = m.weight_bytes_per_param
+        moe_bytes = WeightParts.of(m).routed * bpp / (ep if ep > 1 else tp)
+        embedding = 0 if m.tie_embeddings else lm_head * bpp / tp
+        kv = kv_share(m, tp, layout) / m.kv_share(tp)  # 1 under attention TP
+        tp_attention = layout.attention is AttentionParallel.TP
+        split_mlps = m.first_dense_layers + (moe_layers if ep == 1 else 0)
+        calls = ((m.num_layers if tp_attention else 0) + split_mlps) if tp > 1 else 0
+        a2a = remote_ranks_per_token(m, ep) * m.hidden_size * ACT_BYTES / tp
+        return replace(
+            self,
+            kv_bytes_per_token=self.kv_bytes_per_token * kv,
+            kv_bytes_per_token_layer=self.kv_bytes_per_token_layer * kv,
+            kv_bytes_per_token_bf16=self.kv_bytes_per_token_bf16 * kv,
+            body_params=body,
+            dense_weight_bytes=weight_bytes_per_gpu(m, tp, layout) - moe_bytes - embedding,
+            moe_expert_bytes=moe_bytes,
+            allreduce_calls=calls,
+            quant_write_bytes_per_token=self.quant_write_bytes_per_token * kv,
+            quant_write_flops_per_token=self.quant_write_flops_per_token * kv,
+            a2a_calls=2 * moe_layers if ep > 1 else 0,
+            a2a_bytes_per_token=a2a,
         )
 
     def gemm_flops(self, num_tokens: int, num_sampling: int) -> float:

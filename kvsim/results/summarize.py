@@ -182,6 +182,8 @@ def run_summary(
         warnings.append(f"the draft model {sd.draft_model.name}'s weights and KV are not taken from HBM here")
     warnings.extend(sc.notes)
     warnings.extend(wl.notes)
+    if sc.cluster.parallel is not None:
+        warnings.append(_layout_note(sc, plan))
     if sc.kv.format_note:
         warnings.append(sc.kv.format_note)
     peak_occ = max(r.sched.kv.peak_occupied_blocks for r in replicas)
@@ -591,6 +593,17 @@ def _pool_node_sources(sc: Scenario) -> tuple[tuple[str, str], ...]:
         "pool node price": gp.pool_node_cost_per_hour is not None,
     }
     return tuple((k, v) for k, v in POOL_NODE_SOURCES if not given.get(k, False))
+
+
+def _layout_note(sc: Scenario, plan: MemoryPlan) -> str:
+    """The run's MoE layout, its weights per GPU and the estimate it was priced with."""
+    lay = sc.cluster.parallel
+    assert lay is not None
+    gib = plan.weight_bytes_per_gpu / 2**30
+    note = f"cluster.parallel: {lay.describe(sc.cluster.tensor_parallel)}, weights {gib:.1f} GiB per GPU"
+    if lay.expert_parallel > 1:
+        note += f"; expert imbalance {lay.expert_imbalance:g} (an estimate unless measured)"
+    return note + "; priced by the analytic model, no MoE or all-to-all tables on file"
 
 
 def _config(sc: Scenario, cost: CostModel, wl: Workload) -> RunConfig:

@@ -27,6 +27,7 @@ from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
 from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
+from kvsim.spec.parallel import AttentionParallel, ParallelLayout, read_parallel
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -113,6 +114,9 @@ class ClusterConfig:
     # cluster.disaggregation: a prefill pool and a decode pool (None: aggregated, every replica
     # runs both phases). With it, the pools' replicas are the cluster; nodes is not read.
     disaggregation: DisaggregationConfig | None = None
+    # cluster.parallel: a MoE replica's attention TP or DP and expert parallelism (None: every
+    # weight split by TP, as before the section existed; `kvsim.spec.parallel`).
+    parallel: ParallelLayout | None = None
 
     @property
     def host_dram_bytes(self) -> int:  # per node
@@ -515,6 +519,7 @@ def _read_cluster(root: Section) -> ClusterConfig:
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
     router = _choice(s, "router", RouterPolicy, RouterPolicy.LEAST_OUTSTANDING_TOKENS)
     s.raw("disaggregation", None)  # read with the pricing (`_read_disaggregation`)
+    s.raw("parallel", None)  # read with the model (`read_parallel`)
     s.done()
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
 
@@ -1291,6 +1296,9 @@ def _scenario_from_dict(
     else:
         model = root.parsed("model", lambda v: load_model(v, base_dir=base_dir))
     cluster = _read_cluster(root)
+    layout = read_parallel(root.section("cluster", required=True), model, cluster.tensor_parallel)
+    if layout is not None:
+        cluster = dataclasses.replace(cluster, parallel=layout)
     kv = _read_kv(root, model)
     scheduler = _read_scheduler(root, base_dir)
     workload = _read_workload(root, base_dir)
@@ -1349,6 +1357,8 @@ def _scenario_from_dict(
         )
     if disagg is not None:
         _refuse_with_disaggregation(source, model, cluster, kv, scheduler, workload, cost_model)
+    if layout is not None:
+        refuse_with_layout(source, layout, kv, scheduler, cost_model, disaggregated=disagg is not None)
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
         # model's context must fit one step, or it would block the queue forever.
@@ -1408,6 +1418,41 @@ def _refuse_with_disaggregation(
                 f"disaggregated prefill and decode is not simulated together with {name} yet; turn one off",
                 source=source,
                 path="cluster.disaggregation",
+            )
+
+
+def refuse_with_layout(
+    source: str,
+    layout: ParallelLayout,
+    kv: KVConfig,
+    scheduler: SchedulerConfig,
+    cost_model: CostModelConfig,
+    *,
+    disaggregated: bool,
+) -> None:
+    """The options cluster.parallel does not run with yet, refused in one line naming the first:
+    disaggregation and measured profiles (one TP group each, no all-to-all tables yet) for any
+    layout; under DP attention, the options that move or rewrite a block on one GPU (the tiers
+    below HBM, swap, the global pool, token eviction, format switches and mixes, kvquant4's
+    outliers), whose bytes per GPU assume every GPU holds a share of every block."""
+    dp = layout.attention is AttentionParallel.DP
+    on = (
+        ("cluster.disaggregation", disaggregated),
+        ("a measured cost_model.profile", cost_model.kind != "analytic"),
+        ("kv.prefix_cache.scope: global", dp and kv.prefix_cache == "global"),
+        ("kv.offload", dp and kv.offload.enabled),
+        ("scheduler.preemption: swap or auto", dp and scheduler.preemption != "recompute"),
+        ("kv.eviction", dp and kv.eviction.policy != "none"),
+        ("kv.format_switch", dp and kv.format_switch is not None),
+        ("kv.format_mix", dp and kv.format_mix is not None),
+        ("kv.format: kvquant4", dp and kv.format.kind.value == "kvquant4"),
+    )
+    for name, enabled in on:
+        if enabled:
+            raise KvsimError(
+                f"cluster.parallel is not simulated together with {name} yet; turn one off",
+                source=source,
+                path="cluster.parallel",
             )
 
 

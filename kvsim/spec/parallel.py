@@ -1,0 +1,140 @@
+"""A replica's parallel layout for MoE models (``cluster.parallel``): attention TP or DP, experts EP.
+
+A replica is ``cluster.tensor_parallel`` GPUs in one node. Attention runs tensor-parallel over them
+(``attention: tp``, as without the section) or data-parallel (``attention: dp``, SGLang's DP
+attention: each GPU holds all attention weights and its own requests' KV); routed experts are
+sharded over ``expert_parallel`` ranks (whole experts, ``num_experts / ep`` per GPU) or, with
+``expert_parallel: 1``, split by TP like every other GEMM. Dense layers' MLPs and the embeddings
+stay tensor-parallel over the replica; under EP the shared experts and the router are replicated
+(SGLang with DeepEP runs the shared experts on every rank). Design: docs/architecture.md, "MoE
+layouts". Left out: EP across nodes (a replica lives in one node), redundant experts (EPLB),
+attention DP groups smaller than the replica.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from kvsim.spec.models import ModelSpec
+from kvsim.spec.schema import Section
+
+# The busiest EP rank's routed tokens over the mean: an estimate, no measurement on file. Routing is
+# skewed towards hot experts; DeepSeek's EPLB (github.com/deepseek-ai/EPLB) replicates them to bring
+# this towards 1, which kvsim does not model. Set cluster.parallel.expert_imbalance from a run's logs.
+EXPERT_IMBALANCE = 1.25
+
+
+class AttentionParallel(str, Enum):
+    TP = "tp"
+    DP = "dp"
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """``cluster.parallel``: how one replica of ``gpus`` GPUs splits attention and experts."""
+
+    attention: AttentionParallel = AttentionParallel.TP
+    expert_parallel: int = 1  # 1: routed experts split by TP, no all-to-all
+    expert_imbalance: float = EXPERT_IMBALANCE
+    overlap_a2a: bool = False  # dispatch/combine hidden behind the step's GEMMs (two-batch overlap)
+
+    def attention_dp(self, gpus: int) -> int:
+        """Data-parallel attention ranks of a replica of `gpus` GPUs (1 under attention TP)."""
+        return gpus if self.attention is AttentionParallel.DP else 1
+
+    def describe(self, gpus: int) -> str:
+        att = f"DP{gpus}" if self.attention is AttentionParallel.DP else f"TP{gpus}"
+        ep = f"EP{self.expert_parallel}" if self.expert_parallel > 1 else f"experts TP{gpus}"
+        return f"attention {att}, {ep}"
+
+
+@dataclass(frozen=True)
+class WeightParts:
+    """A MoE model's parameters by how a layout places them (counts, not bytes)."""
+
+    attention: int  # attention projections, all layers
+    norms: int  # RMSNorms, all layers and the final one
+    dense_ffn: int  # the leading dense layers' MLPs
+    routed: int  # routed experts, all MoE layers
+    shared: int  # shared experts, all MoE layers
+    router: int  # the gate's [hidden, num_experts] per MoE layer
+    embeddings: int  # input embedding and LM head (once if tied)
+
+    @staticmethod
+    def of(m: ModelSpec) -> WeightParts:
+        moe_layers = m.num_layers - m.first_dense_layers if m.is_moe else 0
+        ffn = 3 * m.hidden_size  # gated MLP per unit of width: gate, up, down
+        emb = m.vocab_size * m.hidden_size
+        return WeightParts(
+            attention=m.attention_params_per_layer() * m.num_layers,
+            norms=2 * m.hidden_size * m.num_layers + m.hidden_size,
+            dense_ffn=(m.num_layers - moe_layers) * ffn * m.intermediate_size,
+            routed=moe_layers * m.num_experts * ffn * m.moe_intermediate_size,
+            shared=moe_layers * m.num_shared_experts * ffn * m.moe_intermediate_size,
+            router=moe_layers * m.hidden_size * m.num_experts,
+            embeddings=emb * (1 if m.tie_embeddings else 2),
+        )
+
+
+def weight_bytes_per_gpu(m: ModelSpec, gpus: int, layout: ParallelLayout | None) -> int:
+    """Weight bytes one GPU of a replica of `gpus` GPUs holds. Without a layout every weight is
+    split evenly (ceil(weight_bytes / tp), as the memory plan always did); with one, attention is
+    split (TP) or replicated (DP), routed experts split over EP ranks (or by TP at EP 1), shared
+    experts and the router replicated under EP, dense MLPs and embeddings split by TP, norms
+    replicated."""
+    if layout is None:
+        return math.ceil(m.weight_bytes / gpus)
+    p = WeightParts.of(m)
+    ep = layout.expert_parallel
+    attn = p.attention if layout.attention is AttentionParallel.DP else p.attention / gpus
+    routed = p.routed / ep if ep > 1 else p.routed / gpus
+    replicated_moe = p.shared + p.router if ep > 1 else (p.shared + p.router) / gpus
+    params = attn + p.norms + (p.dense_ffn + p.embeddings) / gpus + routed + replicated_moe
+    return math.ceil(params * m.weight_bytes_per_param)
+
+
+def kv_share(m: ModelSpec, gpus: int, layout: ParallelLayout | None) -> float:
+    """Share of each token's KV one GPU holds, on average over the replica's GPUs: the TP share
+    (`ModelSpec.kv_share`: all of an MLA latent on every rank), or 1 / dp under DP attention
+    (each token's whole KV on the one rank that serves its request)."""
+    if layout is not None and layout.attention is AttentionParallel.DP:
+        return 1.0 / gpus
+    return m.kv_share(gpus)
+
+
+def remote_ranks_per_token(m: ModelSpec, ep: int) -> float:
+    """EP ranks other than its own that a token's top-k experts land on, on average (a token is
+    sent once per destination rank, as DeepEP's dispatch does): (ep - 1) x P(a given rank holds at
+    least one of the k experts drawn without replacement from E, E / ep per rank)."""
+    if ep <= 1:
+        return 0.0
+    e, k, per_rank = m.num_experts, m.experts_per_token, m.num_experts // ep
+    none_here = math.comb(e - per_rank, k) / math.comb(e, k)
+    return (ep - 1) * (1.0 - none_here)
+
+
+def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
+    """``cluster.parallel`` (None when absent): ``attention`` (tp | dp), ``expert_parallel`` (divides
+    the model's experts and the replica's GPUs), ``expert_imbalance`` (>= 1), ``overlap_a2a``."""
+    if not c.has("parallel"):
+        return None
+    s = c.section("parallel")
+    attention = AttentionParallel(s.choice("attention", [a.value for a in AttentionParallel], "tp"))
+    ep = s.int("expert_parallel", 1, lo=1, hi=1024)
+    imbalance = s.float("expert_imbalance", EXPERT_IMBALANCE, lo=1.0, hi=64.0)
+    overlap = s.bool("overlap_a2a", False)
+    s.done()
+    if not m.is_moe and (attention is AttentionParallel.DP or ep > 1):
+        key = "attention" if attention is AttentionParallel.DP else "expert_parallel"
+        raise s.err(key, f"{m.name} is a dense model: DP attention and expert parallelism need MoE layers")
+    if ep > gpus:
+        raise s.err("expert_parallel", f"{ep} exceeds the replica's {gpus} GPUs (cluster.tensor_parallel)")
+    if gpus % ep:
+        raise s.err(
+            "expert_parallel", f"{ep} must divide the replica's {gpus} GPUs (cluster.tensor_parallel)"
+        )
+    if m.is_moe and m.num_experts % ep:
+        raise s.err("expert_parallel", f"{ep} does not divide {m.name}'s {m.num_experts} routed experts")
+    return ParallelLayout(attention, ep, imbalance, overlap)
