@@ -21,9 +21,10 @@ from kvsim.spec.models import ModelSpec
 from kvsim.spec.parallel import ParallelLayout
 from kvsim.spec.topology import Topology
 
-# Achieved all-to-all rate over the link's per-direction peak: DeepEP's README (deepseek-ai/DeepEP)
-# reports its intranode normal kernels at 153 GB/s (dispatch) and 158 GB/s (combine) NVLink
-# bottleneck bandwidth on H800, whose NVLink it puts at about 160 GB/s: 0.95 of peak.
+# Achieved all-to-all rate over the link's per-direction peak: DeepEP V1's performance table
+# (deepseek-ai/DeepEP, docs/legacy.md, "Normal kernels with NVLink and RDMA forwarding") reports its
+# intranode EP8 normal kernels at 153 GB/s (dispatch) and 158 GB/s (combine) NVLink bottleneck
+# bandwidth on H800, whose NVLink it puts at about 160 GB/s: 0.95 of peak.
 A2A_EFFICIENCY = 0.95
 A2A_LATENCY_S = 10e-6  # per dispatch or combine call; estimate, taken as an NCCL all-reduce's
 
