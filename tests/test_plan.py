@@ -401,3 +401,31 @@ def test_a_disaggregated_split_is_priced_pool_by_pool(tmp_path: Path, capsys):
             and f"decode {n} x ${a100:.2f}/h" in e["gpu_hour_source"]
         )
     assert data["choice"]["overrides"] == ["cluster.disaggregation.decode.replicas=1"]  # the cheaper split
+
+
+def test_a_plan_weighs_a_split_against_the_aggregated_cluster(tmp_path: Path, capsys):
+    """``cluster.disaggregation.enabled`` as a searched axis: the plan returns the cheaper of the
+    aggregated cluster and the split, the other as a runner-up with its cost and why it lost."""
+    s = tmp_path / "pd.yaml"
+    s.write_text(
+        SCENARIO.replace(
+            "cluster: {gpu: h100-sxm, gpus_per_node: 1}",
+            "cluster:\n  gpu: h100-sxm\n  gpus_per_node: 2\n  disaggregation:\n"
+            "    prefill: {replicas: 1, gpu_hour: $9/h}\n    decode: {replicas: 1}",
+        )
+    )
+    out = tmp_path / "plan"
+    rc = _plan(s, out, "--slo", "ttft_p99=60s", "--search", "cluster.disaggregation.enabled=false,true")
+    assert rc == 0, capsys.readouterr().err
+    data = _data(out)
+    h100 = load_gpu("h100-sxm").usd_per_hour
+    rows = {e["overrides"][0]: e for e in data["configurations"]}
+    agg, split = rows["cluster.disaggregation.enabled=false"], rows["cluster.disaggregation.enabled=true"]
+    assert (agg["gpus"], split["gpus"]) == (2, 2)
+    assert agg["usd_per_hour"] == pytest.approx(2 * h100)
+    assert split["usd_per_hour"] == pytest.approx(9.0 + h100)
+    assert data["choice"]["overrides"] == agg["overrides"]  # both meet; the aggregated is cheaper
+    lost = [r for r in data["runners_up"] if r["overrides"] == split["overrides"]]
+    assert lost and f"${split['usd_per_hour']:.2f}/h" in lost[0]["why"]
+    point = out / "points" / split["loads"][0]["point"] / "summary.json"
+    assert json.loads(point.read_text())["disaggregation"]["transfers"] > 0  # the split ran as one

@@ -535,11 +535,17 @@ def _read_disaggregation(
     """``cluster.disaggregation`` (None when absent): each role's ``replicas`` (required, at least
     one), ``gpu`` (a preset name; default cluster.gpu) and ``tensor_parallel`` (default the
     cluster's), priced as `resolve_gpu_price` prices the cluster's GPU unless the role gives its own
-    ``gpu_hour``; and the ``transfer.link``."""
+    ``gpu_hour``; and the ``transfer.link``. ``enabled: false`` makes the cluster aggregated (the
+    section's keys are checked by name only)."""
     c = root.section("cluster", required=True)
     if not c.has("disaggregation"):
         return None
     d = c.section("disaggregation")
+    if not d.bool("enabled", True):  # aggregated after all (a plan's or sweep's axis): the rest unread
+        for key in ("prefill", "decode", "transfer", "max_local_prefill_tokens"):
+            d.raw(key, None)
+        d.done()
+        return None
     if c.has("nodes"):
         raise c.err(
             "nodes", "the pools of cluster.disaggregation set the GPUs: give each role's replicas instead"
