@@ -22,6 +22,7 @@ from kvsim.errors import KvsimError
 from kvsim.spec import bounds as B
 from kvsim.spec.bench import BenchConfig, RandomConfig
 from kvsim.spec.bounds import bounded
+from kvsim.spec.faults import FaultsConfig, read_faults, refuse_with_faults
 from kvsim.spec.formats import FormatMix, FormatSwitch, KVFormat, make_format
 from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
@@ -420,6 +421,7 @@ class Scenario:
     sim: SimConfig
     overrides: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())  # for the run's warnings (old section names)
+    faults: FaultsConfig | None = None  # replicas and nodes down mid-run (None: none)
 
     @property
     def gpu_hour_usd(self) -> float:
@@ -1309,6 +1311,12 @@ def _scenario_from_dict(
         fast_forward=sm.bool("fast_forward", True),
     )
     sm.done()
+    faults = read_faults(
+        root,
+        num_replicas=cluster.num_replicas,
+        num_nodes=cluster.nodes,
+        max_time_s=sim.max_time_s,
+    )
     root.done()
     if model.num_heads % cluster.tensor_parallel and model.num_kv_heads % cluster.tensor_parallel:
         raise KvsimError(
@@ -1344,6 +1352,16 @@ def _scenario_from_dict(
         )
     if disagg is not None:
         _refuse_with_disaggregation(source, model, cluster, kv, scheduler, workload, cost_model)
+    if faults is not None:  # a dropped replica's loads and swaps in flight are not unwound yet
+        refuse_with_faults(
+            source,
+            (
+                ("cluster.disaggregation", disagg is not None),
+                ("kv.offload", off.enabled),
+                ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
+                ("scheduler.preemption: swap or auto", scheduler.preemption != "recompute"),
+            ),
+        )
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
         # model's context must fit one step, or it would block the queue forever.
@@ -1366,6 +1384,7 @@ def _scenario_from_dict(
         sim,
         overrides,
         tuple(notes),
+        faults,
     )
 
 
