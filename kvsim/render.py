@@ -124,8 +124,17 @@ def print_summary(summary: RunSummary) -> None:
     con.print(t)
     con.print(
         f"requests: {req.total:,} arrived, {req.completed:,} completed, {req.rejected:,} rejected, "
-        f"{req.unfinished:,} unfinished"
+        + (f"{req.failed:,} failed, " if req.failed is not None else "")
+        + f"{req.unfinished:,} unfinished"
     )
+    if summary.faults is not None:
+        f = summary.faults
+        con.print(
+            f"faults: {len(f.outages)} outages, {f.replica_down_s:,.1f} replica-s down (reload {f.reload_s:.2f} s "
+            f"each at {f.reload_bw_bytes_per_s / 1e9:,.1f} GB/s); {f.retries:,} retries, {f.failed:,} failed; "
+            f"recomputed {f.recomputed_tokens:,} tokens ({f.lost_prompt_tokens:,} prompt, "
+            f"{f.lost_output_tokens:,} output); {f.kv_blocks_lost:,} KV blocks lost"
+        )
     busy = summary.replica_busy_fraction
     con.print(
         f"throughput {summary.throughput_tok_s:,.0f} tok/s (output {summary.output_throughput_tok_s:,.0f}); "
