@@ -54,11 +54,10 @@ class FaultsConfig:
 def read_faults(
     root: Section, *, num_replicas: int, num_nodes: int, max_time_s: float | None
 ) -> FaultsConfig | None:
-    """The ``faults`` section (None when absent): ``events`` (a list of ``{at, kind, target,
+    """The ``faults`` section (None when absent or null): ``events`` (a list of ``{at, kind, target,
     duration}``), ``max_retries`` and ``reload_bandwidth``; each target must exist in the cluster
     and each fault start before ``sim.max_time``."""
-    if not root.has("faults"):
-        root.raw("faults", None)
+    if root.raw("faults", None) is None:  # absent, or null (``--set faults=null``: a run without them)
         return None
     f = root.section("faults")
     raw = f.raw("events")
