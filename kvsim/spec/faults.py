@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from kvsim.errors import KvsimError
 from kvsim.spec.offload import SSD_READ_BW
 from kvsim.spec.schema import Section
 from kvsim.units import parse_bandwidth
@@ -91,14 +90,3 @@ def _read_event(e: Section, num_replicas: int, num_nodes: int, max_time_s: float
         raise e.err("at", f"{at:g} s is not before sim.max_time ({max_time_s:g} s): the fault never happens")
     e.done()
     return FaultEvent(at, kind, target, duration)
-
-
-def refuse_with_faults(source: str, others: tuple[tuple[str, bool], ...]) -> None:
-    """One line naming ``faults`` when it is on together with one of `others` that is on."""
-    for name, enabled in others:
-        if enabled:
-            raise KvsimError(
-                f"faults are not simulated together with {name} yet; turn one of them off",
-                source=source,
-                path="faults",
-            )
