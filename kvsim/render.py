@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.kvsize import GPUMemoryRow, KVSizeRow
-from kvsim.results.record import RunSummary
+from kvsim.results.record import FaultsRecord, RunSummary
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 
@@ -142,8 +142,11 @@ def print_summary(summary: RunSummary) -> None:
     con.print(t)
     con.print(
         f"requests: {req.total:,} arrived, {req.completed:,} completed, {req.rejected:,} rejected, "
-        f"{req.unfinished:,} unfinished"
+        + (f"{req.failed:,} failed, " if req.failed is not None else "")
+        + f"{req.unfinished:,} unfinished"
     )
+    if summary.faults is not None:
+        con.print(faults_line(summary.faults))
     busy = summary.replica_busy_fraction
     con.print(
         f"throughput {summary.throughput_tok_s:,.0f} tok/s (output {summary.output_throughput_tok_s:,.0f}); "
@@ -294,3 +297,13 @@ def print_plan(data: dict[str, Any]) -> None:
     )
     for e in data["runners_up"][:3]:
         print(f"  runner-up: {e['label']} (${e['usd_per_hour']:.2f}/h): {e['why']}")
+
+
+def faults_line(f: FaultsRecord) -> str:
+    """One line of what a run's faults cost (``faults``)."""
+    return (
+        f"faults: {len(f.outages)} outages, {f.replica_down_s:,.1f} replica-s down (reload {f.reload_s:.2f} s "
+        f"each at {f.reload_bw_bytes_per_s / 1e9:,.1f} GB/s); {f.retries:,} retries, {f.failed:,} failed; "
+        f"recomputed {f.recomputed_tokens:,} tokens ({f.lost_prompt_tokens:,} prompt, "
+        f"{f.lost_output_tokens:,} output); {f.kv_blocks_lost:,} KV blocks lost"
+    )

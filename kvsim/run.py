@@ -230,6 +230,10 @@ def run_scenario(
         plan, cost = role_plans[1], costs[1]
         run = assemble_disaggregated(sc, wl, role_plans, costs, make_scheduler=make_scheduler)
     else:
+        if kv_events is not None and sc.faults is not None:
+            raise KvsimError(
+                "--kv-events is not written for a run with faults yet", source=sc.source, path="faults"
+            )
         plan = plan_memory(sc)
         if cost is None:  # a caller running many points may pass one it built (pricing is pure)
             cost = make_cost_model(sc)

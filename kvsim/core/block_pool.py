@@ -303,6 +303,23 @@ class BlockPool:
         self.demoted += sum(dropped)
         return keys
 
+    def wipe(self) -> int:
+        """Drop every cached entry (the GPU holding the pool went down: its memory is lost), once
+        no request holds a block; every block is empty after. One `BlockRemoved` event of the
+        entries (a KV-aware router's index forgets them). Returns the blocks that held content."""
+        assert self.private == 0 and not any(self.refs.values()), "a request still holds blocks"
+        lost = self.num_blocks - self.free
+        keys = tuple(self.refs)
+        if keys and self._sink is not None:
+            self._sink(BlockRemoved(keys, tuple(self.size(k) for k in keys)))
+        self.refs.clear()
+        self.sizes.clear()
+        self.lru.clear()
+        self.pinned.clear()
+        self.lru_blocks = self.pinned_blocks = 0
+        self.free = self.num_blocks
+        return lost
+
     def oldest_unreferenced_stamp(self) -> int | None:
         """The stamp of the least recently released unreferenced entry (None: none)."""
         for stamp in self.lru.values():

@@ -1,7 +1,7 @@
 """A request inside one engine: its lengths, progress, held KV and the times the shell fills in.
 
 `RequestStatus` follows vLLM v1's ``RequestStatus``: a request waits, runs, is preempted (back in the
-queue, to recompute), may wait for a KV transfer (memory-tier work), and ends finished or rejected.
+queue, to recompute), may wait for a KV transfer (memory-tier work), and ends finished, rejected or failed (its replica went down too often).
 Token accounting: ``num_tokens`` is prompt + generated so far; ``num_computed_tokens`` of them have
 KV in the cache.
 """
@@ -18,10 +18,11 @@ class RequestStatus(str, Enum):
     WAITING_FOR_KV_TRANSFER = "waiting_for_kv_transfer"
     FINISHED = "completed"
     REJECTED = "rejected"
+    FAILED = "failed"  # its replica went down more often than the retries allow (`kvsim.sim.faults`)
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED, RequestStatus.REJECTED)
+        return self in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.FAILED)
 
 
 class Request:

@@ -193,3 +193,32 @@ class Router:
             score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
             return reps[score.index(min(score))]  # the lowest index among equals
         return self._least_tokens(now)  # the least loaded, the lowest index among equals
+
+    def choose_among(self, req: Request, now: float, up: list[int]) -> ReplicaView:
+        """`choose` over the replicas in `up` only (the others are down, `kvsim.sim.faults`): a scan
+        of each policy's key, ties to the lowest index, as `choose` decides over all of them.
+        Round robin takes the next replica in turn that is up. The heaps are left as they are: the
+        replicas keep adding themselves to `touched`, read again once all are up."""
+        reps = self.replicas
+        if self.policy == "round_robin":
+            n = len(reps)
+            while self._rr % n not in up:
+                self._rr += 1
+            r = reps[self._rr % n]
+            self._rr += 1
+            return r
+        if self.policy == "least_outstanding_requests":
+            return reps[min(up, key=lambda i: (reps[i].num_requests, i))]
+        if self.policy == "prefix_affinity" and req.keys:
+            hits = {i: reps[i].num_prefix_hits(req.keys) for i in up}
+            most = max(hits.values())
+            if most > 0:
+                up = [i for i in up if hits[i] == most]
+        if self.policy == "cache_aware":
+            return reps[
+                min(
+                    up,
+                    key=lambda i: (reps[i].outstanding_tokens_at(now) + reps[i].prefill_cost_tokens(req), i),
+                )
+            ]
+        return reps[min(up, key=lambda i: (reps[i].outstanding_tokens_at(now), i))]

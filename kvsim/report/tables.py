@@ -124,16 +124,24 @@ def _config_section(s: dict[str, Any]) -> Markup | str:
 def _accounting(s: dict[str, Any], requests: _Csv | None) -> tuple[str, list[str]]:
     req = s.get("requests") if isinstance(s.get("requests"), dict) else {}
     total, done, rej, unf = (req.get(k) for k in ("total", "completed", "rejected", "unfinished"))
+    failed = req.get("failed")  # only a run with faults counts them
+    fail = failed if _is_num(failed) else 0
     notes = []
-    if all(_is_num(v) for v in (total, done, rej, unf)) and total != done + rej + unf:
-        notes.append(
-            f"requests do not add up: total {total} != completed + rejected + unfinished {done + rej + unf}."
+    if all(_is_num(v) for v in (total, done, rej, unf)) and total != done + rej + unf + fail:
+        parts = (
+            "completed + rejected + failed + unfinished"
+            if failed is not None
+            else "completed + rejected + unfinished"
         )
+        notes.append(f"requests do not add up: total {total} != {parts} {done + rej + unf + fail}.")
     if requests is not None and _is_num(total) and requests.rows != total:
         notes.append(
             f"requests.csv has {requests.rows:,} rows but summary.json counts {int(total):,} requests."
         )
-    text = f"{_int(total)} = {_int(done)} completed + {_int(rej)} rejected + {_int(unf)} unfinished"
+    text = f"{_int(total)} = {_int(done)} completed + {_int(rej)} rejected + "
+    text += (
+        f"{_int(failed)} failed + {_int(unf)} unfinished" if failed is not None else f"{_int(unf)} unfinished"
+    )
     if _is_num(req.get("not_arrived")) and req["not_arrived"] > 0:
         text += f" (another {_int(req['not_arrived'])} in the trace had not arrived when the run ended)"
     return text, notes

@@ -42,7 +42,8 @@ _NO_JSON = {"json": False}  # field metadata: kept in memory, never written
 
 @dataclass(frozen=True, kw_only=True)
 class RequestCounts:
-    """Request accounting: total = completed + rejected + unfinished (requests that arrived)."""
+    """Request accounting: total = completed + rejected + failed + unfinished (requests that
+    arrived; failed only in a run with faults)."""
 
     total: int
     completed: int
@@ -50,6 +51,8 @@ class RequestCounts:
     unfinished: int
     rejected_reasons: dict[str, int]
     not_arrived: int = 0  # in the workload but after sim.max_time: never replayed
+    # dropped by a replica going down more often than faults.max_retries; absent without faults
+    failed: int | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -207,6 +210,39 @@ class SwapRecord:
     recomputes: int  # preemptions sent to recompute (auto found it cheaper, or no swap space)
     swapped_bytes: float  # copied out (and as many back in), per GPU
     peak_bytes: int  # the fullest node's swap space at its fullest
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutageRecord:
+    """One replica down (``faults``): from `down_s` until it takes requests again at `up_s`."""
+
+    replica: int
+    down_s: float
+    up_s: float  # down_s + the fault's duration + reload_s (overlapping faults merged)
+    reload_s: float  # the weights reloaded: weight bytes per GPU / faults.reload_bandwidth
+    requests_dropped: int  # running and waiting in it when it went down
+    kv_blocks_lost: int  # blocks holding KV then (referenced, or cached and free)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultsRecord:
+    """What the run's faults cost (``faults``); absent from the summary without them."""
+
+    outages: tuple[OutageRecord, ...]  # by replica, then time
+    retries: int  # drops that sent a request back through the router
+    failed: int  # requests dropped more often than max_retries
+    max_retries: int
+    lost_prompt_tokens: int  # prompt tokens whose KV was lost: prefilled again unless hit elsewhere
+    lost_output_tokens: int  # generated tokens lost: decoded again
+    recomputed_tokens: int  # the two together
+    kv_blocks_lost: int  # over all outages
+    replica_down_s: float  # replica-seconds down, reloads included, within the simulated time
+    reload_s: float  # one replica's weight reload
+    reload_bw_bytes_per_s: float
+    reload_source: str
+    router_queue_peak: int  # most requests waiting at the router with every replica down
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -505,6 +541,8 @@ class RunSummary:
     format_switch: FormatSwitchRecord | None = None  # kv.format_switch's effect (None when off)
     # cluster.disaggregation; absent from the file when aggregated (its summary.json unchanged)
     disaggregation: DisaggregationRecord | None = field(default=None, metadata={"omit_none": True})
+    # faults: what replicas and nodes going down cost; absent from the file without them
+    faults: FaultsRecord | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

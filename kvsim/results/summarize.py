@@ -25,10 +25,12 @@ from kvsim.results.record import (
     DisaggregationRecord,
     Distribution,
     EvictionRecord,
+    FaultsRecord,
     FormatSwitchRecord,
     GlobalPoolRecord,
     LinkRecord,
     OffloadRecord,
+    OutageRecord,
     PoolNodesRecord,
     ReplicaRecord,
     RequestCounts,
@@ -44,6 +46,7 @@ from kvsim.results.record import (
 )
 from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.assembly import AssembledRun
+from kvsim.sim.faults import Faults
 from kvsim.sim.links import LinkQueue
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica
@@ -103,6 +106,7 @@ def run_summary(
         not_arrived=len(wl) - len(seqs),
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
         percentiles=percentiles,
+        count_failed=run.faults is not None,
     )
     finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
     finished_ids = {s.id for s in finished}
@@ -242,6 +246,39 @@ def run_summary(
         disaggregation=None
         if run.handoff is None or role_plans is None
         else _disagg_record(sc, run, role_plans, simulated),
+        faults=None if run.faults is None else _faults_record(run.faults, simulated),
+    )
+
+
+def _faults_record(f: Faults, simulated: float) -> FaultsRecord:
+    """The outages (those that began within the run) and what they cost; down time clipped to
+    the simulated time."""
+    outages = tuple(
+        OutageRecord(
+            replica=o.replica,
+            down_s=o.down_s,
+            up_s=o.up_s,
+            reload_s=o.reload_s,
+            requests_dropped=o.requests_dropped,
+            kv_blocks_lost=o.kv_blocks_lost,
+        )
+        for o in f.outages
+        if o.down_s <= simulated
+    )
+    return FaultsRecord(
+        outages=outages,
+        retries=f.requeued,
+        failed=f.failed,
+        max_retries=f.cfg.max_retries,
+        lost_prompt_tokens=f.lost_prompt_tokens,
+        lost_output_tokens=f.lost_output_tokens,
+        recomputed_tokens=f.lost_prompt_tokens + f.lost_output_tokens,
+        kv_blocks_lost=sum(o.kv_blocks_lost for o in outages),
+        replica_down_s=math.fsum(min(o.up_s, simulated) - o.down_s for o in outages),
+        reload_s=f.outages[0].reload_s if f.outages else 0.0,
+        reload_bw_bytes_per_s=f.cfg.reload_bw_bytes_per_s,
+        reload_source=f.cfg.reload_source,
+        router_queue_peak=f.queue.peak,
     )
 
 

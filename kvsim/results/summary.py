@@ -101,6 +101,8 @@ def status_of(seq: Request) -> str:
         return "completed"
     if seq.status is RequestStatus.REJECTED:
         return "rejected"
+    if seq.status is RequestStatus.FAILED:
+        return "failed"
     return "unfinished"
 
 
@@ -116,12 +118,15 @@ def summarize(
     not_arrived: int = 0,
     other_usd_per_hour: float = 0.0,
     percentiles: tuple[float, ...] = (),
+    count_failed: bool = False,
 ) -> dict[str, Any]:
     """The fields of `RunSummary` that derive from the requests alone, by field name.
     `other_usd_per_hour`: what the run's machines besides its GPUs cost (dedicated pool nodes),
-    in the cost figures too."""
+    in the cost figures too. `count_failed`: the run had faults, so the counts name the requests
+    that failed (past ``faults.max_retries``); else they have no such key."""
     done = [s for s in seqs if s.status is RequestStatus.FINISHED]
     rejected = [s for s in seqs if s.status is RequestStatus.REJECTED]
+    failed = sum(1 for s in seqs if s.status is RequestStatus.FAILED) if count_failed else 0
     arr = np.array([s.arrival_s for s in done])
     first = np.array([s.first_token_s for s in done])
     fin = np.array([s.finish_s for s in done])
@@ -153,9 +158,10 @@ def summarize(
             total=len(seqs),
             completed=len(done),
             rejected=len(rejected),
-            unfinished=len(seqs) - len(done) - len(rejected),
+            unfinished=len(seqs) - len(done) - len(rejected) - failed,
             rejected_reasons=dict(sorted(Counter(s.reason for s in rejected).items())),
             not_arrived=not_arrived,
+            failed=failed if count_failed else None,
         ),
         "ttft_s": dist(ttft, percentiles),
         "tpot_s": dist(tpot, percentiles),

@@ -33,6 +33,7 @@ from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.disagg import HandOff, SplitRouter
+from kvsim.sim.faults import FaultRouter, Faults, plan_outages
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
@@ -59,6 +60,7 @@ class AssembledRun:
     # cluster.disaggregation: the hand-off to the decode pool, whose replicas follow the prefill
     # pool's in `replicas` (None: aggregated)
     handoff: HandOff | None = None
+    faults: Faults | None = None  # the fault schedule (None: no faults section)
 
     @property
     def closed_loop(self) -> bool:
@@ -118,6 +120,8 @@ def assemble(
     # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
     next_arrival = None if loop is not None else NextArrival(float(wl.arrival_s[0]) if len(wl) else math.inf)
     pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
+    faults = make_faults(sc, plan, env)
+    outside: Callable[[], float] = (lambda: end_s) if faults is None else _next_outside(end_s, faults)
     parts = functools.partial(
         replica_parts, sc, plan, make_scheduler, evictor or window or switch, spec, offload, kv_events, pin
     )
@@ -128,21 +132,51 @@ def assemble(
             cost,
             functools.partial(parts, i),
             fast_forward=sc.sim.fast_forward,
-            next_outside_event=lambda: end_s,
+            next_outside_event=outside,
             sample_every_s=max(span / 2000.0, 0.05),
             draft=draft,
             on_load_change=None if touched is None else touched.add,
             on_finish=None if loop is None else loop.on_finish,
             next_arrival=next_arrival,
+            faults=faults,
         )
         for i in range(n)
     ]
     router = Router(sc.cluster.router, replicas, touched)
+    chooser: Router | FaultRouter = router
+    if faults is not None:  # arrivals skip the replicas that are down
+        chooser = FaultRouter(router, faults)
+        faults.start(replicas, chooser)
     if agent is not None and loop is not None:
-        loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], router)
+        loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], chooser)
     else:
-        env.process(arrival_process(env, wl.arrival_s, make_seq, router, next_arrival))
-    return AssembledRun(env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span)
+        env.process(arrival_process(env, wl.arrival_s, make_seq, chooser, next_arrival))
+    return AssembledRun(
+        env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span, faults=faults
+    )
+
+
+def make_faults(sc: Scenario, plan: MemoryPlan, env: simpy.Environment) -> Faults | None:
+    """The run's fault schedule (None without a ``faults`` section): each replica's outages, with
+    the weights' reload (the plan's weight bytes per GPU at ``faults.reload_bandwidth``; a
+    replica's GPUs load their shards at once, each over its own path)."""
+    cfg = sc.faults
+    if cfg is None:
+        return None
+    reload_s = plan.weight_bytes_per_gpu / cfg.reload_bw_bytes_per_s
+    per_node = sc.cluster.gpus_per_node // sc.cluster.tensor_parallel
+    return Faults(env, cfg, sc.cluster.num_replicas, plan_outages(cfg, per_node, reload_s))
+
+
+def _next_outside(end_s: float, faults: Faults) -> Callable[[], float]:
+    """A replica's next outside event with faults: the end of the run or the next fault instant (a
+    replica down or back), so that no window or running ahead spans one."""
+    nxt = faults.next_instant
+
+    def outside() -> float:
+        return min(end_s, nxt())
+
+    return outside
 
 
 def assemble_disaggregated(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
@@ -16,13 +16,16 @@ from simpy.events import URGENT
 from kvsim.core.eviction import Eviction
 from kvsim.core.kv_cache_manager import KVCacheManager
 from kvsim.core.request import Request, RequestStatus
-from kvsim.core.router import Router
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.core.spec_decode import SpecDecoder
 from kvsim.core.tiers import SwapDecider, TierLookup
 
-if TYPE_CHECKING:
-    from kvsim.sim.disagg import SplitRouter
+
+class Chooser(Protocol):
+    """What the arrivals send requests through: the run's `Router`, or with faults the router
+    that skips replicas that are down (`kvsim.sim.faults.FaultRouter`)."""
+
+    def choose(self, req: Request, now: float) -> Any: ...
 
 
 class _ArrivalTimeout(simpy.events.Event):
@@ -53,7 +56,7 @@ def arrival_process(
     env: simpy.Environment,
     times: np.ndarray,
     make_seq: Callable[[int], Request],
-    router: Router | SplitRouter,
+    router: Chooser,
     next_arrival: NextArrival | None = None,
 ) -> Generator[simpy.Event, Any, None]:
     """Route request i at ``times[i]`` (s, non-decreasing); rejected ones are recorded only.
@@ -66,7 +69,7 @@ def arrival_process(
             yield _ArrivalTimeout(env, t - env.now)
         seq = make_seq(i)
         if seq.status is not RequestStatus.REJECTED:  # rejected ones stay in the run's records
-            router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
+            router.choose(seq, t).submit(seq)
     if next_arrival is not None:
         next_arrival.t = math.inf
 
@@ -92,9 +95,9 @@ class ClosedLoopArrivals:
         self.gap_s = gap_s.tolist()
         self.next_request = next_request.tolist()
         self.make_seq = make_seq
-        self.router: Router | None = None
+        self.router: Chooser | None = None
 
-    def start(self, first_times: list[tuple[float, int]], router: Router) -> None:
+    def start(self, first_times: list[tuple[float, int]], router: Chooser) -> None:
         """Send the sessions' first turns at their (time, request index), and every turn, through
         `router`."""
         self.router = router
@@ -104,7 +107,7 @@ class ClosedLoopArrivals:
         seq = self.make_seq(i, t)
         if seq.status is not RequestStatus.REJECTED:
             assert self.router is not None
-            self.router.choose(seq, t).submit(seq)  # type: ignore[attr-defined]
+            self.router.choose(seq, t).submit(seq)
 
     def _starts(self, first_times: list[tuple[float, int]]) -> Generator[simpy.Event, Any, None]:
         env = self.env

@@ -38,6 +38,7 @@ from kvsim.costs.draft import DraftCost
 from kvsim.sim.offload import OffloadPort
 
 if TYPE_CHECKING:
+    from kvsim.sim.faults import Faults, Outage
     from kvsim.sim.kv_events import ReplicaSink
 
 MAX_FF_STEPS = 2048
@@ -64,6 +65,7 @@ class ReplicaStats:
     # ones (`CostModel.prefix_extrapolated_s`), in busy_s.
     prefix_extrapolated_s: float = 0.0
     samples: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
+    down_s: float = 0.0  # simulated seconds down (faults: down time and weight reload; in idle_s)
 
 
 class TokenGaps:
@@ -208,11 +210,13 @@ class Replica:
         on_finish: Callable[[list[Request]], None] | None = None,
         next_arrival: Callable[[], float] | None = None,
         before_schedule: Callable[[], None] | None = None,
+        faults: Faults | None = None,
     ) -> None:
         """`parts` builds its scheduler, offload port and KV events sink, given the replica: they
         read its clock and poke it (`kvsim.sim.offload.ReplicaClock`), it runs them.
         `before_schedule`: called before each schedule (a decode replica of a disaggregated run
-        takes in the requests whose KV landed, `kvsim.sim.disagg`; None: nothing)."""
+        takes in the requests whose KV landed, `kvsim.sim.disagg`; None: nothing). `faults`: the
+        run's fault schedule, which takes this replica down (`go_down`; None: never down)."""
         self.env = env
         self.index = index
         self.cost = cost
@@ -247,7 +251,8 @@ class Replica:
         self._ahead: Callable[[], float] | None = None
         if fast_forward and next_arrival is not None and self.offload is None and self.kv_events is None:
             self._ahead = lambda: min(next_arrival(), next_outside_event())
-        self.process = env.process(self.run())
+        self.faults = faults
+        self.process = env.process(self.run() if faults is None else self._run_faulted())
 
     # ---- what the router reads ---------------------------------------------------------------------
     def outstanding_tokens_at(self, t: float) -> int:
@@ -359,6 +364,55 @@ class Replica:
                 win.k = k
                 self.process.interrupt()
 
+    # ---- faults (`kvsim.sim.faults`) -------------------------------------------------------------
+    def resubmit(self, seq: Request, t: float) -> None:
+        """A request sent here at `t` after its arrival (its replica went down; it waited at the
+        router while every replica was down): taken in as an arrival at `t`."""
+        seq.replica = self.index
+        self.sched.add(seq)
+        self.poke(t)
+
+    def go_down(self, outage: Outage) -> None:
+        """Down now until `outage.up_s`: the step in flight is lost (its time counted busy), every
+        request is dropped and handed to the fault schedule, the prefix cache emptied; the process
+        waits out the outage (`_run_faulted`). Windows and running ahead end before every fault
+        instant (`next_outside_event`), so at most one step is in flight here. An idle replica's
+        clock stays where it was: its idle time (the outage in it) is counted when it next wakes,
+        so a fault after the last request does not lengthen the run."""
+        assert self.faults is not None and self._win is None
+        t = self.env.now
+        pool = self.sched.kv.pool
+        if self.wake is None:  # a step (or a trim's pause) in flight, lost: busy until now
+            self.stats.kv_block_s += pool.num_used * (t - self.clock)
+            self.clock = t
+            self.stats.busy_s = self.clock - self.stats.idle_s
+        self.wake = None
+        outage.kv_blocks_lost = pool.num_blocks - pool.free
+        reqs = self.sched.drop_all()
+        for r in reqs:
+            self.gaps.last.pop(r.id, None)  # a retry here starts a new stream: no gap across the outage
+        if self.on_load_change is not None:
+            self.on_load_change(self.index)
+        self.process.interrupt(outage)
+        self.faults.dropped(outage, reqs, t)
+
+    def _run_faulted(self) -> Generator[simpy.Event, Any, None]:
+        """`run`, restarted after each outage: an interrupt whose cause is the outage (`go_down`)
+        ends the step loop; the replica waits until it is back, then loops again, from the instant
+        it is back if requests were sent to it then (else from its next wake, as when idle)."""
+        while True:
+            try:
+                yield from self.run()
+            except simpy.Interrupt as stop:
+                outage = stop.cause
+                assert outage is not None
+                yield self.env.timeout(outage.up_s - self.env.now)
+                self.stats.down_s += outage.up_s - outage.down_s
+                if self.sched.num_requests:  # requests waiting at the router came here
+                    self.stats.idle_s += outage.up_s - self.clock
+                    self.clock = outage.up_s
+                    self.stats.busy_s = self.clock - self.stats.idle_s
+
     def _apply_part(self, win: _Window, n: int) -> tuple[list[Request], list[Request]]:
         """Apply the window's next `n` steps, adding their blocks in use x seconds step by step in
         stepping's order. Returns (sampled their first token, finished)."""
@@ -467,7 +521,9 @@ class Replica:
                     try:
                         yield env.timeout(max(0.0, win.ends[win.k - 1] - env.now))
                         break
-                    except simpy.Interrupt:  # an arrival cut the window shorter
+                    except simpy.Interrupt as stop:  # an arrival cut the window shorter
+                        if stop.cause is not None:  # the replica went down (`go_down`)
+                            raise
                         continue
                 self._win = None
             elif not ahead:

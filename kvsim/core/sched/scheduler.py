@@ -146,6 +146,24 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
 
+    def drop_all(self) -> list[Request]:
+        """The replica went down: every request in it, running first then waiting in queue order,
+        released and removed (their progress kept for the caller to count; it restarts them), and
+        the prefix cache emptied. Returns them. Not with requests loading KV or swapped out (the
+        tiers' transfers in flight are not unwound: refused with faults)."""
+        assert not self.loading and not self.swapped, "loads and swaps are not unwound"
+        reqs = [*self.running, *self.waiting]
+        kv = self.kv
+        for req in reqs:
+            kv.free(req)
+        kv.pool.wipe()
+        kv.take_eviction_work()  # trims of the step that ended last: priced in a pause that is lost
+        kv.evict_active = False  # the trigger's state over an empty pool
+        self.running = []
+        self.waiting.clear()
+        self.outstanding_tokens = 0
+        return reqs
+
     def schedule(self) -> SchedulerOutput:
         """The next step's batch: the running requests first (`_schedule_running`, which may preempt),
         then, if none was preempted, swapped-out requests back in (`_swap_in`) and waiting ones
