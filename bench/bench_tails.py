@@ -284,22 +284,29 @@ def robust(names: list[str], loads: list[float], tmp: Path) -> dict[str, object]
     return {"cases": out, "fp8": fp8}
 
 
+def load_list(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",")]
+    except ValueError:
+        loads = []
+    if not loads or any(not x > 0 for x in loads):
+        raise argparse.ArgumentTypeError(f"positive numbers, comma-separated, got {text!r}")
+    return loads
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="default: all")
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--loads",
-        type=lambda v: [float(x) for x in v.split(",")],
+        type=load_list,
         help="e.g. 6,7,8,9,10: run each case at these loads (the 8B cases' rate_scale; the others "
         "at the same fractions of their own) and print the errors' median and range",
     )
     args = ap.parse_args()
     names = args.case or list(CASES)
     if args.loads is not None:
-        if not args.loads or any(not x > 0 for x in args.loads):
-            print("bench_tails.py: --loads: positive numbers, comma-separated", file=sys.stderr)
-            return 2
         with tempfile.TemporaryDirectory() as d:
             doc = robust(names, args.loads, Path(d))
         if args.json:
