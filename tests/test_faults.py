@@ -245,11 +245,11 @@ def test_random_node_faults_take_their_node_and_merge_with_the_events():
     f = res.summary["faults"]
     r = f["random"]
     assert (r["kind"], r["components"]) == ("node_down", 2) and r["drawn"] > 0
-    downs = {(o["replica"], o["down_s"]) for o in f["outages"]}
-    assert (0, 1.0) in downs
-    for e in r["events"]:
-        on_node = {2 * e["target"], 2 * e["target"] + 1}
-        assert all(any(rep == i and d <= e["at_s"] for rep, d in downs) for i in on_node)
+    spans = [(o["replica"], o["down_s"], o["up_s"]) for o in f["outages"]]
+    assert any(rep == 0 and d == 1.0 for rep, d, _ in spans)
+    for e in r["events"]:  # both replicas of the node are down at the draw's instant
+        for i in (2 * e["target"], 2 * e["target"] + 1):
+            assert any(rep == i and d <= e["at_s"] < u for rep, d, u in spans)
     _accounted(res.summary)
 
 
