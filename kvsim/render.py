@@ -301,8 +301,14 @@ def print_plan(data: dict[str, Any]) -> None:
 
 def faults_line(f: FaultsRecord) -> str:
     """One line of what a run's faults cost (``faults``)."""
+    r = f.random
+    drawn = (
+        ""
+        if r is None
+        else f" ({r.drawn:,} {r.kind} drawn at {r.rate_per_hour:g}/h per component, {r.expected:,.1f} expected)"
+    )
     return (
-        f"faults: {len(f.outages)} outages, {f.replica_down_s:,.1f} replica-s down (reload {f.reload_s:.2f} s "
+        f"faults: {len(f.outages)} outages{drawn}, {f.replica_down_s:,.1f} replica-s down (reload {f.reload_s:.2f} s "
         f"each at {f.reload_bw_bytes_per_s / 1e9:,.1f} GB/s); {f.retries:,} retries, {f.failed:,} failed; "
         f"recomputed {f.recomputed_tokens:,} tokens ({f.lost_prompt_tokens:,} prompt, "
         f"{f.lost_output_tokens:,} output); {f.kv_blocks_lost:,} KV blocks lost"

@@ -33,6 +33,7 @@ EXTRA = [
     ),
     ("kv.format=int4", "kv.format_mix.format=int8", "kv.format_mix.share=0.25"),
     ("kv.offload.enabled=true", "kv.offload.ssd.capacity=1TB"),
+    ("faults.random.rate_per_hour=0.001", "faults.random.mean_down_s=600"),
 ]
 
 

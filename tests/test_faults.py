@@ -17,7 +17,8 @@ from kvsim.core.request import RequestStatus
 from kvsim.errors import KvsimError
 from kvsim.sim.assembly import assemble
 from kvsim.sim.cluster import make_pool_and_scheduler
-from kvsim.spec.faults import DEFAULT_RELOAD_BW, FaultEvent, FaultKind, FaultsConfig
+from kvsim.sim.faults import draw_faults
+from kvsim.spec.faults import DEFAULT_RELOAD_BW, FaultEvent, FaultKind, FaultsConfig, RandomFaults
 from tests.helpers import make_workload, records, small_scenario
 from tests.test_engine_properties import _checked, cases, made
 
@@ -161,24 +162,125 @@ def test_kv_events_are_refused_with_faults():
         krun.run_scenario(sc, workload=make_workload([0.0], [64], [4]), kv_events=object())  # type: ignore[arg-type]
 
 
+def _random(rate: float = 60.0, mean: float = 1.0, **more: object) -> dict:
+    return {"random": {"rate_per_hour": rate, "mean_down_s": mean, **more}}
+
+
+def _steady(n: int = 200, gap_s: float = 0.5, prompt: int = 256):  # type: ignore[no-untyped-def]
+    return make_workload([i * gap_s for i in range(n)], [prompt] * n, [20] * n)
+
+
+def test_random_faults_same_seed_same_outages_another_seed_others():
+    """Two replicas failing once a minute each (the bound) over a 99.5 s trace: 3.3 expected;
+    seed 3 draws 7. The same seed gives the same outages and summary, stepping or fast-forward;
+    seed 4 others; without a seed, sim.seed is the seed."""
+    wl = _steady()
+    sc = _two_replicas(faults=_random(seed=3))
+    a, again = krun.run_scenario(sc, workload=wl), krun.run_scenario(sc, workload=wl)
+    b = krun.run_scenario(_stepping(sc), workload=wl)
+    f = a.summary["faults"]
+    r = f["random"]
+    assert (r["kind"], r["components"], r["span_s"], r["seed"]) == ("replica_down", 2, 99.5, 3)
+    assert r["expected"] == pytest.approx(60 * 99.5 / 3600 * 2)
+    assert r["drawn"] == len(r["events"]) == 7 and len(f["outages"]) == 7  # none overlap here
+    assert r["down_s"] == pytest.approx(sum(e["duration_s"] for e in r["events"]))
+    assert [(e["target"], e["at_s"]) for e in r["events"]] == sorted(
+        (e["target"], e["at_s"]) for e in r["events"]
+    )
+    assert all(0.0 <= e["at_s"] < 99.5 for e in r["events"])
+    for x in (again, b):
+        assert x.summary["faults"] == f and x.summary["requests"] == a.summary["requests"]
+        assert records(x) == records(a)
+    assert again.summary["ttft_s"] == a.summary["ttft_s"]
+    _accounted(a.summary)
+    other = krun.run_scenario(_two_replicas(faults=_random(seed=4)), workload=wl).summary["faults"]["random"]
+    assert other["events"] != r["events"]
+    by_sim_seed = _two_replicas(faults=_random(), sim={"seed": 3})
+    assert krun.run_scenario(by_sim_seed, workload=wl).summary["faults"]["random"]["events"] == r["events"]
+
+
+def test_random_faults_do_not_depend_on_the_workload():
+    """Other prompts over the same span draw the same failures; a longer trace keeps them and only
+    adds later ones (the draws go in fixed chunks, so a span is a prefix of a longer one)."""
+    r = RandomFaults(rate_per_hour=60.0, mean_down_s=5.0, seed=11)
+    runs = [
+        krun.run_scenario(_two_replicas(faults=_random(60.0, 5.0, seed=11)), workload=wl).summary["faults"]
+        for wl in (_steady(), _steady(prompt=1024), _steady(n=2000))
+    ]
+    short, other_prompts, longer = (x["random"]["events"] for x in runs)
+    assert short == other_prompts
+    assert [e for e in longer if e["at_s"] < 99.5] == short and len(longer) > 2 * len(short)
+    assert draw_faults(r, 99.5, 2) == tuple(
+        FaultEvent(e["at_s"], FaultKind.REPLICA_DOWN, e["target"], e["duration_s"]) for e in short
+    )
+
+
+def test_drawn_failures_match_the_poisson_expectation():
+    """8 nodes at 0.5 failures per node-hour over 1,000 hours: 4,000 expected, a Poisson count
+    with standard deviation sqrt(4,000) = 63.2. Seed 7 draws 4,108 (+1.7 sd); the bound is 5 sd
+    (a chance of 6e-7 of falling outside for a sound sampler), fixed seed so never flaky. The mean
+    down time of 300 s is met within 5 of its standard errors (300 / sqrt(n) = 4.7 s), and each
+    node's count within 5 sd of its own 500."""
+    r = RandomFaults(rate_per_hour=0.5, mean_down_s=300.0, seed=7, kind=FaultKind.NODE_DOWN)
+    span = 1000 * 3600.0
+    ev = draw_faults(r, span, 8)
+    mu = 0.5 * 1000 * 8
+    assert len(ev) == 4108 and abs(len(ev) - mu) < 5 * math.sqrt(mu)
+    for node in range(8):
+        assert abs(sum(1 for e in ev if e.target == node) - mu / 8) < 5 * math.sqrt(mu / 8)
+    mean = sum(e.duration_s for e in ev) / len(ev)
+    assert abs(mean - 300.0) < 5 * 300.0 / math.sqrt(len(ev))
+    assert all(e.kind is FaultKind.NODE_DOWN and 0 <= e.at_s < span and e.duration_s >= 0 for e in ev)
+    assert draw_faults(dataclasses.replace(r, rate_per_hour=0.0), span, 8) == ()
+
+
+def test_random_node_faults_take_their_node_and_merge_with_the_events():
+    """node_down at the rate: components are the 2 nodes, each outage takes both replicas of its
+    node; an explicit event on replica 0 is planned beside the drawn ones."""
+    sc = small_scenario(
+        cluster={"gpus_per_node": 2, "nodes": 2},
+        faults={**_faults((1.0, "replica_down", 0, 0.5)), **_random(30.0, 2.0, seed=5, kind="node_down")},
+    )
+    res = krun.run_scenario(sc, workload=_steady())
+    f = res.summary["faults"]
+    r = f["random"]
+    assert (r["kind"], r["components"]) == ("node_down", 2) and r["drawn"] > 0
+    spans = [(o["replica"], o["down_s"], o["up_s"]) for o in f["outages"]]
+    assert any(rep == 0 and d == 1.0 for rep, d, _ in spans)
+    for e in r["events"]:  # both replicas of the node are down at the draw's instant
+        for i in (2 * e["target"], 2 * e["target"] + 1):
+            assert any(rep == i and d <= e["at_s"] < u for rep, d, u in spans)
+    _accounted(res.summary)
+
+
 @st.composite
 def fault_cases(draw):  # type: ignore[no-untyped-def]
     """`cases()`'s small clusters and workloads (prefix caching, token eviction, sliding windows,
     format switches, speculative decoding), over one or two nodes, with 1-4 faults drawn over
-    the arrivals' span: replicas or nodes, short or long, overlapping or not."""
+    the arrivals' span: replicas or nodes, short or long, overlapping or not; or, half the time,
+    ``faults.random`` at a rate of 0.5-2 failures per component over the span, with 0-2 events."""
     sc, wl = draw(cases())
     nodes = draw(st.sampled_from([1, 2]))
     sc = dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, nodes=nodes))
     n_rep = sc.cluster.num_replicas
     span = float(wl.arrival_s[-1]) + 0.5
+    random = None
+    if draw(st.booleans()) and wl.arrival_s[-1] > 0:  # drawn over [0, last arrival)
+        per_component = draw(st.sampled_from([0.5, 1.0, 2.0]))
+        random = RandomFaults(
+            rate_per_hour=3600.0 * per_component / float(wl.arrival_s[-1]),
+            mean_down_s=draw(st.sampled_from([0.05, 0.3, 2.0])),
+            seed=draw(st.integers(0, 2**16)),
+            kind=draw(st.sampled_from([FaultKind.REPLICA_DOWN, FaultKind.NODE_DOWN])),
+        )
     events = []
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(draw(st.integers(0, 2) if random is not None else st.integers(1, 4))):
         kind = draw(st.sampled_from([FaultKind.REPLICA_DOWN, FaultKind.NODE_DOWN]))
         target = draw(st.integers(0, (n_rep if kind is FaultKind.REPLICA_DOWN else nodes) - 1))
         at = draw(st.floats(0.0, span, allow_nan=False).map(lambda x: round(x, 3)))
         events.append(FaultEvent(at, kind, target, draw(st.sampled_from([0.001, 0.05, 0.3, 2.0]))))
     bw = draw(st.sampled_from([DEFAULT_RELOAD_BW, 1e12]))  # a reload of 1.2 s, or of 16 ms
-    cfg = FaultsConfig(tuple(events), draw(st.integers(0, 3)), bw, "test")
+    cfg = FaultsConfig(tuple(events), draw(st.integers(0, 3)), bw, "test", random)
     return dataclasses.replace(sc, faults=cfg), wl
 
 
@@ -207,6 +309,9 @@ def test_random_faults_keep_every_request_and_the_invariants(case):
         assert r["failed"] == f["failed"] == sum(1 for x in res.seqs if x.status is RequestStatus.FAILED)
         assert f["recomputed_tokens"] == f["lost_prompt_tokens"] + f["lost_output_tokens"]
         assert sum(o["requests_dropped"] for o in f["outages"]) == f["retries"] + f["failed"]
+        if sc.faults.random is not None:
+            d = f["random"]
+            assert d["drawn"] == len(d["events"]) and all(0 <= e["at_s"] < d["span_s"] for e in d["events"])
         for x in res.seqs:
             if x.status is RequestStatus.FINISHED:
                 assert x.num_generated == x.output_len
@@ -216,6 +321,7 @@ def test_random_faults_keep_every_request_and_the_invariants(case):
     a, b, c = runs
     f = a.summary["faults"]
     event(f"retried: {f['retries'] > 0}, failed: {f['failed'] > 0}, queued: {f['router_queue_peak'] > 0}")
+    event(f"drawn: {'none' if 'random' not in f else min(f['random']['drawn'], 3)}")
     assert records(a) == records(b) == records(c)
     assert a.summary["faults"] == b.summary["faults"] == c.summary["faults"]
     assert a.summary["kv_peak_used_blocks"] == b.summary["kv_peak_used_blocks"]

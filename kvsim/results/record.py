@@ -227,6 +227,33 @@ class OutageRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DrawnFaultRecord:
+    """One failure drawn by ``faults.random``: `target` (a replica, or a node) down at `at_s`."""
+
+    at_s: float
+    target: int
+    duration_s: float  # the exponential draw; the weights' reload comes after it
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomFaultsRecord:
+    """The failures ``faults.random`` drew (planned into `FaultsRecord.outages` with the events)."""
+
+    kind: str  # replica_down | node_down
+    rate_per_hour: float  # per component
+    mean_down_s: float
+    seed: int
+    components: int  # replicas, or nodes, each failing at the rate
+    span_s: float  # drawn over [0, span_s): the trace's last arrival, or sim.max_time if earlier
+    expected: float  # rate_per_hour * span_s / 3600 * components: the Poisson mean of `drawn`
+    drawn: int
+    down_s: float  # their durations summed, before merging and without the reloads
+    events: tuple[DrawnFaultRecord, ...]  # by target, then time
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FaultsRecord:
     """What the run's faults cost (``faults``); absent from the summary without them."""
 
@@ -243,6 +270,7 @@ class FaultsRecord:
     reload_bw_bytes_per_s: float
     reload_source: str
     router_queue_peak: int  # most requests waiting at the router with every replica down
+    random: RandomFaultsRecord | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -24,6 +24,7 @@ from kvsim.results.record import (
     BusyFraction,
     DisaggregationRecord,
     Distribution,
+    DrawnFaultRecord,
     EvictionRecord,
     FaultsRecord,
     FormatSwitchRecord,
@@ -32,6 +33,7 @@ from kvsim.results.record import (
     OffloadRecord,
     OutageRecord,
     PoolNodesRecord,
+    RandomFaultsRecord,
     ReplicaRecord,
     RequestCounts,
     RoleRecord,
@@ -279,6 +281,28 @@ def _faults_record(f: Faults, simulated: float) -> FaultsRecord:
         reload_bw_bytes_per_s=f.cfg.reload_bw_bytes_per_s,
         reload_source=f.cfg.reload_source,
         router_queue_peak=f.queue.peak,
+        random=_random_faults_record(f),
+    )
+
+
+def _random_faults_record(f: Faults) -> RandomFaultsRecord | None:
+    r = f.cfg.random
+    if r is None:
+        return None
+    n = f.num_components
+    return RandomFaultsRecord(
+        kind=str(r.kind),
+        rate_per_hour=r.rate_per_hour,
+        mean_down_s=r.mean_down_s,
+        seed=r.seed,
+        components=n,
+        span_s=f.drawn_span_s,
+        expected=r.rate_per_hour * f.drawn_span_s / 3600.0 * n,
+        drawn=len(f.drawn),
+        down_s=math.fsum(e.duration_s for e in f.drawn),
+        events=tuple(
+            DrawnFaultRecord(at_s=e.at_s, target=e.target, duration_s=e.duration_s) for e in f.drawn
+        ),
     )
 
 

@@ -33,10 +33,11 @@ from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.disagg import HandOff, SplitRouter
-from kvsim.sim.faults import FaultRouter, Faults, plan_outages
+from kvsim.sim.faults import FaultRouter, Faults, draw_faults, plan_outages
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
+from kvsim.spec.faults import FaultKind
 from kvsim.spec.scenario import PrefixCacheScope, Scenario
 from kvsim.spec.workload import Workload
 
@@ -120,7 +121,7 @@ def assemble(
     # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
     next_arrival = None if loop is not None else NextArrival(float(wl.arrival_s[0]) if len(wl) else math.inf)
     pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
-    faults = make_faults(sc, plan, env)
+    faults = make_faults(sc, plan, env, min(span, end_s))
     outside: Callable[[], float] = (lambda: end_s) if faults is None else _next_outside(end_s, faults)
     parts = functools.partial(
         replica_parts, sc, plan, make_scheduler, evictor or window or switch, spec, offload, kv_events, pin
@@ -156,16 +157,25 @@ def assemble(
     )
 
 
-def make_faults(sc: Scenario, plan: MemoryPlan, env: simpy.Environment) -> Faults | None:
+def make_faults(sc: Scenario, plan: MemoryPlan, env: simpy.Environment, span_s: float) -> Faults | None:
     """The run's fault schedule (None without a ``faults`` section): each replica's outages, with
     the weights' reload (the plan's weight bytes per GPU at ``faults.reload_bandwidth``; a
-    replica's GPUs load their shards at once, each over its own path)."""
+    replica's GPUs load their shards at once, each over its own path). ``faults.random``'s
+    failures are drawn over [0, span_s) (the trace's last arrival, or sim.max_time if earlier)
+    and planned with the explicit events."""
     cfg = sc.faults
     if cfg is None:
         return None
     reload_s = plan.weight_bytes_per_gpu / cfg.reload_bw_bytes_per_s
     per_node = sc.cluster.gpus_per_node // sc.cluster.tensor_parallel
-    return Faults(env, cfg, sc.cluster.num_replicas, plan_outages(cfg, per_node, reload_s))
+    r = cfg.random
+    if r is None:
+        outages = plan_outages(cfg.events, per_node, reload_s)
+        return Faults(env, cfg, sc.cluster.num_replicas, outages)
+    n = sc.cluster.num_replicas if r.kind is FaultKind.REPLICA_DOWN else sc.cluster.nodes
+    drawn = draw_faults(r, span_s, n)
+    outages = plan_outages(cfg.events + drawn, per_node, reload_s)
+    return Faults(env, cfg, sc.cluster.num_replicas, outages, drawn, span_s, n)
 
 
 def _next_outside(end_s: float, faults: Faults) -> Callable[[], float]:

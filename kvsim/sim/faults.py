@@ -1,5 +1,6 @@
 """Faults injected into a run (``faults``, `kvsim.spec.faults`): replicas and nodes that go down at
-stated times, drop their requests and come back cold after the down time plus a weight reload.
+stated times or at a seeded rate (`draw_faults`), drop their requests and come back cold after the
+down time plus a weight reload.
 
 `Faults` owns the schedule (each replica's outages, merged where they overlap), the instants a
 replica must not run ahead of (`next_t`), the retry counts and the tallies the summary reads; its
@@ -16,12 +17,13 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import simpy
 
 from kvsim.core.request import Request, RequestStatus
 from kvsim.core.router import Router
 from kvsim.sim.cluster import _ArrivalTimeout
-from kvsim.spec.faults import FaultKind, FaultsConfig
+from kvsim.spec.faults import FaultEvent, FaultKind, FaultsConfig, RandomFaults
 
 if TYPE_CHECKING:
     from kvsim.sim.replica import Replica
@@ -39,12 +41,43 @@ class Outage:
     kv_blocks_lost: int = 0  # blocks holding KV then: referenced, or cached and free
 
 
-def plan_outages(cfg: FaultsConfig, replicas_per_node: int, reload_s: float) -> list[Outage]:
+# Mixed into each component's seed so that the fault draws never share a stream with the workload's
+# generator seeded by the same sim.seed ("faul" in ASCII).
+_FAULTS_SALT = 0x6661756C
+# Draws per chunk: fixed, so that a longer span draws the same first outages (a prefix) and more.
+_CHUNK = 256
+
+
+def draw_faults(r: RandomFaults, span_s: float, components: int) -> tuple[FaultEvent, ...]:
+    """The failures of `components` replicas (or nodes) over [0, span_s), by component then time:
+    each its own Poisson process at ``r.rate_per_hour`` (exponential gaps of mean 3,600 / rate s)
+    with exponential down times of mean ``r.mean_down_s``, from its own Generator seeded by
+    (seed, salt, component). The same seed gives the same failures, whatever the workload: a
+    workload with a longer span keeps the failures of the shorter and only adds later ones."""
+    if r.rate_per_hour <= 0.0 or span_s <= 0.0:
+        return ()
+    gap = 3600.0 / r.rate_per_hour
+    out: list[FaultEvent] = []
+    for j in range(components):
+        rng = np.random.default_rng(np.random.SeedSequence([r.seed, _FAULTS_SALT, j]))
+        t = 0.0
+        while t < span_s:
+            at = t + np.cumsum(rng.exponential(gap, _CHUNK))
+            down = rng.exponential(r.mean_down_s, _CHUNK)
+            n = int(np.searchsorted(at, span_s, side="left"))  # those at < span_s
+            out.extend(
+                FaultEvent(float(a), r.kind, j, float(d)) for a, d in zip(at[:n], down[:n], strict=True)
+            )
+            t = float(at[-1])
+    return tuple(out)
+
+
+def plan_outages(events: tuple[FaultEvent, ...], replicas_per_node: int, reload_s: float) -> list[Outage]:
     """Each replica's outages, by replica then time: a ``node_down`` takes every replica on its node
     (replica i sits on node i // replicas_per_node); a fault that starts before the replica is back
     (still down, or reloading) extends that outage to its own end, reload included."""
     spans: dict[int, list[tuple[float, float]]] = {}
-    for ev in cfg.events:
+    for ev in events:
         if ev.kind is FaultKind.REPLICA_DOWN:
             targets = [ev.target]
         else:
@@ -112,10 +145,22 @@ def restart(req: Request) -> None:
 class Faults:
     """The fault schedule of one run, driven by its own process (`start`, once the router exists)."""
 
-    def __init__(self, env: simpy.Environment, cfg: FaultsConfig, num_replicas: int, outages: list[Outage]):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        cfg: FaultsConfig,
+        num_replicas: int,
+        outages: list[Outage],
+        drawn: tuple[FaultEvent, ...] = (),
+        drawn_span_s: float = 0.0,
+        num_components: int = 0,
+    ):
         self.env = env
         self.cfg = cfg
         self.outages = outages
+        self.drawn = drawn  # faults.random's failures (`draw_faults`), planned with cfg.events
+        self.drawn_span_s = drawn_span_s  # they were drawn over [0, drawn_span_s)
+        self.num_components = num_components  # replicas or nodes, each failing at the rate
         self.down = [False] * num_replicas
         self.num_down = 0
         self.queue = RouterQueue()

@@ -1331,7 +1331,11 @@ def _scenario_from_dict(
     )
     sm.done()
     faults = read_faults(
-        root, num_replicas=cluster.num_replicas, num_nodes=cluster.nodes, max_time_s=sim.max_time_s
+        root,
+        num_replicas=cluster.num_replicas,
+        num_nodes=cluster.nodes,
+        max_time_s=sim.max_time_s,
+        sim_seed=sim.seed,
     )
     root.done()
     if model.num_heads % cluster.tensor_parallel and model.num_kv_heads % cluster.tensor_parallel:
