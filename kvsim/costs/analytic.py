@@ -336,11 +336,13 @@ class AnalyticCostModel(StepCostModel):
     def _decode_attn_time(self, num_seqs: int, sum_ctx: np.ndarray) -> np.ndarray:
         tokens = self.paged_tokens(num_seqs, decode_tokens_read(num_seqs, sum_ctx))
         fixed = self.decode_launch_s + num_seqs * self.decode_per_seq_s
-        if self.score_s_per_token:  # attention (the larger of bytes and FLOPs) plus H2O's scores
-            per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+        # Attention at the larger of its bytes and FLOPs rates (tokens >= 0: float for float
+        # max(tokens x a, tokens x b)), plus H2O's scores where it runs.
+        per_token = max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+        if self.score_s_per_token:
             out: np.ndarray = fixed + tokens * (per_token + self.score_s_per_token)
-        else:  # the larger rate: tokens >= 0, so float for float max(tokens x a, tokens x b)
-            out = fixed + tokens * max(self.decode_attn_s_per_token, self.decode_attn_flops_s_per_token)
+        else:
+            out = fixed + tokens * per_token
         if self.outlier_s_per_token:  # kvquant4's outliers merged into the tokens it reads
             out = out + tokens * self.outlier_s_per_token
         return out

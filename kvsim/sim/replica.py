@@ -694,8 +694,7 @@ class Replica:
             need = mw.new_blocks
             evicts = need > kv.num_empty_blocks
             changes = evicts or len(p.held_keys) < len(p.keys)
-        dl = d.tolist()
-        ends = list(accumulate(dl, initial=self.clock))[1:]  # as numpy's cumsum: in order, float for float
+        ends = list(accumulate(d.tolist(), initial=self.clock))[1:]  # numpy's cumsum: float for float
         k = self._steps_within(ends)
         win = _Window(plan, reqs, ends[:k], k, chunk, tokens, changes, d[:k], off_grid)
         if chunk:

@@ -1412,13 +1412,7 @@ def refuse_with_faults(source: str, cluster: ClusterConfig, kv: KVConfig, schedu
         ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
         ("scheduler.preemption: swap or auto", scheduler.preemption != "recompute"),
     )
-    for name, enabled in on:
-        if enabled:
-            raise KvsimError(
-                f"faults are not simulated together with {name} yet; turn one of them off",
-                source=source,
-                path="faults",
-            )
+    _refuse_first(on, "faults are", source, "faults", advice="turn one of them off")
 
 
 def _refuse_with_disaggregation(
@@ -1449,13 +1443,7 @@ def _refuse_with_disaggregation(
         ("cluster.topology.sharing: fair", cluster.topology.sharing == "fair"),
         ("a measured cost_model.profile", cost_model.kind != "analytic"),
     )
-    for name, enabled in on:
-        if enabled:
-            raise KvsimError(
-                f"disaggregated prefill and decode is not simulated together with {name} yet; turn one off",
-                source=source,
-                path="cluster.disaggregation",
-            )
+    _refuse_first(on, "disaggregated prefill and decode is", source, "cluster.disaggregation")
 
 
 def refuse_with_layout(
@@ -1484,13 +1472,19 @@ def refuse_with_layout(
         ("kv.format_mix", dp and kv.format_mix is not None),
         ("kv.format: kvquant4", dp and kv.format.kind.value == "kvquant4"),
     )
-    for name, enabled in on:
-        if enabled:
-            raise KvsimError(
-                f"cluster.parallel is not simulated together with {name} yet; turn one off",
-                source=source,
-                path="cluster.parallel",
-            )
+    _refuse_first(on, "cluster.parallel is", source, "cluster.parallel")
+
+
+def _refuse_first(
+    on: tuple[tuple[str, bool], ...], subject: str, source: str, path: str, *, advice: str = "turn one off"
+) -> None:
+    """One line naming the first option of `on` ((name, whether the run uses it)) that `subject`
+    (the feature refusing it, with its verb) is not simulated together with; nothing when none."""
+    name = next((n for n, used in on if used), None)
+    if name is not None:
+        raise KvsimError(
+            f"{subject} not simulated together with {name} yet; {advice}", source=source, path=path
+        )
 
 
 # The fields that name a file, and whether they may name a model preset instead.
