@@ -27,7 +27,9 @@ rate, the first 400 requests, on H100 and H200, bf16 and fp8 KV; the Vidur-like 
 (`bench/scenarios/azure_a100_overloaded.yaml`, Llama-2-7B at half its rate, the first 2,000
 requests). aiconfigurator has no A100 attention rows for Llama-2-7B's 32 KV heads per GPU, so its
 table run uses the Llama-3.1-8B TP 1 import scaled by FLOPs and bytes (``cost_model.force``): a
-check of the GEMM side and the ramps more than of attention.
+check of the GEMM side and the ramps more than of attention. And the default scenario itself (the
+whole trace at its own rate) on H200, bf16 and fp8 KV: issue 24's FP8 sign check (`--loads` runs it
+at 0.75x to 1.25x).
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, str, int]]] = {
         (*LOAD_8B, "cluster.gpu=h200-sxm", "kv.format=fp8_e4m3"),
         ("h200_sxm", "llama-3.1-8b", 1),
     ),
+    # The default scenario itself (the whole trace at its own rate) on H200: issue 24's done-when
+    # compares FP8's TPOT effect here, analytic against the tables.
+    "default-8b-h200": ("scenarios/default.yaml", ("cluster.gpu=h200-sxm",), ("h200_sxm", "llama-3.1-8b", 1)),
+    "default-8b-h200-fp8": (
+        "scenarios/default.yaml",
+        ("cluster.gpu=h200-sxm", "kv.format=fp8_e4m3"),
+        ("h200_sxm", "llama-3.1-8b", 1),
+    ),
     "vidur-a100-llama2-7b-half": (
         "bench/scenarios/azure_a100_overloaded.yaml",
         ("workload.rate_scale=0.5", "workload.max_requests=2000", "cost_model.force=true"),
@@ -80,6 +90,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, str, int]]] = {
 FP8_PAIRS = (
     ("default-8b-h100-8x", "default-8b-h100-8x-fp8"),
     ("default-8b-h200-8x", "default-8b-h200-8x-fp8"),
+    ("default-8b-h200", "default-8b-h200-fp8"),
 )
 
 ELASTICITY = 1.005  # the table run's step times scaled by this for the elasticity line
