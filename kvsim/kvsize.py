@@ -1,6 +1,8 @@
 """The memory table of the design documents: KV per sequence and per batch, weights, fit.
 
-Pure arithmetic over `ModelSpec` and `KVFormat`; the CLI renders it as a rich table or JSON. With
+Pure arithmetic over `ModelSpec` and `KVFormat`; the CLI renders it as a rich table or JSON. Fit is
+judged per GPU, tensor-parallel over the GPUs (a TP rank's share of GQA heads, all of an MLA latent
+on every rank), not on the GPUs' memory pooled. With
 a MoE layout (``--attention``, ``--ep``: `kvsim.spec.parallel`) also the memory of one GPU: its
 weights as the layout places them and the batch's KV on the busiest GPU (all of each sequence's MLA
 latent on every TP rank, a TP rank's share of GQA heads; under DP attention whole sequences,
@@ -28,7 +30,8 @@ class KVSizeRow:
     weight_bytes: int
     memory_needed_bytes: int  # weights + KV
     gpu_memory_bytes: int  # all GPUs together
-    fits: bool
+    memory_needed_per_gpu_bytes: int  # one GPU under TP over the GPUs: its weights and KV share
+    fits: bool  # on every GPU (per GPU, not pooled: an MLA latent sits on every TP rank)
     compression_vs_fp16: float
 
 
@@ -44,6 +47,8 @@ def kv_size_rows(
     from kvsim.spec.formats import make_format
 
     fp16 = make_format("fp16")[0]
+    weights_gpu = weight_bytes_per_gpu(model, num_gpus, None)
+    share = model.kv_share(num_gpus)
     rows = []
     for fmt in formats:
         for ctx in contexts:
@@ -51,6 +56,7 @@ def kv_size_rows(
             total = per_seq * batch
             need = model.weight_bytes + total
             mem = gpu.hbm_bytes * num_gpus
+            need_gpu = weights_gpu + int(total * share)
             rows.append(
                 KVSizeRow(
                     format=fmt.name,
@@ -62,7 +68,8 @@ def kv_size_rows(
                     weight_bytes=model.weight_bytes,
                     memory_needed_bytes=need,
                     gpu_memory_bytes=mem,
-                    fits=need <= mem,
+                    memory_needed_per_gpu_bytes=need_gpu,
+                    fits=need_gpu <= gpu.hbm_bytes,
                     compression_vs_fp16=model.kv_bytes_per_token(fp16) / model.kv_bytes_per_token(fmt),
                 )
             )

@@ -69,6 +69,7 @@ def print_kv_size(
         "KV per sequence",
         f"KV x batch {rows[0].batch}",
         "weights + KV",
+        "per GPU (TP)",
         "fits",
         "vs fp16",
     ):
@@ -81,6 +82,7 @@ def print_kv_size(
             _gb(r.kv_bytes_per_sequence),
             _gb(r.total_bytes),
             _gb(r.memory_needed_bytes),
+            f"{_gb(r.memory_needed_per_gpu_bytes)} of {_gb(gpu.hbm_bytes)}",
             "[green]yes[/]" if r.fits else "[red]no[/]",
             f"{r.compression_vs_fp16:.2f}x",
         )

@@ -150,4 +150,10 @@ def test_kv_size_shows_one_gpu_under_the_layout(capsys: pytest.CaptureFixture[st
     (row,) = json.loads(capsys.readouterr().out)["per_gpu"]
     assert row["kv_bytes_per_gpu"] == 64 * 32_768 * 70_272  # every latent on every TP rank
     assert not row["fits"]
-    assert "per_gpu" not in json.loads((main(argv), capsys.readouterr().out)[1])  # no layout asked
+    plain = json.loads((main(argv), capsys.readouterr().out)[1])
+    assert "per_gpu" not in plain  # no layout asked
+    # The main table judges fit per GPU under TP too: 818 GB "fits" 8 x 141 GB pooled, not per GPU.
+    (r,) = plain["rows"]
+    assert r["memory_needed_bytes"] < r["gpu_memory_bytes"]
+    assert r["memory_needed_per_gpu_bytes"] == -(-r["weight_bytes"] // 8) + 64 * 32_768 * 70_272
+    assert not r["fits"]
