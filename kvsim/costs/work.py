@@ -49,7 +49,8 @@ same arithmetic.
   (`kvsim.spec.parallel.remote_ranks_per_token`) in bf16 both ways (DeepEP can dispatch in FP8,
   which would halve the dispatch: not modelled).
 
-Left out: sampling, the embedding lookup, pipeline parallelism, EP across nodes.
+Left out: sampling, the embedding lookup, EP across nodes (pipeline and context parallelism price
+this work per stage and per rank: `kvsim.costs.pipeline`, `kvsim.costs.context_parallel`).
 """
 
 from __future__ import annotations
