@@ -319,3 +319,14 @@ def test_a_prompt_beyond_one_nodes_hbm_runs_on_pp_and_cp() -> None:
         assert [s.status for s in res.seqs] == [RequestStatus.FINISHED] * 2
         ttft[name] = long.first_token_s - long.arrival_s
     assert ttft["cp2"] < 0.75 * ttft["pp2"]  # CP splits the long prefill; PP runs its chunks in turn
+
+
+def test_a_default_layout_on_a_dense_model_prices_as_no_layout() -> None:
+    # `cluster.parallel` with PP = CP = 1 on a dense model (the scenario's TP8 baseline): two
+    # all-reduces a layer as without the section (the MoE path once counted one), the weights
+    # within their replicated norms.
+    plain = make_cost_model(_scenario(None, nodes=1))
+    default = make_cost_model(_scenario({"pipeline_parallel": 1}, nodes=1))
+    assert default.work.allreduce_calls == plain.work.allreduce_calls == 160
+    for run in (_decode(32, 4096), StepRun.of(ForwardBatch.prefill(8192, 65536))):
+        assert default.step_seconds(run) == pytest.approx(plain.step_seconds(run), rel=1e-4)
