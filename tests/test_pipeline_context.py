@@ -22,7 +22,7 @@ from kvsim.errors import KvsimError
 from kvsim.run import make_cost_model, run_scenario
 from kvsim.spec.models import PRESETS
 from kvsim.spec.parallel import stage_weight_bytes_per_gpu
-from kvsim.spec.scenario import scenario_from_dict
+from kvsim.spec.scenario import load_scenario, scenario_from_dict
 from tests.helpers import ROOT, make_workload
 
 L70 = PRESETS["llama-3.1-70b"]
@@ -71,8 +71,9 @@ def test_memory_plan_per_stage_and_per_rank_exact() -> None:
     assert pp2.num_blocks == pp2.kv_bytes_per_gpu // 327_680
     # CP: weights replicated (TP8's), every rank its share of each sequence: CP x one rank's blocks.
     assert cp2.weight_bytes_per_gpu == tp8.weight_bytes_per_gpu == 17_638_426_624
-    assert cp2.block_bytes_per_gpu == 655_360
     assert cp2.num_blocks == 2 * tp8.num_blocks
+    # A block sits on one rank: on average over the replica's GPUs, half of TP8's bytes.
+    assert cp2.block_bytes_per_gpu == 655_360 / 2
     assert pp2.num_blocks > cp2.num_blocks  # PP also halves each GPU's weights
 
 
@@ -330,3 +331,28 @@ def test_a_default_layout_on_a_dense_model_prices_as_no_layout() -> None:
     assert default.work.allreduce_calls == plain.work.allreduce_calls == 160
     for run in (_decode(32, 4096), StepRun.of(ForwardBatch.prefill(8192, 65536))):
         assert default.step_seconds(run) == pytest.approx(plain.step_seconds(run), rel=1e-4)
+
+
+SHIPPED = ROOT / "scenarios/llama70b_1m_pp_cp.yaml"
+CP2 = ("cluster.parallel.pipeline_parallel=1", "cluster.parallel.context_parallel=2")
+
+
+def _ttfts(overrides: tuple[str, ...] = ()) -> tuple[list[float], Any]:
+    res = run_scenario(load_scenario(SHIPPED, overrides))
+    assert [s.status for s in res.seqs] == [RequestStatus.FINISHED] * 3
+    return [s.first_token_s - s.arrival_s for s in res.seqs], res
+
+
+def test_shipped_1m_scenario_pp_holds_all_cp_prefills_faster() -> None:
+    pp, pp_res = _ttfts()
+    cp, cp_res = _ttfts(CP2)
+    tp, tp_res = _ttfts(("cluster.parallel.pipeline_parallel=1",))
+    assert pp_res.plan.num_blocks * 16 > 3 * 1_048_000 > cp_res.plan.num_blocks * 16 > 2 * 1_048_000
+    assert tp_res.plan.num_blocks * 16 < 2 * 1_048_000
+    # PP2: the three at once, prefilled in turn at about TP8's speed (chunks not pipelined).
+    assert sum(s.preemptions for s in pp_res.seqs) == 0
+    assert pp[1] == pytest.approx(2 * pp[0], rel=0.01) and pp[0] == pytest.approx(tp[0], rel=0.01)
+    # CP2: each prefill about halved by ring attention (its passes hidden under the compute).
+    assert cp[0] == pytest.approx(pp[0] / 2, rel=0.02)
+    for res in (pp_res, cp_res, tp_res):
+        assert res.record.hbm_peak_bytes <= res.plan.hbm_bytes_per_gpu
