@@ -16,7 +16,9 @@ as the step scaled to 1 / m (decode rows, each chunk's tokens and the sampled ro
 launches and all-reduce latencies paid in full by each micro-batch), or the step's largest chunk
 alone if that is slower (a chunk is not split). Each row's token comes at the round's end.
 
-Built only when ``cluster.parallel.pipeline_parallel`` > 1. Design: docs/architecture.md,
+Vidur simulates this schedule event by event (up to PP batches in flight, a queue per stage);
+kvsim prices the round in closed form over its one batch per replica. Built only when
+``cluster.parallel.pipeline_parallel`` > 1. Design: docs/architecture.md,
 "Pipeline and context parallelism". Left out: pipelining the chunks of one prompt (SGLang's
 chunked pipeline parallelism; vLLM runs a request's chunks one after another), the sampled token's
 trip back to the first stage, uneven stages (the embeddings' stages), the one-off fill of an idle
