@@ -356,3 +356,16 @@ def test_shipped_1m_scenario_pp_holds_all_cp_prefills_faster() -> None:
     assert cp[0] == pytest.approx(pp[0] / 2, rel=0.02)
     for res in (pp_res, cp_res, tp_res):
         assert res.record.hbm_peak_bytes <= res.plan.hbm_bytes_per_gpu
+
+
+def test_shipped_128k_scenario_cp8_answers_first_sooner_at_the_same_throughput() -> None:
+    path = ROOT / "scenarios/llama8b_128k_cp.yaml"
+    one = run_scenario(load_scenario(path))
+    cp8 = run_scenario(load_scenario(path, ("cluster.parallel.context_parallel=8",)))
+    assert one.scenario.cluster.num_replicas == 8 and cp8.scenario.cluster.num_replicas == 1
+    t1 = sorted(s.first_token_s - s.arrival_s for s in one.seqs)
+    t8 = sorted(s.first_token_s - s.arrival_s for s in cp8.seqs)
+    assert t8[0] == pytest.approx(t1[0] / 8, rel=0.05)  # a prefill split eight ways over NVLink
+    end1 = max(s.finish_s for s in one.seqs)
+    end8 = max(s.finish_s for s in cp8.seqs)
+    assert end1 < end8 < 1.05 * end1  # the same work, plus the ring's and the combines' time
