@@ -174,8 +174,8 @@ def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
             "evenly; uneven splits are not simulated)",
         )
     if pp * cp > 1 and (attention is AttentionParallel.DP or ep > 1):
-        key = "pipeline_parallel" if pp > 1 else "context_parallel"
-        raise s.err(key, "is not simulated together with DP attention or expert parallelism yet")
+        key, what = ("pipeline_parallel", "pipeline") if pp > 1 else ("context_parallel", "context")
+        raise s.err(key, f"{what} parallelism is not simulated together with DP attention or EP yet")
     if not m.is_moe and (attention is AttentionParallel.DP or ep > 1):
         key = "attention" if attention is AttentionParallel.DP else "expert_parallel"
         raise s.err(key, f"{m.name} is a dense model: DP attention and expert parallelism need MoE layers")
