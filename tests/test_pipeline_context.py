@@ -6,6 +6,7 @@ node's HBM is rejected by TP8 and served by PP2 x TP8 and CP2 x TP8 over two nod
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -369,3 +370,20 @@ def test_shipped_128k_scenario_cp8_answers_first_sooner_at_the_same_throughput()
     end1 = max(s.finish_s for s in one.seqs)
     end8 = max(s.finish_s for s in cp8.seqs)
     assert end1 < end8 < 1.05 * end1  # the same work, plus the ring's and the combines' time
+
+
+def test_kv_size_shows_one_gpu_under_pp_and_cp(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvsim.cli import main
+
+    argv = ["kv-size", "--model", "llama-3.1-70b", "--gpus", "8", "--format", "bf16"]
+    argv += ["--context", "1048576", "--json"]
+    assert main([*argv, "--pp", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["per_gpu"]
+    assert out["layout"] == "TP8 x PP2 (16 GPUs)"
+    assert row["weight_bytes_per_gpu"] == 8_819_213_312
+    assert row["kv_bytes_per_gpu"] == 1_048_576 * KV_PER_TOKEN // 16  # a stage's layers, a TP share
+    assert main([*argv, "--cp", "2"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["per_gpu"]
+    assert row["weight_bytes_per_gpu"] == 17_638_426_624
+    assert row["kv_bytes_per_gpu"] == 1_048_576 * KV_PER_TOKEN // 16  # a rank's half of the sequence
