@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.core.memory_plan import plan_memory
 from kvsim.core.request import RequestStatus
@@ -152,6 +154,20 @@ def test_pipeline_schedule_closed_forms(pp: int, m: int) -> None:
     assert 1 - m * t / first == pytest.approx((pp - 1) / (m + pp - 1))
     period_x, _ = pipeline_schedule(pp, m, t, 0.25, rounds=6)
     assert period_x == pytest.approx(pp * t + (pp - 1) * 0.25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pp=st.integers(1, 8),
+    data=st.data(),
+    t=st.floats(1e-4, 1.0),
+    x=st.floats(0.0, 0.5),
+)
+def test_pipeline_schedule_period_property(pp: int, data: st.DataObject, t: float, x: float) -> None:
+    """For any m <= PP micro-batches, the steady-state period is one micro-batch's traversal."""
+    m = data.draw(st.integers(1, pp))
+    period, _ = pipeline_schedule(pp, m, t, x, rounds=4)
+    assert period == pytest.approx(pp * t + (pp - 1) * x, rel=1e-9)
 
 
 def _decode(rows: int, ctx: int) -> StepRun:
