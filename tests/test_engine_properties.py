@@ -258,7 +258,8 @@ def layout_cases(draw):  # type: ignore[no-untyped-def]
     """`cases`' workloads on Llama-3.1-8B replicas of TP 1 or 2 x PP 1, 2 or 4 x CP 1 or 2 (not both
     1; CP only where every prompt gives each rank a block), one or two replicas, in one node or over
     nodes of 1 to 8 GPUs (boundaries and rings over NVLink or the network), ring attention
-    overlapped or not; HBM sized so a replica gets about the blocks `cases` drew, without the
+    overlapped or not, a prompt's chunks pipelined or
+    not; HBM sized so a replica gets about the blocks `cases` drew, without the
     options pipeline and context parallelism refuse."""
     sc, wl = draw(cases())
     bs = sc.kv.block_size
@@ -300,6 +301,7 @@ def layout_cases(draw):  # type: ignore[no-untyped-def]
                 "pipeline_parallel": pp,
                 "context_parallel": cp,
                 "overlap_ring": draw(st.booleans()),
+                "pipeline_chunks": pp > 1 and draw(st.booleans()),
             },
         },
         "kv": {"block_size": bs, "format": fmt, "prefix_cache": {"scope": scope}},

@@ -403,3 +403,48 @@ def test_kv_size_shows_one_gpu_under_pp_and_cp(capsys: pytest.CaptureFixture[str
     (row,) = json.loads(capsys.readouterr().out)["per_gpu"]
     assert row["weight_bytes_per_gpu"] == 17_638_426_624
     assert row["kv_bytes_per_gpu"] == 1_048_576 * KV_PER_TOKEN // 16  # a rank's half of the sequence
+
+
+def _llama8b(parallel: dict[str, Any], **cluster: Any):  # type: ignore[no-untyped-def]
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"gpu": "h100-sxm", "gpus_per_node": 4, "parallel": parallel, **cluster},
+        "scheduler": {"max_num_seqs": 8, "max_batched_tokens": 512, "chunked_prefill": True},
+        "workload": {"synthetic": {"num_requests": 1, "rate": 1}},
+        "sim": {"seed": 1},
+    }
+    return scenario_from_dict(data, source="s.yaml", base_dir=ROOT)
+
+
+@pytest.mark.parametrize(("pp", "n"), [(2, 1), (2, 8), (4, 3), (4, 16)])
+def test_pipelined_chunks_have_gpipes_bubble(pp: int, n: int) -> None:
+    # N identical chunks of one prompt, free transfers: N - 1 steps of a stage's share each, the
+    # last the whole traversal, so the pipeline's time is (N + PP - 1) stage times.
+    fast = {"nvlink": {"bw": "100TB/s", "per_call_overhead": 0}}
+    cost = make_cost_model(_llama8b({"pipeline_parallel": pp, "pipeline_chunks": True}, topology=fast))
+    assert isinstance(cost, PipelineCostModel)
+    mid = StepRun.of(ForwardBatch.prefill(512, 0, sampling=False))
+    last = StepRun.of(ForwardBatch.prefill(512, 0, sampling=True))
+    o = cost.overhead_s
+    stage = (cost.step_seconds(last) - o) / pp
+    total = (n - 1) * cost.step_seconds(mid) + cost.step_seconds(last) - n * o
+    assert total == pytest.approx((n + pp - 1) * stage, rel=1e-4)
+    assert 1 - n * stage / total == pytest.approx((pp - 1) / (n + pp - 1), rel=1e-3)
+    _, first = pipeline_schedule(pp, n, stage, 0.0, rounds=2)
+    assert total == pytest.approx(first, rel=1e-4)  # one flushed round of N micro-batches
+
+
+def test_pipelined_chunks_shorten_a_long_prompts_ttft() -> None:
+    wl = make_workload([0.0], [8 * 512], [4])
+    ttft = {}
+    for chunks in (False, True):
+        sc = _llama8b({"pipeline_parallel": 4, "pipeline_chunks": chunks})
+        ttft[chunks] = run_scenario(sc, workload=wl).seqs[0].first_token_s
+    # 8 chunks over 4 stages: (8 + 3) / 4 of one chunk's traversal instead of 8, give or take the
+    # attention's growth and the per-step overhead.
+    assert ttft[True] < 0.5 * ttft[False]
+
+
+def test_pipeline_chunks_needs_stages() -> None:
+    with pytest.raises(KvsimError, match="pipeline_chunks: pipelines a prompt's chunks"):
+        _llama8b({"context_parallel": 2, "pipeline_chunks": True})

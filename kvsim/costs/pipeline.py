@@ -16,11 +16,16 @@ as the step scaled to 1 / m (decode rows, each chunk's tokens and the sampled ro
 launches and all-reduce latencies paid in full by each micro-batch), or the step's largest chunk
 alone if that is slower (a chunk is not split). Each row's token comes at the round's end.
 
+With ``pipeline_chunks`` (SGLang's chunked pipeline parallelism) a step that is one prompt chunk
+alone and not its last (nothing sampled) lets the next chunk into the first stage as soon as it
+leaves it: such a step takes overhead + max(a stage's share of the chunk, the slowest boundary's
+transfer, sent while the stage computes), and the last chunk the whole traversal, so N uniform
+chunks take N overheads + (N + PP - 1) stage times: GPipe's bubble (PP - 1) / (N + PP - 1).
+
 Vidur simulates this schedule event by event (up to PP batches in flight, a queue per stage);
 kvsim prices the round in closed form over its one batch per replica. Built only when
 ``cluster.parallel.pipeline_parallel`` > 1. Design: docs/architecture.md,
-"Pipeline and context parallelism". Left out: pipelining the chunks of one prompt (SGLang's
-chunked pipeline parallelism; vLLM runs a request's chunks one after another), the sampled token's
+"Pipeline and context parallelism". Left out: the sampled token's
 trip back to the first stage, uneven stages (the embeddings' stages), the one-off fill of an idle
 pipeline (GPipe's (PP - 1) / (m + PP - 1) bubble, for a flushed pipeline).
 """
@@ -31,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.core.sched.output import SeqKind
 from kvsim.costs.base import StepRun, transfer_time
 from kvsim.costs.context_parallel import ContextParallelCostModel
 from kvsim.costs.work import ACT_BYTES
@@ -78,6 +84,7 @@ class PipelineCostModel(ContextParallelCostModel):
         assert self.pp > 1
         self.links = boundary_links(topology, layout, tp, gpus_per_node)
         self.act_bytes_per_token = model.hidden_size * ACT_BYTES
+        self.pipeline_chunks = layout.pipeline_chunks
         crossing = sum(link is topology.network for link in self.links)
         self.name = f"{self.name} + PP{self.pp} ({crossing} of {self.pp - 1} boundaries across nodes)"
 
@@ -123,10 +130,42 @@ class PipelineCostModel(ContextParallelCostModel):
             tokens = max(tokens, n)
         return t, tokens
 
+    def is_lone_chunk(self, run: StepRun) -> bool:
+        """With ``pipeline_chunks``: `run`'s steps are each one prefill chunk alone (those of them
+        that sample nothing, not a prompt's last chunk, let the next chunk follow into the stages)."""
+        return (
+            self.pipeline_chunks
+            and run.num_decode == 0
+            and len(run.rows) == 1
+            and run.rows[0][0] is SeqKind.PREFILL
+        )
+
     def step_times(self, run: StepRun) -> np.ndarray:
         t, tokens = self.round_parts(run)
-        out: np.ndarray = t + self.transfer_s(tokens)
+        full: np.ndarray = t + self.transfer_s(tokens)
+        if not self.is_lone_chunk(run):
+            return full
+        # Until the first stage takes the next chunk: its share of this one, or the slowest
+        # boundary's send if longer (sent while the stages compute).
+        piped: np.ndarray = self.overhead_s + np.maximum(
+            (t - self.overhead_s) / self.pp, self.slowest_boundary_s(tokens)
+        )
+        samp = run.num_sampling
+        if isinstance(samp, int):
+            return piped if samp == 0 else full
+        out: np.ndarray = np.where(np.asarray(samp) == 0, piped, full)
         return out
+
+    def prefix_extrapolated_s(self, n: int, ctx: int) -> float:
+        # With pipelined chunks a lone chunk's step is about a stage's share of it (the run's
+        # warning compares this with busy time; mixed steps, priced whole, are then under-counted).
+        t = super().prefix_extrapolated_s(n, ctx)
+        return t / self.pp if self.pipeline_chunks else t
+
+    def slowest_boundary_s(self, num_tokens: int) -> float:
+        """Seconds of one chunk of `num_tokens` tokens over the slowest stage boundary."""
+        nbytes = self.act_bytes_per_token * _ceil_div(num_tokens, self.cp)
+        return max(transfer_time(nbytes, link) for link in self.links)
 
     def step_seconds(self, run: StepRun) -> float:
         return float(self.step_times(run)[0])

@@ -48,6 +48,7 @@ class ParallelLayout:
     pipeline_parallel: int = 1  # stages of num_layers / PP whole layers, each TP x CP GPUs
     context_parallel: int = 1  # ranks of TP GPUs, each holding 1 / CP of every sequence's KV
     overlap_ring: bool = True  # ring attention's KV (or Q) passing hidden under its compute
+    pipeline_chunks: bool = False  # a prompt's chunks follow one another into the stages (SGLang)
 
     @property
     def stages_or_ranks(self) -> int:
@@ -154,7 +155,8 @@ def remote_ranks_per_token(m: ModelSpec, ep: int) -> float:
 def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
     """``cluster.parallel`` (None when absent): ``attention`` (tp | dp), ``expert_parallel`` (divides
     the model's experts and the replica's GPUs), ``expert_imbalance`` (>= 1), ``overlap_a2a``,
-    ``pipeline_parallel`` (divides the model's layers), ``context_parallel``, ``overlap_ring``.
+    ``pipeline_parallel`` (divides the model's layers), ``context_parallel``, ``overlap_ring``,
+    ``pipeline_chunks`` (with PP > 1).
     Where the replica's TP x PP x CP GPUs sit is checked with the cluster (`check_placement`)."""
     if not c.has("parallel"):
         return None
@@ -166,7 +168,10 @@ def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
     pp = s.int("pipeline_parallel", 1, lo=1, hi=1024)
     cp = s.int("context_parallel", 1, lo=1, hi=1024)
     ring = s.bool("overlap_ring", True)
+    chunks = s.bool("pipeline_chunks", False)
     s.done()
+    if chunks and pp == 1:
+        raise s.err("pipeline_chunks", "pipelines a prompt's chunks over stages: needs pipeline_parallel > 1")
     if m.num_layers % pp:
         raise s.err(
             "pipeline_parallel",
@@ -187,7 +192,7 @@ def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
         )
     if m.is_moe and m.num_experts % ep:
         raise s.err("expert_parallel", f"{ep} does not divide {m.name}'s {m.num_experts} routed experts")
-    return ParallelLayout(attention, ep, imbalance, overlap, pp, cp, ring)
+    return ParallelLayout(attention, ep, imbalance, overlap, pp, cp, ring, chunks)
 
 
 def check_placement(source: str, layout: ParallelLayout, tp: int, nodes: int, gpus_per_node: int) -> None:
