@@ -157,15 +157,21 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 def _kv_size_layout(
     args: argparse.Namespace, model: ModelSpec, gpu: GPUSpec, rows: list[KVSizeRow]
 ) -> tuple[ParallelLayout | None, list[GPUMemoryRow]]:
-    """``--attention`` / ``--ep``: the layout (validated as ``cluster.parallel``) and its per-GPU rows."""
-    if args.attention is None and args.ep is None:
+    """``--attention`` / ``--ep`` / ``--pp`` / ``--cp``: the layout (validated as ``cluster.parallel``)
+    and its per-GPU rows."""
+    if args.attention is None and args.ep is None and args.pp is None and args.cp is None:
         return None, []
     from kvsim.kvsize import gpu_memory_rows
     from kvsim.spec.parallel import read_parallel
     from kvsim.spec.schema import Section
 
-    given = {"attention": args.attention or "tp", "expert_parallel": args.ep or 1}
-    cluster = Section({"parallel": given}, source="--attention/--ep", path="")
+    given = {
+        "attention": args.attention or "tp",
+        "expert_parallel": args.ep or 1,
+        "pipeline_parallel": args.pp or 1,
+        "context_parallel": args.cp or 1,
+    }
+    cluster = Section({"parallel": given}, source="--attention/--ep/--pp/--cp", path="")
     layout = read_parallel(cluster, model, args.gpus)
     assert layout is not None
     return layout, gpu_memory_rows(model, rows, gpu=gpu, num_gpus=args.gpus, layout=layout)
@@ -495,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--json", action="store_true", help="print one JSON object")
     k.add_argument("--attention", choices=["tp", "dp"], help="MoE layout: attention TP or DP over --gpus")
     k.add_argument("--ep", type=_positive_int, help="MoE layout: experts over this many ranks of --gpus")
+    k.add_argument("--pp", type=_positive_int, help="pipeline stages, each of --gpus GPUs (x --cp)")
+    k.add_argument("--cp", type=_positive_int, help="context-parallel ranks, each of --gpus GPUs")
     k.set_defaults(func=cmd_kv_size)
 
     r = sub.add_parser("run", help="simulate a scenario and write summary.json, requests.csv, report.html")

@@ -6,7 +6,8 @@ on every rank), not on the GPUs' memory pooled. With
 a MoE layout (``--attention``, ``--ep``: `kvsim.spec.parallel`) also the memory of one GPU: its
 weights as the layout places them and the batch's KV on the busiest GPU (all of each sequence's MLA
 latent on every TP rank, a TP rank's share of GQA heads; under DP attention whole sequences,
-ceil(batch / dp) of them on one GPU).
+ceil(batch / dp) of them on one GPU). With ``--pp`` / ``--cp`` (pipeline and context parallelism)
+the busiest stage's weights and 1 / (PP x CP) of each sequence's TP share of KV on each GPU.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def gpu_memory_rows(
     weights = weight_bytes_per_gpu(model, num_gpus, layout)
     dp = layout.attention_dp(num_gpus)
     share = 1.0 if dp > 1 else model.kv_share(num_gpus)
+    share /= layout.stages_or_ranks  # PP: a stage's layers; CP: a rank's shard of each sequence
     out = []
     for r in rows:
         kv = int(-(-r.batch // dp) * r.kv_bytes_per_sequence * share)

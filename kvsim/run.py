@@ -153,6 +153,7 @@ def cost_model_key(sc: Scenario) -> Hashable:
         sc.kv.block_size,
         c.topology,
         c.parallel,
+        c.gpus_per_node if c.parallel is not None and c.parallel.stages_or_ranks > 1 else None,
     )
 
 
@@ -161,6 +162,8 @@ def make_cost_model(sc: Scenario) -> CostModel:
         c = sc.cluster
         kv, evict = sc.kv, eviction_from_config(sc.kv.eviction)
         args = (sc.model, c.gpu, c.tensor_parallel, kv.format, c.topology)
+        if c.parallel is not None and c.parallel.stages_or_ranks > 1:  # PP / CP: built only then
+            return _layout_cost_model(sc)
         if c.parallel is not None and c.parallel.expert_parallel > 1:  # EP: the all-to-all priced too
             from kvsim.costs.moe import MoECostModel
 
@@ -184,6 +187,29 @@ def make_cost_model(sc: Scenario) -> CostModel:
 
     assert sc.cost_model.profile is not None
     return load_profile_cost_model(sc)
+
+
+def _layout_cost_model(sc: Scenario) -> CostModel:
+    """The analytic model of a pipeline- or context-parallel replica (`kvsim.costs.pipeline`,
+    `kvsim.costs.context_parallel`)."""
+    from kvsim.costs.context_parallel import ContextParallelCostModel
+    from kvsim.costs.pipeline import PipelineCostModel
+
+    c, kv = sc.cluster, sc.kv
+    lay = c.parallel
+    assert lay is not None
+    kind = PipelineCostModel if lay.pipeline_parallel > 1 else ContextParallelCostModel
+    return kind(
+        sc.model,
+        c.gpu,
+        c.tensor_parallel,
+        kv.format,
+        c.topology,
+        lay,
+        c.gpus_per_node,
+        mix=kv.format_mix,
+        block_size=kv.block_size,
+    )
 
 
 def scenario_workload(sc: Scenario) -> Workload:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,12 @@ from kvsim.core.memory_plan import plan_memory
 from kvsim.core.request import RequestStatus
 from kvsim.core.sched.scheduler import Scheduler
 from kvsim.spec.models import PRESETS
-from kvsim.spec.parallel import AttentionParallel, ParallelLayout, weight_bytes_per_gpu
+from kvsim.spec.parallel import (
+    AttentionParallel,
+    ParallelLayout,
+    stage_weight_bytes_per_gpu,
+    weight_bytes_per_gpu,
+)
 from kvsim.spec.scenario import scenario_from_dict
 from tests.helpers import ROOT, make_workload, records, small_scenario
 
@@ -232,10 +238,89 @@ def moe_cases(draw):  # type: ignore[no-untyped-def]
     return scenario_from_dict(data, source="moe.yaml", base_dir=ROOT), wl
 
 
+def _lengthened(wl, tokens: int):  # type: ignore[no-untyped-def]
+    """`wl` with every prompt at least `tokens` long, each lengthened one given fresh block ids."""
+    prompts = np.maximum(wl.prompt_tokens, tokens)
+    g = wl.hash_block_tokens
+    fresh = 10**8
+    ids = []
+    for h, p in zip(wl.hash_ids, prompts, strict=True):
+        h = list(h)
+        while len(h) < -(-int(p) // g):
+            h.append(fresh)
+            fresh += 1
+        ids.append(h)
+    return make_workload(wl.arrival_s, prompts, wl.output_tokens, hash_ids=ids, block_tokens=g)
+
+
+@st.composite
+def layout_cases(draw):  # type: ignore[no-untyped-def]
+    """`cases`' workloads on Llama-3.1-8B replicas of TP 1 or 2 x PP 1, 2 or 4 x CP 1 or 2 (not both
+    1; CP only where every prompt gives each rank a block), one or two replicas, in one node or over
+    nodes of 1 to 8 GPUs (boundaries and rings over NVLink or the network), ring attention
+    overlapped or not, a prompt's chunks pipelined or
+    not; HBM sized so a replica gets about the blocks `cases` drew, without the
+    options pipeline and context parallelism refuse."""
+    sc, wl = draw(cases())
+    bs = sc.kv.block_size
+    tp = draw(st.sampled_from([1, 2]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    cp = draw(st.sampled_from([1, 2, 2, 4]))
+    if pp * cp == 1:
+        pp = 2
+    if cp > 1:  # every prompt gives each CP rank a block: shorter ones lengthened, fresh ids added
+        wl = _lengthened(wl, cp * bs)
+    gpus = tp * pp * cp
+    gpn = draw(st.sampled_from([g for g in (1, 2, 4, 8) if g % tp == 0 and (g % gpus == 0 or gpus % g == 0)]))
+    nodes = draw(st.integers(1, 2)) * gpus // gpn if gpus >= gpn else 1
+    fmt = draw(st.sampled_from(["bf16", "int8"]))
+    per_token = 131_072 // tp // pp  # Llama-3.1-8B's bf16 KV a token, one GPU of a stage
+    if fmt == "int8":
+        per_token = (
+            plan_memory(
+                small_scenario(kv={"format": "int8"}, cluster={"gpus_per_node": 8, "tensor_parallel": tp})
+            ).kv_bytes_per_token_per_gpu
+            / pp
+        )
+    block = int(per_token * bs)
+    longest = int((wl.prompt_tokens + wl.output_tokens).max())
+    per_rank = -(-max(plan_memory(sc).num_blocks, -(-longest // 16)) // cp)
+    scope = "local" if sc.kv.prefix_cache == "global" else str(sc.kv.prefix_cache)
+    weights = stage_weight_bytes_per_gpu(PRESETS["llama-3.1-8b"], tp, pp)
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "gpu": {"preset": "h100-sxm", "hbm": weights + per_rank * block + block // 2},
+            "nodes": nodes,
+            "gpus_per_node": gpn,
+            "tensor_parallel": tp,
+            "gpu_memory_utilization": 1.0,
+            "activation_reserve": 0,
+            "router": str(sc.cluster.router),
+            "parallel": {
+                "pipeline_parallel": pp,
+                "context_parallel": cp,
+                "overlap_ring": draw(st.booleans()),
+                "pipeline_chunks": pp > 1 and draw(st.booleans()),
+            },
+        },
+        "kv": {"block_size": bs, "format": fmt, "prefix_cache": {"scope": scope}},
+        "scheduler": {
+            "max_num_seqs": sc.scheduler.max_num_seqs,
+            "max_batched_tokens": sc.scheduler.max_batched_tokens,
+            "chunked_prefill": True,
+        },
+        "workload": {"synthetic": {"num_requests": 1, "rate": 1}},
+        "sim": {"seed": 1},
+    }
+    return scenario_from_dict(data, source="layout.yaml", base_dir=ROOT), wl
+
+
 @st.composite
 def cases_or_moe(draw):  # type: ignore[no-untyped-def]
-    """`cases`, one draw in four `moe_cases` instead."""
-    return draw(moe_cases() if draw(st.integers(0, 3)) == 0 else cases())
+    """`cases`; one draw in four `moe_cases` instead, one in four `layout_cases` (PP and CP)."""
+    pick = draw(st.integers(0, 3))
+    return draw(moe_cases() if pick == 0 else layout_cases() if pick == 1 else cases())
 
 
 @st.composite

@@ -14,6 +14,14 @@ With ``cluster.parallel`` (`kvsim.spec.parallel`) the weights per GPU follow the
 DP attention each GPU holds whole tokens of its own requests: the replica gets dp times one GPU's
 blocks (pooled, an approximation: kvsim's replica has one block pool, where SGLang has one per DP
 rank), and the bytes per token and block per GPU are the average over the replica's GPUs.
+
+Under pipeline parallelism a GPU holds its stage's num_layers / PP layers: the weights of the
+busiest stage (`kvsim.spec.parallel.stage_weight_bytes_per_gpu`) and 1 / PP of each token's KV, so a
+block's bytes per GPU are 1 / PP of TP's. Under context parallelism each of the CP ranks holds 1 / CP
+of every sequence's blocks (weights replicated): the replica gets CP times one rank's blocks, in one
+pool (a sequence's blocks striped over the ranks), and the bytes per token and block per GPU are
+the average over the replica's GPUs, as under DP (design: docs/architecture.md, "Pipeline and
+context parallelism").
 """
 
 from __future__ import annotations
@@ -76,8 +84,14 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
     full = m.kv_bytes_per_token(sc.kv.format, sc.kv.format_mix)
     dp = 1 if layout is None else layout.attention_dp(tp)
     per_token = full * kv_share(m, tp, layout)
+    cp = 1
+    if layout is not None and layout.stages_or_ranks > 1:  # DP attention is refused with PP / CP
+        per_token = per_token / layout.pipeline_parallel  # a stage's layers
+        cp = layout.context_parallel
     block = per_token * sc.kv.block_size
     rank_block = block if dp == 1 else full * sc.kv.block_size  # a DP rank's block: whole tokens
+    if cp > 1:  # a block lives on one CP rank: per GPU of the replica, 1 / CP of it on average
+        per_token, block = per_token / cp, block / cp
     if kv_bytes <= rank_block:
         raise KvsimError(
             f"no room for the KV cache: {hbm / 2**30:.1f} GiB x {c.gpu_memory_utilization} usable per GPU, "
@@ -86,7 +100,10 @@ def plan_memory(sc: Scenario) -> MemoryPlan:
             source=sc.source,
             path="cluster",
         )
-    num_blocks = int(kv_bytes // block) if dp == 1 else dp * int(kv_bytes // rank_block)
+    if dp == 1 and cp == 1:
+        num_blocks = int(kv_bytes // block)
+    else:
+        num_blocks = max(dp, cp) * int(kv_bytes // rank_block)
     return MemoryPlan(
         hbm, usable, weights, reserve, kv_bytes, per_token, block, num_blocks, num_blocks * sc.kv.block_size
     )

@@ -17,7 +17,8 @@ GPUs keep the published figures below. The model's ``name`` says which applies.
 Transfers: latency + calls x per-call overhead + bytes / bandwidth over the topology's links
 (`kvsim.spec.topology`).
 
-Left out: CUDA-graph padding of batch sizes, pipeline parallelism, sampling cost; decode and
+Left out: CUDA-graph padding of batch sizes, sampling cost (pipeline and context parallelism are
+`kvsim.costs.pipeline` and `kvsim.costs.context_parallel`, built on this model); decode and
 prefill attention are priced as separate kernel calls. Speculative decoding's verify row: GEMMs
 and LM head over its k+1 tokens, its attention as decode attention's bytes or k+1 queries' FLOPs at
 the decode rates (estimate: the kernel reads the cache once at such query lengths; no measurement

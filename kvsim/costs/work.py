@@ -49,7 +49,8 @@ same arithmetic.
   (`kvsim.spec.parallel.remote_ranks_per_token`) in bf16 both ways (DeepEP can dispatch in FP8,
   which would halve the dispatch: not modelled).
 
-Left out: sampling, the embedding lookup, pipeline parallelism, EP across nodes.
+Left out: sampling, the embedding lookup, EP across nodes (pipeline and context parallelism price
+this work per stage and per rank: `kvsim.costs.pipeline`, `kvsim.costs.context_parallel`).
 """
 
 from __future__ import annotations
@@ -423,7 +424,8 @@ class ModelWork:
         embedding = 0 if m.tie_embeddings else lm_head * bpp / tp
         kv = kv_share(m, tp, layout) / m.kv_share(tp)  # 1 under attention TP
         tp_attention = layout.attention is AttentionParallel.TP
-        split_mlps = m.first_dense_layers + (moe_layers if ep == 1 else 0)
+        # Dense layers' MLPs (all of a dense model's layers) and, at EP 1, the experts' need one.
+        split_mlps = (m.num_layers - moe_layers) + (moe_layers if ep == 1 else 0)
         calls = ((m.num_layers if tp_attention else 0) + split_mlps) if tp > 1 else 0
         a2a = remote_ranks_per_token(m, ep) * m.hidden_size * ACT_BYTES / tp
         return replace(

@@ -657,13 +657,15 @@ def _pool_node_sources(sc: Scenario) -> tuple[tuple[str, str], ...]:
 
 
 def _layout_note(sc: Scenario, plan: MemoryPlan) -> str:
-    """The run's MoE layout, its weights per GPU and the estimate it was priced with."""
+    """The run's layout (MoE, PP, CP), its weights per GPU and the estimate it was priced with."""
     lay = sc.cluster.parallel
     assert lay is not None
     gib = plan.weight_bytes_per_gpu / 2**30
     note = f"cluster.parallel: {lay.describe(sc.cluster.tensor_parallel)}, weights {gib:.1f} GiB per GPU"
     if lay.expert_parallel > 1:
         note += f"; expert imbalance {lay.expert_imbalance:g} (an estimate unless measured)"
+    if lay.stages_or_ranks > 1:
+        return note + "; priced by the analytic model, no pipeline or ring-attention measurement on file"
     return note + "; priced by the analytic model, no MoE or all-to-all tables on file"
 
 

@@ -99,6 +99,7 @@ def assemble(
     replica calls exists before it: the router's `touched` set, and the closed-loop sessions,
     started once the router is built."""
     check_hash_blocks(sc, wl)
+    check_context_parallel(sc, wl)
     env = simpy.Environment()
     end_s = sc.sim.max_time_s if sc.sim.max_time_s is not None else math.inf
     seqs: list[Request] = []
@@ -417,6 +418,24 @@ def check_hash_blocks(sc: Scenario, wl: Workload) -> None:
             f"the trace's hash block of {g} tokens and block_size {bs} must divide one another",
             source=sc.source,
             path="kv.block_size",
+        )
+
+
+def check_context_parallel(sc: Scenario, wl: Workload) -> None:
+    """Under context parallelism every prompt must give each CP rank at least one block: the
+    replica's pool counts a sequence's blocks striped over the ranks (`kvsim.core.memory_plan`)."""
+    lay = sc.cluster.parallel
+    if lay is None or lay.context_parallel == 1 or not len(wl):
+        return
+    need = lay.context_parallel * sc.kv.block_size
+    shortest = int(wl.prompt_tokens.min())
+    if shortest < need:
+        raise KvsimError(
+            f"{lay.context_parallel} ranks x block_size {sc.kv.block_size} = {need} tokens exceed the "
+            f"workload's shortest prompt ({shortest} tokens): each CP rank needs a block of every "
+            "sequence; lower context_parallel or the block size",
+            source=sc.source,
+            path="cluster.parallel.context_parallel",
         )
 
 

@@ -1,6 +1,11 @@
-"""A replica's parallel layout for MoE models (``cluster.parallel``): attention TP or DP, experts EP.
+"""A replica's parallel layout (``cluster.parallel``): attention TP or DP, experts EP, pipeline and
+context parallelism.
 
-A replica is ``cluster.tensor_parallel`` GPUs in one node. Attention runs tensor-parallel over them
+Pipeline parallelism (``pipeline_parallel``, PP stages of whole layers) and context parallelism
+(``context_parallel``, CP ranks each holding 1 / CP of every sequence's KV) make a replica TP x PP x
+CP GPUs, which may span nodes (design: docs/architecture.md, "Pipeline and context parallelism");
+they are not combined with DP attention or EP yet. Without them a replica is
+``cluster.tensor_parallel`` GPUs in one node. Attention runs tensor-parallel over them
 (``attention: tp``, as without the section) or data-parallel (``attention: dp``, SGLang's DP
 attention: each GPU holds all attention weights and its own requests' KV); routed experts are
 sharded over ``expert_parallel`` ranks (whole experts, ``num_experts / ep`` per GPU) or, with
@@ -17,6 +22,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from kvsim.errors import KvsimError
 from kvsim.spec.models import ModelSpec
 from kvsim.spec.schema import Section
 
@@ -39,6 +45,19 @@ class ParallelLayout:
     expert_parallel: int = 1  # 1: routed experts split by TP, no all-to-all
     expert_imbalance: float = EXPERT_IMBALANCE
     overlap_a2a: bool = False  # dispatch/combine hidden behind the step's GEMMs (two-batch overlap)
+    pipeline_parallel: int = 1  # stages of num_layers / PP whole layers, each TP x CP GPUs
+    context_parallel: int = 1  # ranks of TP GPUs, each holding 1 / CP of every sequence's KV
+    overlap_ring: bool = True  # ring attention's KV (or Q) passing hidden under its compute
+    pipeline_chunks: bool = False  # a prompt's chunks follow one another into the stages (SGLang)
+
+    @property
+    def stages_or_ranks(self) -> int:
+        """PP x CP: the replica's GPUs over its TP degree (1 without either)."""
+        return self.pipeline_parallel * self.context_parallel
+
+    def replica_gpus(self, tp: int) -> int:
+        """GPUs of one replica of TP `tp`: TP x PP x CP."""
+        return tp * self.pipeline_parallel * self.context_parallel
 
     def attention_dp(self, gpus: int) -> int:
         """Data-parallel attention ranks of a replica of `gpus` GPUs (1 under attention TP)."""
@@ -47,6 +66,10 @@ class ParallelLayout:
     def describe(self, gpus: int) -> str:
         att = f"DP{gpus}" if self.attention is AttentionParallel.DP else f"TP{gpus}"
         ep = f"EP{self.expert_parallel}" if self.expert_parallel > 1 else f"experts TP{gpus}"
+        if self.stages_or_ranks > 1:  # PP / CP: refused with DP attention and EP
+            pp, cp = self.pipeline_parallel, self.context_parallel
+            parts = [f"TP{gpus}"] + [f"PP{pp}"] * (pp > 1) + [f"CP{cp}"] * (cp > 1)
+            return " x ".join(parts) + f" ({self.replica_gpus(gpus)} GPUs)"
         return f"attention {att}, {ep}"
 
 
@@ -86,6 +109,8 @@ def weight_bytes_per_gpu(m: ModelSpec, gpus: int, layout: ParallelLayout | None)
     replicated."""
     if layout is None:
         return math.ceil(m.weight_bytes / gpus)
+    if layout.stages_or_ranks > 1:
+        return stage_weight_bytes_per_gpu(m, gpus, layout.pipeline_parallel)
     p = WeightParts.of(m)
     ep = layout.expert_parallel
     attn = p.attention if layout.attention is AttentionParallel.DP else p.attention / gpus
@@ -93,6 +118,18 @@ def weight_bytes_per_gpu(m: ModelSpec, gpus: int, layout: ParallelLayout | None)
     replicated_moe = p.shared + p.router if ep > 1 else (p.shared + p.router) / gpus
     params = attn + p.norms + (p.dense_ffn + p.embeddings) / gpus + routed + replicated_moe
     return math.ceil(params * m.weight_bytes_per_param)
+
+
+def stage_weight_bytes_per_gpu(m: ModelSpec, tp: int, pp: int) -> int:
+    """Weight bytes one GPU of the busiest pipeline stage holds, every weight split by TP `tp`
+    (CP ranks replicate the stage): num_layers / pp layers plus, at pp > 1, one vocabulary matrix
+    (the first stage's input embedding or the last stage's LM head, a copy each when tied; the
+    final norm counted with the layers). pp = 1 is the plain TP split, ceil(weight_bytes / tp)."""
+    if pp == 1:
+        return math.ceil(m.weight_bytes / tp)
+    vocab = m.vocab_size * m.hidden_size
+    layers = m.num_params - vocab * (1 if m.tie_embeddings else 2)
+    return math.ceil((layers / pp + vocab) * m.weight_bytes_per_param / tp)
 
 
 def kv_share(m: ModelSpec, gpus: int, layout: ParallelLayout | None) -> float:
@@ -117,7 +154,10 @@ def remote_ranks_per_token(m: ModelSpec, ep: int) -> float:
 
 def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
     """``cluster.parallel`` (None when absent): ``attention`` (tp | dp), ``expert_parallel`` (divides
-    the model's experts and the replica's GPUs), ``expert_imbalance`` (>= 1), ``overlap_a2a``."""
+    the model's experts and the replica's GPUs), ``expert_imbalance`` (>= 1), ``overlap_a2a``,
+    ``pipeline_parallel`` (divides the model's layers), ``context_parallel``, ``overlap_ring``,
+    ``pipeline_chunks`` (with PP > 1).
+    Where the replica's TP x PP x CP GPUs sit is checked with the cluster (`check_placement`)."""
     if not c.has("parallel"):
         return None
     s = c.section("parallel")
@@ -125,7 +165,22 @@ def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
     ep = s.int("expert_parallel", 1, lo=1, hi=1024)
     imbalance = s.float("expert_imbalance", EXPERT_IMBALANCE, lo=1.0, hi=64.0)
     overlap = s.bool("overlap_a2a", False)
+    pp = s.int("pipeline_parallel", 1, lo=1, hi=1024)
+    cp = s.int("context_parallel", 1, lo=1, hi=1024)
+    ring = s.bool("overlap_ring", True)
+    chunks = s.bool("pipeline_chunks", False)
     s.done()
+    if chunks and pp == 1:
+        raise s.err("pipeline_chunks", "pipelines a prompt's chunks over stages: needs pipeline_parallel > 1")
+    if m.num_layers % pp:
+        raise s.err(
+            "pipeline_parallel",
+            f"{pp} stages do not divide {m.name}'s {m.num_layers} layers (stages hold whole layers, "
+            "evenly; uneven splits are not simulated)",
+        )
+    if pp * cp > 1 and (attention is AttentionParallel.DP or ep > 1):
+        key, what = ("pipeline_parallel", "pipeline") if pp > 1 else ("context_parallel", "context")
+        raise s.err(key, f"{what} parallelism is not simulated together with DP attention or EP yet")
     if not m.is_moe and (attention is AttentionParallel.DP or ep > 1):
         key = "attention" if attention is AttentionParallel.DP else "expert_parallel"
         raise s.err(key, f"{m.name} is a dense model: DP attention and expert parallelism need MoE layers")
@@ -137,4 +192,22 @@ def read_parallel(c: Section, m: ModelSpec, gpus: int) -> ParallelLayout | None:
         )
     if m.is_moe and m.num_experts % ep:
         raise s.err("expert_parallel", f"{ep} does not divide {m.name}'s {m.num_experts} routed experts")
-    return ParallelLayout(attention, ep, imbalance, overlap)
+    return ParallelLayout(attention, ep, imbalance, overlap, pp, cp, ring, chunks)
+
+
+def check_placement(source: str, layout: ParallelLayout, tp: int, nodes: int, gpus_per_node: int) -> None:
+    """A replica of TP x PP x CP GPUs, placed on consecutive GPUs (TP innermost, then CP ranks, then
+    stages), fits the cluster: no more GPUs than it has, a whole number of replicas, and either
+    several replicas to a node or whole nodes to a replica (so every replica sees the same links)."""
+    n = layout.replica_gpus(tp)
+    total = nodes * gpus_per_node
+    what = f"a replica of {layout.describe(tp)}"
+    msg = None
+    if n > total:
+        msg = f"{what} is larger than the cluster's {total} GPUs ({nodes} nodes x {gpus_per_node})"
+    elif gpus_per_node % n and n % gpus_per_node:
+        msg = f"{what} neither divides gpus_per_node ({gpus_per_node}) nor spans whole nodes"
+    elif total % n:
+        msg = f"the cluster's {total} GPUs are not a whole number of replicas ({what})"
+    if msg is not None:
+        raise KvsimError(msg, source=source, path="cluster.parallel")

@@ -28,7 +28,7 @@ from kvsim.spec.hardware import GPUSpec, load_gpu
 from kvsim.spec.models import Attention, ModelSpec, load_model, names_a_file, with_weight_dtype
 from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite, SSDConfig
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
-from kvsim.spec.parallel import AttentionParallel, ParallelLayout, read_parallel
+from kvsim.spec.parallel import AttentionParallel, ParallelLayout, check_placement, read_parallel
 from kvsim.spec.schema import Section, shorten, show
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
@@ -130,10 +130,17 @@ class ClusterConfig:
         return self.nodes * self.gpus_per_node
 
     @property
+    def replica_gpus(self) -> int:
+        """GPUs of one (aggregated) replica: TP, times PP x CP under `parallel`."""
+        if self.parallel is None:
+            return self.tensor_parallel
+        return self.parallel.replica_gpus(self.tensor_parallel)
+
+    @property
     def num_replicas(self) -> int:
         if self.disaggregation is not None:
             return self.disaggregation.prefill.replicas + self.disaggregation.decode.replicas
-        return self.num_gpus // self.tensor_parallel
+        return self.num_gpus // self.replica_gpus
 
 
 ROLES = ("prefill", "decode")
@@ -1318,6 +1325,8 @@ def _scenario_from_dict(
     if disagg is not None:
         cluster = dataclasses.replace(cluster, disaggregation=disagg)
         notes.extend(p.price.warning for p in disagg.pools if p.price.warning)
+    elif layout is not None and layout.stages_or_ranks > 1:
+        check_placement(source, layout, cluster.tensor_parallel, cluster.nodes, cluster.gpus_per_node)
     pricing.done()
     if gpu_price.warning:
         notes.append(gpu_price.warning)
@@ -1373,7 +1382,16 @@ def _scenario_from_dict(
     if disagg is not None:
         _refuse_with_disaggregation(source, model, cluster, kv, scheduler, workload, cost_model)
     if layout is not None:
-        refuse_with_layout(source, layout, kv, scheduler, cost_model, disaggregated=disagg is not None)
+        refuse_with_layout(
+            source,
+            layout,
+            kv,
+            scheduler,
+            cost_model,
+            disaggregated=disagg is not None,
+            model=model,
+            faults=faults is not None,
+        )
     if faults is not None:  # a dropped replica's loads and swaps in flight are not unwound yet
         refuse_with_faults(source, cluster, kv, scheduler)
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
@@ -1454,13 +1472,20 @@ def refuse_with_layout(
     cost_model: CostModelConfig,
     *,
     disaggregated: bool,
+    model: ModelSpec | None = None,
+    faults: bool = False,
 ) -> None:
     """The options cluster.parallel does not run with yet, refused in one line naming the first:
     disaggregation and measured profiles (one TP group each, no all-to-all tables yet) for any
     layout; under DP attention, the options that move or rewrite a block on one GPU (the tiers
     below HBM, swap, the global pool, token eviction, format switches and mixes, kvquant4's
-    outliers), whose bytes per GPU assume every GPU holds a share of every block."""
+    outliers), whose bytes per GPU assume every GPU holds a share of every block. Under pipeline or
+    context parallelism (a replica of TP x PP x CP GPUs, maybe over nodes), the same tiers and
+    trims, speculative decoding, sliding-window layers (their KV per stage differs) and faults
+    (which place replicas by TP)."""
     dp = layout.attention is AttentionParallel.DP
+    ppcp = layout.stages_or_ranks > 1
+    windowed = model is not None and model.windowed_kv_layers() > 0
     on = (
         ("cluster.disaggregation", disaggregated),
         ("a measured cost_model.profile", cost_model.kind != "analytic"),
@@ -1471,6 +1496,14 @@ def refuse_with_layout(
         ("kv.format_switch", dp and kv.format_switch is not None),
         ("kv.format_mix", dp and kv.format_mix is not None),
         ("kv.format: kvquant4", dp and kv.format.kind.value == "kvquant4"),
+        ("kv.prefix_cache.scope: global", ppcp and kv.prefix_cache == "global"),
+        ("kv.offload", ppcp and kv.offload.enabled),
+        ("scheduler.preemption: swap or auto", ppcp and scheduler.preemption != "recompute"),
+        ("kv.eviction", ppcp and kv.eviction.policy != "none"),
+        ("kv.format_switch", ppcp and kv.format_switch is not None),
+        ("scheduler.spec_decode", ppcp and scheduler.spec_decode is not None),
+        ("sliding-window layers (model.sliding_window)", ppcp and windowed),
+        ("faults", ppcp and faults),
     )
     _refuse_first(on, "cluster.parallel is", source, "cluster.parallel")
 
