@@ -109,6 +109,51 @@ def test_across_nodes_the_transfer_goes_over_the_nics():
     assert d["transfer_s"]["mean"] == pytest.approx(5e-6 + 32 * 2.3e-6 + 64 * 16 * 131072 / 50e9)
 
 
+def test_a_nic_shared_by_a_replicas_gpus_carries_their_shards_one_after_another():
+    # TP 2 a pool, 2 GPUs a node: each replica its own node; one NIC for both GPUs (shared_by 2)
+    # moves the two 64 KiB-a-token shards in turn: twice one shard's time over 50 GB/s.
+    pools = {
+        "prefill": {"replicas": 1, "tensor_parallel": 2},
+        "decode": {"replicas": 1, "tensor_parallel": 2},
+    }
+    nic = {"network": {"shared_by": 2}}
+    for shared, factor in ((None, 1), (nic, 2)):
+        cluster = {"gpus_per_node": 2, "disaggregation": pools, **({"topology": shared} if shared else {})}
+        data = {"model": "llama-3.1-8b", "cluster": {"gpu": "h100-sxm", **cluster}, "workload": MOONCAKE}
+        sc = scenario_from_dict(data, source="pd.yaml", base_dir=ROOT)
+        d = run_scenario(sc, workload=make_workload([0.0], [1024], [4])).summary["disaggregation"]
+        shard = 64 * 16 * 131072 / 2
+        assert d["transfer_s"]["mean"] == pytest.approx(5e-6 + 32 * 2.3e-6 + factor * shard / 50e9)
+
+
+def test_replicas_in_one_nic_group_queue_on_the_groups_link():
+    # TP 1, 4 GPUs a node, decode on a fresh node (its GPU type differs): the two decode replicas
+    # share one NIC (shared_by 2), so two prompts' KV landing at once queue on one link.
+    pools = {
+        "prefill": {"replicas": 2},
+        "decode": {"replicas": 2, "gpu": "h200-sxm", "gpu_hour": "$3.80/h"},
+    }
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "gpu": "h100-sxm",
+            "gpus_per_node": 4,
+            "disaggregation": pools,
+            "topology": {"network": {"shared_by": 2}},
+        },
+        "workload": MOONCAKE,
+    }
+    res = run_scenario(
+        scenario_from_dict(data, source="pd.yaml", base_dir=ROOT),
+        workload=make_workload([0.0, 0.0], [1024, 1024], [4, 4]),
+    )
+    names = sorted(x["name"] for x in res.summary["links"])
+    assert names == ["node0/network/0/tx", "node1/network/0/rx"]
+    t = res.summary["disaggregation"]["transfer_s"]  # the second waits for the first
+    one = 5e-6 + 32 * 2.3e-6 + 64 * 16 * 131072 / 50e9
+    assert t["mean"] > 1.4 * one
+
+
 def test_one_token_answers_come_from_the_prefill_pool():
     res = run_scenario(_scenario(), workload=make_workload([0.0], [64], [1]))
     (seq,) = res.seqs

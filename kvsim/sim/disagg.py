@@ -17,6 +17,7 @@ and decode").
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,16 +96,30 @@ class HandOff:
         if p.gpu.name != d.gpu.name:
             first = -(-first // gpus_per_node) * gpus_per_node
         self.node_d = [(first + j * d.tensor_parallel) // gpus_per_node for j in range(d.replicas)]
+        self.first_gpu = {"prefill": (0, p.tensor_parallel), "decode": (first, d.tensor_parallel)}
+        self.gpus_per_node = gpus_per_node
         # One queue per replica per direction: its GPUs' links in lockstep (each GPU moves its shard
         # over its own NIC or NVLink port).
         self.links: dict[str, LinkQueue] = {}
         self.topology = topology
 
     def _link(self, role: str, i: int, kind: str, way: str) -> LinkQueue:
+        """Replica `i` of `role`'s queue on `kind` in direction `way`. A link that ``shared_by``
+        GPUs share (one NIC for several GPUs) carries min(tp, shared_by) of the replica's shards at
+        once, so a lockstep transfer takes that many times one shard's time; where a group holds
+        GPUs of more than one replica (tp < shared_by) its queue is the group's, shared by them."""
+        link = self.topology.link(kind)
+        first, tp = self.first_gpu[role]
         label = f"{role}{i}/{kind}/{way}"
+        if link.shared_by > 1:
+            link = dataclasses.replace(link, bw_bytes_per_s=link.bw_bytes_per_s / min(tp, link.shared_by))
+            if tp < link.shared_by:
+                gpu = first + i * tp
+                node, group = gpu // self.gpus_per_node, (gpu % self.gpus_per_node) // link.shared_by
+                label = f"node{node}/{kind}/{group}/{way}"
         q = self.links.get(label)
         if q is None:
-            q = self.links[label] = LinkQueue(self.topology.link(kind), label=label)
+            q = self.links[label] = LinkQueue(link, label=label)
         return q
 
     def link_kind(self, i: int, j: int) -> str:
