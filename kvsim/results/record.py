@@ -500,6 +500,8 @@ class SessionRecord:
     prompt_share_by_segment: dict[str, float]
     pinned_segments: tuple[str, ...] = ()
     pinned_blocks_peak: int = 0  # per replica, the most
+    segment_policies: dict[str, str] = field(default_factory=dict)  # kv.segments, as given
+    segment_dropped_blocks: int = 0  # cached blocks kv.segments dropped at turns' ends, all replicas
     extra: dict[str, Any] = field(default_factory=dict)
 
 

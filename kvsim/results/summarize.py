@@ -533,6 +533,8 @@ def _session_record(
         prompt_share_by_segment={k: float(v) / total for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
         pinned_segments=tuple(sc.kv.pin_segments),
         pinned_blocks_peak=max(r.sched.kv.pool.pinned_peak for r in replicas),
+        segment_policies={} if sc.kv.segments is None else sc.kv.segments.describe(),
+        segment_dropped_blocks=sum(r.sched.kv.pool.dropped for r in replicas),
     )
 
 

@@ -30,6 +30,7 @@ from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite,
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
 from kvsim.spec.parallel import AttentionParallel, ParallelLayout, read_parallel
 from kvsim.spec.schema import Section, shorten, show
+from kvsim.spec.segments import SegmentPolicies, check_segments_workload, read_segments
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
 from kvsim.spec.yaml_loader import read_yaml, yaml_scalar
@@ -265,6 +266,9 @@ class KVConfig:
     pin_max_share: float = 0.25
     format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
     format_switch: FormatSwitch | None = None  # re-quantized past a length (None: `format` throughout)
+    # kv.segments (`kvsim.spec.segments`): a cache policy per agent prompt segment; its keep
+    # segments are also `pin_segments`. None: the plain prefix cache.
+    segments: SegmentPolicies | None = None
 
 
 MAX_DRAFT_TOKENS = 32  # k's bound: vLLM's examples use 1-10, EAGLE trees up to ~60 nodes but
@@ -662,6 +666,8 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     ):
         why = f"applies to kv.format {label} only, not {fmt_raw}"
         _refuse_unused(s, key, value, default, fmt.kind.value not in owners, why)
+    segments = read_segments(s)
+    kept = () if segments is None else segments.kept
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     gpool = GlobalPoolConfig()
     pin: tuple[str, ...] = ()
@@ -700,6 +706,8 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
         if pin and scope == "none":
             raise pc.err("pin", "pinning needs a prefix cache; set scope: local")
+        if pin and kept:
+            raise pc.err("pin", "give the pinned segments once: as pin or as kv.segments' keep, not both")
         for key, value, default in (
             ("pool_bytes", gpool.pool_bytes, dflt.pool_bytes),
             ("fetch", gpool.fetch, dflt.fetch),
@@ -713,8 +721,15 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             ("pool_node_cost_per_hour", gpool.pool_node_cost_per_hour, dflt.pool_node_cost_per_hour),
         ):
             _refuse_unused(pc, key, value, default, not n_pool, "only with pool_nodes (dedicated pool nodes)")
-        _refuse_unused(pc, "pin_max_share", pin_share, 0.25, not pin, "only with pin (the segments pinned)")
+        why = "only with pin or a kv.segments keep (the segments pinned)"
+        _refuse_unused(pc, "pin_max_share", pin_share, 0.25, not (pin or kept), why)
         pc.done()
+    if segments is not None:
+        if scope == "none":
+            raise s.err(
+                "segments", "segment policies act on the prefix cache; set kv.prefix_cache.scope: local"
+            )
+        pin = pin or kept
     ev = s.section("eviction")
     policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
@@ -786,6 +801,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         pin_max_share=pin_share,
         format_mix=mix,
         format_switch=switch,
+        segments=segments,
     )
 
 
@@ -1345,6 +1361,15 @@ def _scenario_from_dict(
             source=source,
             path="cluster.tensor_parallel",
         )
+    if kv.segments is not None:
+        check_segments_workload(source, kv.segments, workload.agent)
+        if kv.segments.drops:  # dropped blocks must not be written down or published
+            on = (
+                ("kv.offload", kv.offload.enabled),
+                ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
+                ("kv.eviction", kv.eviction.policy != "none"),
+            )
+            _refuse_first(on, "window and evict_after_use are", source, "kv.segments")
     off = kv.offload
     if off.enabled and kv.prefix_cache == "none":
         raise KvsimError(
