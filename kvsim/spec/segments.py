@@ -77,12 +77,13 @@ def read_segments(s: Section) -> SegmentPolicies | None:
         if seg not in SEGMENTS:
             raise y.err(str(seg), f"unknown segment {show(seg)}; the agent prompt's: {', '.join(SEGMENTS)}")
         value = y.raw(seg)
-        if isinstance(value, str):
+        if isinstance(value, str):  # `history: lru`, named at the segment
+            y.choice(seg, POLICIES)
             value = {"policy": value}
         p = Section(value, source=y.source, path=y._p(seg))
         name = p.choice("policy", POLICIES)
         if name not in ALLOWED[seg]:
-            raise p.err("policy", f"{name} does not apply to {seg}; it takes {', '.join(ALLOWED[seg])}")
+            raise y.err(seg, f"{name} does not apply to {seg}; it takes {', '.join(ALLOWED[seg])}")
         if name == "window":
             pol = SegmentPolicy(name, turns=p.int("turns", lo=1, hi=1000), retain=_retain(p))
         else:
@@ -124,7 +125,7 @@ def check_segments_workload(source: str, segments: SegmentPolicies, agent: objec
         missing, why = absent.get(seg, (False, ""))
         if missing and pol.policy != "lru":
             raise KvsimError(
-                f"a {pol.policy} policy for {seg}, which the workload does not have: {why}",
+                f"policy {pol.policy} for {seg}, a segment the workload does not have: {why}",
                 source=source,
                 path=f"kv.segments.{seg}",
             )
