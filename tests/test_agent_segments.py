@@ -135,3 +135,16 @@ def test_shipped_case_evict_after_use_beats_pinning_alone_under_pressure() -> No
     )
     assert cut.summary["prefix_hit_rate"] > pin.summary["prefix_hit_rate"] + 0.01
     assert cut.summary["ttft_s"]["p50"] < pin.summary["ttft_s"]["p50"]
+
+
+@pytest.mark.parametrize("share", [0.4, 0.5, 0.6])
+def test_head_share_sizes_the_tools_to_the_documents_share(share: float) -> None:
+    """``head_share`` (003's 40-60%; 0.5 their midpoint) sizes tool_tokens so that system prompt
+    and tools are that share of the prompt tokens with the full history: within two points."""
+    from tests.helpers import small_scenario
+
+    agent = {"sessions": 200, "rate": 1, "system_prompt_tokens": 1000, "head_share": share}
+    sc = small_scenario(workload={"synthetic": None, "agent": agent})
+    assert sc.workload.agent is not None and sc.workload.agent.head_share == share
+    st = krun.scenario_workload(sc).agent.segment_tokens  # type: ignore[union-attr]
+    assert (st[:, 0].sum() + st[:, 1].sum()) / st.sum() == pytest.approx(share, abs=0.02)

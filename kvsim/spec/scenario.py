@@ -350,6 +350,7 @@ class AgentConfig:
     tool_outputs: ToolOutputPolicy
     compress_ratio: float  # summary tokens / tool output tokens (tool_outputs: compress)
     closed_loop: bool = True  # False: turns at fixed times (start + gaps), as the synthetic sessions
+    head_share: float | None = None  # given: tool_tokens was sized from it (`_head_tokens`)
 
 
 @dataclass(frozen=True)
@@ -1133,10 +1134,41 @@ def _read_agent(y: Section) -> AgentConfig:
         raise y.err("turns", "at most 1000 turns per session")
     if cfg.turns.hi > 1000:  # the default max: sampled turns stop at 1000
         cfg = dataclasses.replace(cfg, turns=dataclasses.replace(cfg.turns, hi=1000))
+    share = y.raw("head_share", None)
+    if share is not None:
+        share = y.float("head_share", lo=0.0, hi=1.0, lo_open=True)
+        if share >= 1.0:
+            raise y.err("head_share", "system prompt and tools as a share of the prompt, < 1; got 1")
+        if y.has("tool_tokens"):
+            raise y.err("head_share", "sizes tool_tokens: give head_share or tool_tokens, not both")
+        tools = _head_tokens(cfg, share) - cfg.system_prompt_tokens
+        if tools < 0:
+            raise y.err(
+                "head_share",
+                f"system_prompt_tokens ({cfg.system_prompt_tokens:,}) alone exceed a head of {share} of the prompt",
+            )
+        cfg = dataclasses.replace(cfg, tool_tokens=tools, head_share=share)
     if cfg.system_prompt_tokens + cfg.tool_tokens + cfg.user.lo < 1:
         raise y.err("user", "a prompt needs at least one token")
     y.done()
     return cfg
+
+
+def _head_tokens(cfg: AgentConfig, share: float) -> int:
+    """System prompt + tools such that they are `share` of the workload's prompt tokens with the
+    full history (``head_share``; the design documents, 003, claim 40-60% on agent platforms, so
+    0.5 is their midpoint: their figure, not a measurement). From the distributions' means, before
+    clipping and rounding: turn 0's input is a user message (u), a later turn's a tool output with
+    probability tool_call_share (mean a over both kinds), and turn t's prompt carries t earlier
+    inputs and replies (o); a session of T turns then sends, past its heads,
+    T u + (T - 1) a + a (T^2 - 3T + 2) / 2 + o (T^2 - T) / 2 tokens, taken at E[T] and
+    E[T^2] = mean^2 + stdev^2, per turn."""
+    u, o = cfg.user.mean, cfg.output.mean
+    a = cfg.tool_call_share * cfg.tool_output.mean + (1.0 - cfg.tool_call_share) * u
+    t1 = cfg.turns.mean
+    t2 = t1 * t1 + (0.0 if cfg.turns.kind == "constant" else cfg.turns.stdev**2)
+    rest = (t1 * u + (t1 - 1.0) * a + a * (t2 - 3.0 * t1 + 2.0) / 2.0 + o * (t2 - t1) / 2.0) / t1
+    return round(share / (1.0 - share) * rest)
 
 
 def _read_slo(root: Section) -> SLOConfig:
