@@ -1400,6 +1400,8 @@ def _scenario_from_dict(
                 ("kv.offload", kv.offload.enabled),
                 ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
                 ("kv.eviction", kv.eviction.policy != "none"),
+                # a prefill replica releases a turn before it finishes: its drops would never run
+                ("cluster.disaggregation", cluster.disaggregation is not None),
             )
             _refuse_first(on, "window and evict_after_use are", source, "kv.segments")
     off = kv.offload
@@ -1495,7 +1497,7 @@ def _refuse_with_disaggregation(
         ("kv.format_switch", kv.format_switch is not None),
         ("sliding-window layers (model.sliding_window)", model.windowed_kv_layers() > 0),
         ("scheduler.spec_decode", scheduler.spec_decode is not None),
-        ("kv.prefix_cache.pin", bool(kv.pin_segments)),
+        ("kv.prefix_cache.pin or a kv.segments keep", bool(kv.pin_segments)),
         ("closed-loop agent sessions", workload.agent is not None and workload.agent.closed_loop),
         ("cluster.topology.sharing: fair", cluster.topology.sharing == "fair"),
         ("a measured cost_model.profile", cost_model.kind != "analytic"),
