@@ -28,7 +28,8 @@ are returned (`AgentWorkload.segment_ids`) for ``kv.prefix_cache.pin``, and each
 of its history turns and its input (`segment_cuts`: where ``kv.segments`` cuts a finished turn).
 
 Left out: token-level content (only lengths and identities), parallel tool calls, sub-agents,
-and "important messages kept" beyond the window (the documents' 重要消息保留): no trace says which.
+and "important messages kept" in the prompt beyond its window (the documents' 重要消息保留): no
+trace says which (``kv.segments``' history window keeps a session's first turns in the cache).
 """
 
 from __future__ import annotations
