@@ -528,6 +528,7 @@ def _eviction_section(s: dict[str, Any]) -> Markup | str:
         ("pages", "page policy"),
         ("heavy_ratio", "heavy-hitter ratio"),
         ("keep_ratio", "share kept below the entropy threshold"),
+        ("merge_ratio", "share kept after merging"),
         ("recent_tokens", "recent tokens"),
         ("sink_tokens", "sink tokens"),
         ("budget_tokens", "token budget (0: none)"),

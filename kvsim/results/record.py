@@ -363,6 +363,7 @@ class EvictionRecord:
     pages: str
     heavy_ratio: float | None
     keep_ratio: float | None = None  # entropy: share kept below the threshold (an input, estimate)
+    merge_ratio: float | None = None  # merge: tokens kept after merging / length (an input, estimate)
     recent_tokens: int
     sink_tokens: int
     budget_tokens: int

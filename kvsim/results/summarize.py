@@ -588,6 +588,7 @@ def _eviction_record(
         pages=ev.pages.value,
         heavy_ratio=ev.heavy_ratio if ev.policy == "h2o" else None,
         keep_ratio=ev.keep_ratio if ev.policy == "entropy" else None,
+        merge_ratio=ev.merge_ratio if ev.policy == "merge" else None,
         recent_tokens=ev.recent_tokens,
         sink_tokens=ev.sink_tokens if ev.policy == "streaming" else 0,
         budget_tokens=ev.budget_tokens,

@@ -71,6 +71,7 @@ class EvictionPolicy(Choice):
     H2O = "h2o"
     STREAMING = "streaming"
     ENTROPY = "entropy"  # attention entropy below a threshold (documents 000, section 4.2)
+    MERGE = "merge"  # token merging: similar tokens' KV merged (documents 003, token合并与压缩)
 
 
 class PreemptionMode(Choice):
@@ -202,6 +203,9 @@ class EvictionConfig:
     # Estimate: a simulator cannot measure which tokens pass it; documents 000, section 4.1: 70-80%
     # of a long sequence's tokens get near-zero attention ("dead tokens"), so about 25% stay.
     keep_ratio: float = 0.25
+    # merge: tokens kept after merging / sequence length, in (0, 1]. Estimate: 0.5, pairs merged
+    # (a kvsim choice; CaM, Zhang et al., ICML 2024, evaluates down to 20% kept).
+    merge_ratio: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -738,6 +742,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
     ratio = ev.float("heavy_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True)
     keep = ev.float("keep_ratio", 0.25, lo=0.0, hi=1.0, lo_open=True)
+    merge = ev.float("merge_ratio", 0.5, lo=0.0, hi=1.0, lo_open=True)
     trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
     threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
     pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
@@ -750,15 +755,14 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         ("recent_tokens", recent, d.recent_tokens, None),
         ("heavy_ratio", ratio, d.heavy_ratio, "h2o"),
         ("keep_ratio", keep, d.keep_ratio, "entropy"),
+        ("merge_ratio", merge, d.merge_ratio, "merge"),
         ("trigger", trigger, d.trigger, None),
         ("pressure_threshold", threshold, d.pressure_threshold, None),
         ("pages", pages, d.pages, None),
     )
     for field_name, value, default, owner in fields:
         if policy == "none":
-            why = (
-                "policy none evicts nothing; set kv.eviction.policy (h2o, streaming, entropy) or leave it out"
-            )
+            why = "policy none evicts nothing; set kv.eviction.policy (h2o, streaming, entropy, merge) or leave it out"
             _refuse_unused(ev, field_name, value, default, True, why)
         elif owner is not None:
             _refuse_unused(
@@ -773,7 +777,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         why = "only with trigger: pressure or pages: hybrid"
         unread = trigger != "pressure" and pages != "hybrid"
         _refuse_unused(ev, "pressure_threshold", threshold, d.pressure_threshold, unread, why)
-    if policy in ("h2o", "entropy") and budget and recent > budget:
+    if policy in ("h2o", "entropy", "merge") and budget and recent > budget:
         raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
     if policy == "streaming":
         if recent < 1:
@@ -795,7 +799,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         fmt,
         note,
         scope,
-        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages, keep),
+        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages, keep, merge),
         offload,
         gpool,
         pin_segments=pin,
