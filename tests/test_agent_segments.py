@@ -148,3 +148,26 @@ def test_head_share_sizes_the_tools_to_the_documents_share(share: float) -> None
     assert sc.workload.agent is not None and sc.workload.agent.head_share == share
     st = krun.scenario_workload(sc).agent.segment_tokens  # type: ignore[union-attr]
     assert (st[:, 0].sum() + st[:, 1].sum()) / st.sum() == pytest.approx(share, abs=0.02)
+
+
+@pytest.mark.parametrize("history_turns", [0, 2])
+def test_cuts_fall_inside_the_session_part_of_each_prompt(history_turns: int) -> None:
+    """A cut is never inside the shared head (its blocks stay for every session) and never past
+    the prompt: from this turn's input at the latest."""
+    segments = {"tool_output": "evict_after_use", "history": {"policy": "window", "turns": 2, "retain": 1}}
+    sc = agent_scenario(
+        kv={"segments": segments},
+        sessions=8,
+        rate=2,
+        tool_call_share=0.5,
+        history_turns=history_turns,
+        turns={"dist": "uniform", "mean": 6, "stdev": 2},
+    )
+    wl = krun.scenario_workload(sc)
+    ag = wl.agent
+    assert ag is not None and sc.kv.segments is not None
+    head = 160 + 96
+    cuts = segment_cuts(sc.kv.segments, ag)
+    assert any(c >= 0 for c in cuts)
+    for i, c in enumerate(cuts):
+        assert c == -1 or head <= c <= int(ag.input_start[i]) < int(wl.prompt_tokens[i])
