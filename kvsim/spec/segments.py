@@ -3,8 +3,9 @@
 An agent turn's prompt is its segments in order (`kvsim.spec.agent`); ``kv.segments`` says, per
 segment, what of a finished turn's KV stays in the prefix cache for the next turn to reuse:
 ``lru`` (the plain prefix cache), ``keep`` (system prompt and tools: pinned, evicted last),
-``window`` (history: only the first ``retain`` earlier turns and the last ``turns`` stay reusable)
-and ``evict_after_use`` (a tool output leaves the cache when the turn that used it ends). The
+``window`` (history: the first ``retain`` earlier turns and the last ``turns`` kept; once the
+history passes both, everything from earlier turn ``retain`` on leaves, the window too, since
+exact-prefix reuse cannot reach past the hole) and ``evict_after_use`` (a tool output leaves the cache when the turn that used it ends). The
 policies act on the cache, not on the prompt (what the agent sends is ``workload.agent``'s
 ``history_turns`` and ``tool_outputs``). Reuse is exact-prefix, so a segment dropped in the middle
 is a hole: the next turn recomputes everything after it (docs/architecture.md, "Agent segments").
