@@ -187,9 +187,27 @@ def agent_cases(draw):  # type: ignore[no-untyped-def]
         "tool_output": {"dist": "uniform", "mean": 80, "stdev": 40},
         "output": {"dist": "uniform", "mean": 20, "stdev": 10},
     }
-    pin = draw(st.sampled_from([[], ["system"], ["system", "tools"]]))
-    # (pin_max_share with nothing pinned is refused: it would be silently ignored)
-    kv = {"prefix_cache": {"pin": pin, "pin_max_share": 0.3} if pin else {"pin": pin}}
+    kv: dict[str, Any]
+    if draw(st.booleans()):  # kv.segments: only for segments the drawn workload has
+        seg: dict[str, Any] = {}
+        if agent["system_prompt_tokens"] and draw(st.booleans()):
+            seg["system"] = "keep"
+        if agent["tool_tokens"] and draw(st.booleans()):
+            seg["tools"] = "keep"
+        if draw(st.booleans()):
+            seg["history"] = {
+                "policy": "window",
+                "turns": draw(st.integers(1, 3)),
+                "retain": draw(st.integers(0, 2)),
+            }
+        if agent["tool_call_share"] and draw(st.booleans()):
+            seg["tool_output"] = draw(st.sampled_from(["evict_after_use", "lru"]))
+        keeps = "keep" in seg.values()
+        kv = {"segments": seg, "prefix_cache": {"pin_max_share": 0.3} if keeps else {}}
+    else:
+        pin = draw(st.sampled_from([[], ["system"], ["system", "tools"]]))
+        # (pin_max_share with nothing pinned is refused: it would be silently ignored)
+        kv = {"prefix_cache": {"pin": pin, "pin_max_share": 0.3} if pin else {"pin": pin}}
     scheduler = {
         "max_num_seqs": draw(st.sampled_from([2, 64])),
         "max_batched_tokens": draw(st.sampled_from([64, 2048])),

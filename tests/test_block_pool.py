@@ -11,7 +11,7 @@ from kvsim.core.block_pool import BlockPool, BlockRemoved, BlockStored
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["alloc", "register", "hit", "release"]),
+        st.sampled_from(["alloc", "register", "hit", "release", "drop"]),
         st.integers(0, 12),
         st.integers(0, 30),
     ),
@@ -57,6 +57,15 @@ class ShadowPool:
             if self.refs[k] == 0:
                 self.lru.append(k)
 
+    def release_dropping(self, private: int, keys: list[int], cut: int) -> None:
+        """kv.segments: the keys from `cut` on that lose their last reference leave the cache."""
+        for k in reversed(keys[cut:]):
+            self.refs[k] -= 1
+            if self.refs[k] == 0:
+                del self.refs[k]
+                self.free += 1
+        self.release(private, keys[:cut])
+
     def hits(self, keys: list[int]) -> int:
         n = 0
         for k in keys:
@@ -99,6 +108,11 @@ def test_pool_invariants_hold_under_any_sequence(num_blocks, script, probe):
             priv, held = owners.pop(n % len(owners))
             pool.release(priv, held)
             shadow.release(priv, held)
+        elif op == "drop" and owners:
+            priv, held = owners.pop(n % len(owners))
+            cut = key % (len(held) + 1)
+            pool.release_dropping(priv, held, cut)
+            shadow.release_dropping(priv, held, cut)
         pool.check()
         assert pool.free == shadow.free
         assert {k for k, r in pool.refs.items()} == set(shadow.refs)

@@ -432,7 +432,7 @@ def cases(  # type: ignore[no-untyped-def]
         if fmt == "mix"
         else {"format": fmt}
     )
-    # Token eviction: H2O, StreamingLLM and attention entropy, every trigger and page policy, with the host tiers,
+    # Token eviction: H2O, StreamingLLM, attention entropy and token merging, every trigger and page policy, with the host tiers,
     # the global pool and swap too (not with speculative decoding, sliding windows or a format
     # switch: `kvsim run` refuses those).
     policy = (
@@ -440,9 +440,9 @@ def cases(  # type: ignore[no-untyped-def]
         if spec or window or switch
         else draw(
             st.sampled_from(
-                ["h2o", "h2o", "streaming", "entropy"]
+                ["h2o", "h2o", "streaming", "entropy", "merge"]
                 if evict
-                else ["none", "none", "h2o", "streaming", "entropy"]
+                else ["none", "none", "h2o", "streaming", "entropy", "merge"]
             )
         )
     )
@@ -464,6 +464,11 @@ def cases(  # type: ignore[no-untyped-def]
         elif policy == "entropy":
             ev.update(
                 keep_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.25, 1.0])),
+                budget_tokens=draw(st.sampled_from([0, 120])),
+            )
+        elif policy == "merge":
+            ev.update(
+                merge_ratio=draw(st.sampled_from([0.5, 0.7] if evict else [0.1, 0.5, 1.0])),
                 budget_tokens=draw(st.sampled_from([0, 120])),
             )
         else:

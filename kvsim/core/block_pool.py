@@ -38,6 +38,10 @@ they enter the LRU as any other entry). Pinned entries are evicted last: only wh
 and an allocation still does not fit, oldest first. "Never" would deadlock a request that needs
 their blocks; evicting them last keeps them through any churn that other entries can absorb.
 
+Dropping (``kv.segments``' window and evict_after_use, `release_dropping`): a finished agent turn
+releases its entries from a cut on not into the LRU but out of the cache, their blocks empty at
+once (one `BlockRemoved` event), where no other request still references them.
+
 Left out: copy-on-write forks (parallel sampling, beam search): nothing in a trace asks for them.
 """
 
@@ -98,6 +102,7 @@ class BlockPool:
         self.pinned: OrderedDict[int, int] = OrderedDict()  # unreferenced pinned, oldest first -> stamp
         self.pinned_blocks = 0
         self.pinned_peak = 0  # most blocks the pinned set held at once
+        self.dropped = 0  # cached blocks a segment policy dropped at a turn's end (`release_dropping`)
         self._events: list[PoolEvent] | None = [] if events else None
         self._listener: Callable[[PoolEvent], None] | None = None
         # Where events go (None: nowhere): `_record`, set when events are recorded or listened to.
@@ -279,6 +284,29 @@ class BlockPool:
                 else:
                     lru[k] = stamp
                     self.lru_blocks += s
+
+    def release_dropping(self, private: int, keys: Sequence[int], cut: int) -> None:
+        """`release`, except that the entries ``keys[cut:]`` whose last reference this was leave
+        the cache (their blocks empty) instead of entering the LRU: a segment policy's hole and
+        what follows it, which no exact-prefix lookup reaches again."""
+        tail = keys[cut:]
+        refs, sizes = self.refs, self.sizes
+        gone: list[int] = []
+        gone_sizes: list[int] = []
+        for k in reversed(tail):
+            r = refs[k] - 1
+            if r:
+                refs[k] = r
+                continue
+            del refs[k]
+            s = sizes.pop(k, 1)
+            self.free += s
+            gone.append(k)
+            gone_sizes.append(s)
+        self.dropped += sum(gone_sizes)
+        if gone and self._sink is not None:
+            self._sink(BlockRemoved(tuple(gone), tuple(gone_sizes)))
+        self.release(private, keys[:cut])
 
     def drop_cold(self, before: int) -> list[int]:
         """Reclaim the unreferenced entries last touched before stamp `before` (the LRU is in stamp

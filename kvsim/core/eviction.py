@@ -17,6 +17,14 @@ A sequence that evicts keeps ``kept(p)`` of its ``p`` computed tokens once its p
   sequence's tokens get near-zero attention). Its per-step statistics are priced apart from H2O's
   score accumulation (`kvsim.costs.analytic`).
 
+- token merging (003, 'token合并与压缩': similar tokens' KV merged into one, Cross-Attention
+  Merging; CaM, Zhang et al., ICML 2024, merges the to-be-evicted tokens into the kept ones): a
+  sequence holds ``merge_ratio`` of its tokens plus the recent window, H2O's closed form with its own
+  share, and a merged slot costs what a token's slot does. Choosing what to merge needs the
+  attention scores H2O accumulates, so the per-step work is priced as H2O's score accumulation and
+  top-k (`scores`), the weighted average itself (two token reads and a write per merged token)
+  left out as small beside it: an estimate. Merged KV is no prefix hit, as trimmed KV.
+
 Each formula is written once (`_FORMS`): a function built for the policy's numbers when the policy
 is (`Eviction.kept_fn`: the engine calls it per decoding request at every step end, with no branch
 on the policy), beside the same arithmetic over arrays for the windows' closed forms (`kept_array`).
@@ -106,6 +114,7 @@ class EvictionKind(str, Enum):
     WINDOW = "window"  # sliding-window layers (the model's, not kv.eviction's): `window_eviction`
     SWITCH = "switch"  # kv.format_switch: re-quantized to a smaller format past a length
     ENTROPY = "entropy"  # attention entropy below a threshold: H2O's closed form, `keep_ratio`
+    MERGE = "merge"  # token merging: H2O's closed form with `merge_ratio`, priced as H2O's scores
 
 
 class Trigger(str, Enum):
@@ -124,6 +133,7 @@ class Eviction:
     kind: EvictionKind
     heavy_ratio: float = 0.2  # h2o: heavy hitters kept / sequence length (000 section 7.3: start at 20%)
     keep_ratio: float = 0.25  # entropy: share below the entropy threshold (estimate, 000 section 4.1)
+    merge_ratio: float = 0.5  # merge: tokens kept after merging / length (estimate: pairs merged)
     recent_tokens: int = 0
     sink_tokens: int = 0  # streaming
     budget_tokens: int = 0  # h2o, entropy: a cap on tokens kept (0: none)
@@ -191,8 +201,10 @@ class Eviction:
     @property
     def share(self) -> float:
         """The share of the sequence kept besides the recent window: H2O's heavy hitters, or the
-        tokens under the entropy threshold (``keep_ratio``)."""
-        return self.keep_ratio if self.kind is EvictionKind.ENTROPY else self.heavy_ratio
+        tokens under the entropy threshold (``keep_ratio``), or the merged tokens (``merge_ratio``)."""
+        if self.kind is EvictionKind.ENTROPY:
+            return self.keep_ratio
+        return self.merge_ratio if self.kind is EvictionKind.MERGE else self.heavy_ratio
 
     def under_pressure(self, used_blocks: int, num_blocks: int) -> bool:
         return used_blocks >= self.pressure_threshold * num_blocks
@@ -209,8 +221,9 @@ class Eviction:
 
     def scores(self) -> bool:
         """Whether every decode step keeps per-token statistics and a trim ranks them (H2O's
-        accumulated scores, the entropy statistics), or eviction is positional."""
-        return self.kind is EvictionKind.H2O or self.kind is EvictionKind.ENTROPY
+        accumulated scores, the entropy statistics, merging's attention scores), or eviction is
+        positional."""
+        return self.kind in (EvictionKind.H2O, EvictionKind.ENTROPY, EvictionKind.MERGE)
 
 
 # Each policy's formula (the module docstring), written once: `kept` of one position, built for the
@@ -257,7 +270,7 @@ def _window_forms(ev: Eviction) -> _Forms:
 
 
 def _scored_forms(ev: Eviction) -> _Forms:
-    """H2O and attention entropy: the same closed form, each with its share."""
+    """H2O, attention entropy and token merging: the same closed form, each with its share."""
     rec, share, cap = ev.recent_tokens, ev.share, ev.budget_tokens
     if cap:
 
@@ -290,6 +303,7 @@ _FORMS: dict[EvictionKind, Callable[[Eviction], _Forms]] = {
     EvictionKind.WINDOW: _window_forms,
     EvictionKind.H2O: _scored_forms,
     EvictionKind.ENTROPY: _scored_forms,
+    EvictionKind.MERGE: _scored_forms,
 }
 
 
@@ -458,6 +472,7 @@ def eviction_from_config(cfg: EvictionConfig) -> Eviction | None:
         kind=EvictionKind(cfg.policy.value),
         heavy_ratio=cfg.heavy_ratio,
         keep_ratio=cfg.keep_ratio,
+        merge_ratio=cfg.merge_ratio,
         recent_tokens=cfg.recent_tokens,
         sink_tokens=cfg.sink_tokens,
         budget_tokens=cfg.budget_tokens,

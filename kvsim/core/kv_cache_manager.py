@@ -83,6 +83,9 @@ class KVCacheManager:
         self.tokens_requantized = 0  # format switch: tokens re-quantized at their sequence's crossing
         self.switched_ids: set[int] = set()  # format switch: requests that crossed (a recompute again)
         self._work = EvictionWork()
+        # kv.segments (`set_segment_cuts`): per request id, the token from which a finished turn's
+        # blocks leave the cache (-1: none); None: every finished turn's blocks stay cached.
+        self.segment_cuts: list[int] | None = None
         # the last window's plan: its requests, their blocks per step, and those summed per step
         self._plan: tuple[list[Request], np.ndarray, np.ndarray] | None = None
 
@@ -420,6 +423,15 @@ class KVCacheManager:
         req.keys = req.keys + keys
         req.held_keys = req.held_keys + keys
 
+    def _free_cut(self, req: Request, cut: int) -> None:
+        """A finished turn's release under ``kv.segments``: its entries from the one holding token
+        `cut` on leave the cache (the whole entry goes: it holds some of the dropped segment)."""
+        if cut < 0 or not self.enable_caching:
+            self.pool.release(req.num_private, req.held_keys)
+            return
+        first = bisect_right(req.key_cum, cut // self.block_size) - 1  # entry holding block cut // bs
+        self.pool.release_dropping(req.num_private, req.held_keys, min(first, len(req.held_keys)))
+
     def grow_decode(self, reqs: list[Request], num_steps: int, chunk: int = 0) -> list[int] | np.ndarray:
         """Blocks for `num_steps` steps just applied to `reqs` (their computed counts already
         advanced: one token per step, the last request `chunk` if given; blocks held before cover
@@ -588,6 +600,11 @@ class KVCacheManager:
         if occupied > self.peak_occupied_blocks:
             self.peak_occupied_blocks = occupied
 
+    def set_segment_cuts(self, cuts: list[int]) -> None:
+        """``kv.segments``: per request id, the token offset from which its blocks are dropped from
+        the cache when it finishes (-1: none; `kvsim.spec.agent.segment_cuts`)."""
+        self.segment_cuts = cuts
+
     def free(self, req: Request) -> None:
         """Release everything `req` holds; with caching on, its full generated blocks are cached
         first (`kvsim.core.block_hash`: under the answer's content keys where the workload names
@@ -596,7 +613,11 @@ class KVCacheManager:
         prompt has no answer blocks past them to cache."""
         if self.enable_caching and len(req.held_keys) == len(req.keys) and not req.evicted:
             self._cache_generated(req)  # (a request that evicted tokens caches nothing: no hit)
-        self.pool.release(req.num_private, req.held_keys)
+        cuts = self.segment_cuts
+        if cuts is not None and req.num_generated >= req.output_len and len(req.held_keys) == len(req.keys):
+            self._free_cut(req, cuts[req.id])
+        else:
+            self.pool.release(req.num_private, req.held_keys)
         req.held_keys = []
         req.num_private = 0
         req.num_blocks = 0

@@ -465,6 +465,10 @@ def _sessions_section(rec: RunSummary) -> Markup | str:
         ("pinned segments", ", ".join(ses.pinned_segments) or "none"),
         ("pinned blocks, peak per replica", _int(ses.pinned_blocks_peak)),
     ]
+    if ses.segment_policies:
+        pol = ", ".join(f"{k}: {v}" for k, v in ses.segment_policies.items())
+        rows.append(("segment policies (kv.segments)", pol))
+        rows.append(("blocks dropped at turns' ends", _int(ses.segment_dropped_blocks)))
     seg = [
         (k, _int(v), _pct(ses.prompt_share_by_segment.get(k)))
         for k, v in ses.prompt_tokens_by_segment.items()
@@ -524,6 +528,7 @@ def _eviction_section(s: dict[str, Any]) -> Markup | str:
         ("pages", "page policy"),
         ("heavy_ratio", "heavy-hitter ratio"),
         ("keep_ratio", "share kept below the entropy threshold"),
+        ("merge_ratio", "share kept after merging"),
         ("recent_tokens", "recent tokens"),
         ("sink_tokens", "sink tokens"),
         ("budget_tokens", "token budget (0: none)"),

@@ -363,6 +363,7 @@ class EvictionRecord:
     pages: str
     heavy_ratio: float | None
     keep_ratio: float | None = None  # entropy: share kept below the threshold (an input, estimate)
+    merge_ratio: float | None = None  # merge: tokens kept after merging / length (an input, estimate)
     recent_tokens: int
     sink_tokens: int
     budget_tokens: int
@@ -500,6 +501,8 @@ class SessionRecord:
     prompt_share_by_segment: dict[str, float]
     pinned_segments: tuple[str, ...] = ()
     pinned_blocks_peak: int = 0  # per replica, the most
+    segment_policies: dict[str, str] = field(default_factory=dict)  # kv.segments, as given
+    segment_dropped_blocks: int = 0  # cached blocks kv.segments dropped at turns' ends, all replicas
     extra: dict[str, Any] = field(default_factory=dict)
 
 

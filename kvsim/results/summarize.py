@@ -533,6 +533,8 @@ def _session_record(
         prompt_share_by_segment={k: float(v) / total for k, v in zip(SEGMENTS, tokens.tolist(), strict=True)},
         pinned_segments=tuple(sc.kv.pin_segments),
         pinned_blocks_peak=max(r.sched.kv.pool.pinned_peak for r in replicas),
+        segment_policies={} if sc.kv.segments is None else sc.kv.segments.describe(),
+        segment_dropped_blocks=sum(r.sched.kv.pool.dropped for r in replicas),
     )
 
 
@@ -586,6 +588,7 @@ def _eviction_record(
         pages=ev.pages.value,
         heavy_ratio=ev.heavy_ratio if ev.policy == "h2o" else None,
         keep_ratio=ev.keep_ratio if ev.policy == "entropy" else None,
+        merge_ratio=ev.merge_ratio if ev.policy == "merge" else None,
         recent_tokens=ev.recent_tokens,
         sink_tokens=ev.sink_tokens if ev.policy == "streaming" else 0,
         budget_tokens=ev.budget_tokens,

@@ -122,10 +122,20 @@ def assemble(
     # Open loop, the arrivals are known in advance: a replica runs ahead of the clock to the next.
     next_arrival = None if loop is not None else NextArrival(float(wl.arrival_s[0]) if len(wl) else math.inf)
     pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
+    cuts = segment_cuts_of(sc, wl) if sc.kv.segments is not None and sc.kv.segments.drops else None
     faults = make_faults(sc, plan, env, min(span, end_s))
     outside: Callable[[], float] = (lambda: end_s) if faults is None else _next_outside(end_s, faults)
     parts = functools.partial(
-        replica_parts, sc, plan, make_scheduler, evictor or window or switch, spec, offload, kv_events, pin
+        replica_parts,
+        sc,
+        plan,
+        make_scheduler,
+        evictor or window or switch,
+        spec,
+        offload,
+        kv_events,
+        pin,
+        cuts=cuts,
     )
     replicas = [
         Replica(
@@ -322,10 +332,13 @@ def replica_parts(
     pin: frozenset[int] | None,
     i: int,
     replica: Replica,
+    *,
+    cuts: list[int] | None = None,
 ) -> ReplicaParts:
     """Replica `i`'s parts, given the replica (they read its clock and poke it): its side of the
     tiers below HBM, its scheduler (with that side's lookup and swap decision; its pool keeping
-    the `pin` keys' entries), its pool's KV events sink and its offload port over the scheduler."""
+    the `pin` keys' entries, its KV cache manager dropping finished turns' blocks from `cuts` on), its
+    pool's KV events sink and its offload port over the scheduler."""
     side = None if offload is None else offload.side(i, replica)
     sched = make_scheduler(
         plan.num_blocks,
@@ -341,6 +354,8 @@ def replica_parts(
     )
     if pin is not None:
         sched.kv.pool.pin(pin, int(sc.kv.pin_max_share * plan.num_blocks))
+    if cuts is not None:
+        sched.kv.set_segment_cuts(cuts)
     sink = None if kv_events is None else kv_events.pool_sink(i, replica)
     if sink is not None:
         sched.kv.pool.listen(sink)
@@ -451,6 +466,14 @@ def pin_keys(sc: Scenario, wl: Workload) -> frozenset[int]:
     for seg in sc.kv.pin_segments:
         keys |= wl.agent.segment_ids[seg]
     return frozenset(keys)
+
+
+def segment_cuts_of(sc: Scenario, wl: Workload) -> list[int]:
+    """Per request, where ``kv.segments`` cuts its finished turn (`kvsim.spec.agent.segment_cuts`)."""
+    from kvsim.spec.agent import segment_cuts
+
+    assert wl.agent is not None and sc.kv.segments is not None  # checked when the scenario is read
+    return segment_cuts(sc.kv.segments, wl.agent)
 
 
 def spec_decode(sc: Scenario, cost: CostModel) -> tuple[SpecDecoder | None, DraftCost | None]:

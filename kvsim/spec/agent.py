@@ -24,10 +24,12 @@ session, turn and kind, and whether it is a summary). So the system prompt and t
 shared by every session using that system prompt, a session's turns share their common prefix,
 and a policy that removes a segment from the history breaks the prefix there, as it does in a real
 prefix cache. A prompt's partial last block gets an id of its own. The pinnable segments' block ids
-are returned (`AgentWorkload.segment_ids`) for ``kv.prefix_cache.pin``.
+are returned (`AgentWorkload.segment_ids`) for ``kv.prefix_cache.pin``, and each prompt's offsets
+of its history turns and its input (`segment_cuts`: where ``kv.segments`` cuts a finished turn).
 
 Left out: token-level content (only lengths and identities), parallel tool calls, sub-agents,
-and "important messages kept" beyond the window (the documents' 重要消息保留): no trace says which.
+and "important messages kept" in the prompt beyond its window (the documents' 重要消息保留): no
+trace says which (``kv.segments``' history window keeps a session's first turns in the cache).
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.spec.scenario import AgentConfig, ToolOutputPolicy
+from kvsim.spec.segments import SEGMENTS, SegmentPolicies
 from kvsim.spec.synthetic import SYNTHETIC_BLOCK_TOKENS, _lengths
 
-# Segment kinds, in a prompt's order; also the columns of `AgentWorkload.segment_tokens`.
-SEGMENTS = ("system", "tools", "history", "tool_output", "user")
+__all__ = ["SEGMENTS", "AgentWorkload", "agent_workload", "segment_cuts"]
 _SYS, _TOOLS, _USER, _TOOL_OUT, _SUMMARY, _REPLY = range(6)  # segment identity kinds
 
 
@@ -56,6 +58,9 @@ class AgentWorkload:
     segment_ids: dict[str, frozenset[int]]  # pinnable segment -> ids of the blocks inside it
     closed_loop: bool
     num_sessions: int
+    # (n,) per prompt: the token offset of each earlier turn kept in it, and of this turn's input
+    history_starts: tuple[tuple[int, ...], ...] = ()
+    input_start: np.ndarray | None = None  # (n,) int64
 
 
 def agent_workload(
@@ -81,6 +86,8 @@ def agent_workload(
     heads: dict[int, tuple[Pieces, list[int]]] = {}  # system prompt -> its head's pieces and ids
     rows: list[tuple[float, int, int, int, float, list[int], int, list[int]]] = []
     seg_tok = np.zeros((n, len(SEGMENTS)), dtype=np.int64)
+    starts_of: list[tuple[int, ...]] = [()] * n  # per generation index: history turns' offsets
+    input_at = np.zeros(n, dtype=np.int64)
     first = np.cumsum(turns) - turns
     for s in range(ns):
         head: list[tuple[tuple[int, ...], int]] = []
@@ -100,8 +107,14 @@ def agent_workload(
             inp = ((_TOOL_OUT, s, t), int(tool_out[i])) if tool_in else ((_USER, s, t), int(user[i]))
             kept = history if cfg.history_turns == 0 else history[len(history) - cfg.history_turns :]
             pieces = list(head)
+            at = sum(length for _, length in head)
+            offsets = []
             for h in kept:
+                offsets.append(at)
+                at += sum(length for _, length in h)
                 pieces.extend(h)
+            starts_of[i] = tuple(offsets)
+            input_at[i] = at
             pieces.append(inp)
             p = sum(length for _, length in pieces)
             o = int(output[i])
@@ -150,6 +163,8 @@ def agent_workload(
         segment_ids={k: frozenset(v) for k, v in seg_ids.items()},
         closed_loop=cfg.closed_loop,
         num_sessions=ns,
+        history_starts=tuple(starts_of[j] for j in gen_index),
+        input_start=input_at[np.asarray(gen_index, dtype=np.int64)],
     )
     return (
         np.array([row[0] for row in ordered], dtype=np.float64),
@@ -160,6 +175,32 @@ def agent_workload(
         [np.asarray(row[7], dtype=np.int64) for row in ordered],
         agent,
     )
+
+
+def segment_cuts(policies: SegmentPolicies, agent: AgentWorkload) -> list[int]:
+    """Per request, the token offset from which ``kv.segments`` drops its finished turn's blocks
+    from the cache (-1: none): the block holding that token and every later one leave (exact-prefix
+    reuse cannot reach past a hole). ``tool_output: evict_after_use``: a turn whose input is a tool
+    output is cut at that input. ``history: window`` (turns W, retain N): the turn's stream is the
+    next prompt's history of k + 1 turns (k earlier turns kept here); past N + W turns the window
+    slides, so it is cut at earlier turn N, keeping the head and the first N turns reusable."""
+    assert agent.input_start is not None
+    n = len(agent.session)
+    cuts = [-1] * n
+    tool = policies.get("tool_output").policy == "evict_after_use"
+    win = policies.get("history")
+    tool_in = agent.segment_tokens[:, SEGMENTS.index("tool_output")] > 0
+    for i in range(n):
+        cut = -1
+        if tool and tool_in[i]:
+            cut = int(agent.input_start[i])
+        if win.policy == "window":
+            starts = agent.history_starts[i]
+            if len(starts) + 1 > win.retain + win.turns:  # then len(starts) > retain
+                at = starts[win.retain]
+                cut = at if cut < 0 else min(cut, at)
+        cuts[i] = cut
+    return cuts
 
 
 def _fresh(table: dict[tuple[object, ...], int], sig: tuple[object, ...]) -> int:

@@ -30,6 +30,7 @@ from kvsim.spec.offload import EVICTIONS, CopyMode, OffloadConfig, OffloadWrite,
 from kvsim.spec.offload import PRESETS as OFFLOAD_PRESETS
 from kvsim.spec.parallel import AttentionParallel, ParallelLayout, check_placement, read_parallel
 from kvsim.spec.schema import Section, shorten, show
+from kvsim.spec.segments import SegmentPolicies, check_segments_workload, read_segments
 from kvsim.spec.topology import DEFAULT_HOST_DRAM, Topology, read_topology
 from kvsim.spec.topology import PRESETS as TOPOLOGIES
 from kvsim.spec.yaml_loader import read_yaml, yaml_scalar
@@ -70,6 +71,7 @@ class EvictionPolicy(Choice):
     H2O = "h2o"
     STREAMING = "streaming"
     ENTROPY = "entropy"  # attention entropy below a threshold (documents 000, section 4.2)
+    MERGE = "merge"  # token merging: similar tokens' KV merged (documents 003, token合并与压缩)
 
 
 class PreemptionMode(Choice):
@@ -208,6 +210,9 @@ class EvictionConfig:
     # Estimate: a simulator cannot measure which tokens pass it; documents 000, section 4.1: 70-80%
     # of a long sequence's tokens get near-zero attention ("dead tokens"), so about 25% stay.
     keep_ratio: float = 0.25
+    # merge: tokens kept after merging / sequence length, in (0, 1]. Estimate: 0.5, pairs merged
+    # (a kvsim choice; CaM, Zhang et al., ICML 2024, evaluates down to 20% kept).
+    merge_ratio: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,9 @@ class KVConfig:
     pin_max_share: float = 0.25
     format_mix: FormatMix | None = None  # some KV heads in a second format (None: all in `format`)
     format_switch: FormatSwitch | None = None  # re-quantized past a length (None: `format` throughout)
+    # kv.segments (`kvsim.spec.segments`): a cache policy per agent prompt segment; its keep
+    # segments are also `pin_segments`. None: the plain prefix cache.
+    segments: SegmentPolicies | None = None
 
 
 MAX_DRAFT_TOKENS = 32  # k's bound: vLLM's examples use 1-10, EAGLE trees up to ~60 nodes but
@@ -353,6 +361,7 @@ class AgentConfig:
     tool_outputs: ToolOutputPolicy
     compress_ratio: float  # summary tokens / tool output tokens (tool_outputs: compress)
     closed_loop: bool = True  # False: turns at fixed times (start + gaps), as the synthetic sessions
+    head_share: float | None = None  # given: tool_tokens was sized from it (`_head_tokens`)
 
 
 @dataclass(frozen=True)
@@ -669,6 +678,8 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     ):
         why = f"applies to kv.format {label} only, not {fmt_raw}"
         _refuse_unused(s, key, value, default, fmt.kind.value not in owners, why)
+    segments = read_segments(s)
+    kept = () if segments is None else segments.kept
     pc_raw = s.raw("prefix_cache", {"scope": "local"})
     gpool = GlobalPoolConfig()
     pin: tuple[str, ...] = ()
@@ -707,6 +718,8 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         pin_share = pc.float("pin_max_share", 0.25, lo=0.0, hi=1.0, lo_open=True)
         if pin and scope == "none":
             raise pc.err("pin", "pinning needs a prefix cache; set scope: local")
+        if pin and kept:
+            raise pc.err("pin", "give the pinned segments once: as pin or as kv.segments' keep, not both")
         for key, value, default in (
             ("pool_bytes", gpool.pool_bytes, dflt.pool_bytes),
             ("fetch", gpool.fetch, dflt.fetch),
@@ -720,8 +733,15 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
             ("pool_node_cost_per_hour", gpool.pool_node_cost_per_hour, dflt.pool_node_cost_per_hour),
         ):
             _refuse_unused(pc, key, value, default, not n_pool, "only with pool_nodes (dedicated pool nodes)")
-        _refuse_unused(pc, "pin_max_share", pin_share, 0.25, not pin, "only with pin (the segments pinned)")
+        why = "only with pin or a kv.segments keep (the segments pinned)"
+        _refuse_unused(pc, "pin_max_share", pin_share, 0.25, not (pin or kept), why)
         pc.done()
+    if segments is not None:
+        if scope == "none":
+            raise s.err(
+                "segments", "segment policies act on the prefix cache; set kv.prefix_cache.scope: local"
+            )
+        pin = pin or kept
     ev = s.section("eviction")
     policy = _choice(ev, "policy", EvictionPolicy, EvictionPolicy.NONE)
     budget = ev.int("budget_tokens", 0, lo=0, hi=1 << 30)
@@ -729,6 +749,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
     recent = ev.int("recent_tokens", 0, lo=0, hi=1 << 30)
     ratio = ev.float("heavy_ratio", 0.2, lo=0.0, hi=1.0, lo_open=True)
     keep = ev.float("keep_ratio", 0.25, lo=0.0, hi=1.0, lo_open=True)
+    merge = ev.float("merge_ratio", 0.5, lo=0.0, hi=1.0, lo_open=True)
     trigger = _choice(ev, "trigger", EvictionTrigger, EvictionTrigger.ALWAYS)
     threshold = ev.float("pressure_threshold", 0.9, lo=0.0, hi=1.0, lo_open=True)
     pages = _choice(ev, "pages", PagePolicy, PagePolicy.HYBRID)
@@ -741,15 +762,14 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         ("recent_tokens", recent, d.recent_tokens, None),
         ("heavy_ratio", ratio, d.heavy_ratio, "h2o"),
         ("keep_ratio", keep, d.keep_ratio, "entropy"),
+        ("merge_ratio", merge, d.merge_ratio, "merge"),
         ("trigger", trigger, d.trigger, None),
         ("pressure_threshold", threshold, d.pressure_threshold, None),
         ("pages", pages, d.pages, None),
     )
     for field_name, value, default, owner in fields:
         if policy == "none":
-            why = (
-                "policy none evicts nothing; set kv.eviction.policy (h2o, streaming, entropy) or leave it out"
-            )
+            why = "policy none evicts nothing; set kv.eviction.policy (h2o, streaming, entropy, merge) or leave it out"
             _refuse_unused(ev, field_name, value, default, True, why)
         elif owner is not None:
             _refuse_unused(
@@ -764,7 +784,7 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         why = "only with trigger: pressure or pages: hybrid"
         unread = trigger != "pressure" and pages != "hybrid"
         _refuse_unused(ev, "pressure_threshold", threshold, d.pressure_threshold, unread, why)
-    if policy in ("h2o", "entropy") and budget and recent > budget:
+    if policy in ("h2o", "entropy", "merge") and budget and recent > budget:
         raise ev.err("recent_tokens", f"the recent window ({recent}) is longer than budget_tokens ({budget})")
     if policy == "streaming":
         if recent < 1:
@@ -786,13 +806,14 @@ def _read_kv(root: Section, model: ModelSpec) -> KVConfig:
         fmt,
         note,
         scope,
-        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages, keep),
+        EvictionConfig(policy, budget, sinks, recent, ratio, trigger, threshold, pages, keep, merge),
         offload,
         gpool,
         pin_segments=pin,
         pin_max_share=pin_share,
         format_mix=mix,
         format_switch=switch,
+        segments=segments,
     )
 
 
@@ -1124,10 +1145,41 @@ def _read_agent(y: Section) -> AgentConfig:
         raise y.err("turns", "at most 1000 turns per session")
     if cfg.turns.hi > 1000:  # the default max: sampled turns stop at 1000
         cfg = dataclasses.replace(cfg, turns=dataclasses.replace(cfg.turns, hi=1000))
+    share = y.raw("head_share", None)
+    if share is not None:
+        share = y.float("head_share", lo=0.0, hi=1.0, lo_open=True)
+        if share >= 1.0:
+            raise y.err("head_share", "system prompt and tools as a share of the prompt, < 1; got 1")
+        if y.has("tool_tokens"):
+            raise y.err("head_share", "sizes tool_tokens: give head_share or tool_tokens, not both")
+        tools = _head_tokens(cfg, share) - cfg.system_prompt_tokens
+        if tools < 0:
+            raise y.err(
+                "head_share",
+                f"system_prompt_tokens ({cfg.system_prompt_tokens:,}) alone exceed a head of {share} of the prompt",
+            )
+        cfg = dataclasses.replace(cfg, tool_tokens=tools, head_share=share)
     if cfg.system_prompt_tokens + cfg.tool_tokens + cfg.user.lo < 1:
         raise y.err("user", "a prompt needs at least one token")
     y.done()
     return cfg
+
+
+def _head_tokens(cfg: AgentConfig, share: float) -> int:
+    """System prompt + tools such that they are `share` of the workload's prompt tokens with the
+    full history (``head_share``; the design documents, 003, claim 40-60% on agent platforms, so
+    0.5 is their midpoint: their figure, not a measurement). From the distributions' means, before
+    clipping and rounding: turn 0's input is a user message (u), a later turn's a tool output with
+    probability tool_call_share (mean a over both kinds), and turn t's prompt carries t earlier
+    inputs and replies (o); a session of T turns then sends, past its heads,
+    T u + (T - 1) a + a (T^2 - 3T + 2) / 2 + o (T^2 - T) / 2 tokens, taken at E[T] and
+    E[T^2] = mean^2 + stdev^2, per turn."""
+    u, o = cfg.user.mean, cfg.output.mean
+    a = cfg.tool_call_share * cfg.tool_output.mean + (1.0 - cfg.tool_call_share) * u
+    t1 = cfg.turns.mean
+    t2 = t1 * t1 + (0.0 if cfg.turns.kind == "constant" else cfg.turns.stdev**2)
+    rest = (t1 * u + (t1 - 1.0) * a + a * (t2 - 3.0 * t1 + 2.0) / 2.0 + o * (t2 - t1) / 2.0) / t1
+    return round(share / (1.0 - share) * rest)
 
 
 def _read_slo(root: Section) -> SLOConfig:
@@ -1354,6 +1406,17 @@ def _scenario_from_dict(
             source=source,
             path="cluster.tensor_parallel",
         )
+    if kv.segments is not None:
+        check_segments_workload(source, kv.segments, workload.agent)
+        if kv.segments.drops:  # dropped blocks must not be written down or published
+            on = (
+                ("kv.offload", kv.offload.enabled),
+                ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
+                ("kv.eviction", kv.eviction.policy != "none"),
+                # a prefill replica releases a turn before it finishes: its drops would never run
+                ("cluster.disaggregation", cluster.disaggregation is not None),
+            )
+            _refuse_first(on, "window and evict_after_use are", source, "kv.segments")
     off = kv.offload
     if off.enabled and kv.prefix_cache == "none":
         raise KvsimError(
@@ -1456,7 +1519,7 @@ def _refuse_with_disaggregation(
         ("kv.format_switch", kv.format_switch is not None),
         ("sliding-window layers (model.sliding_window)", model.windowed_kv_layers() > 0),
         ("scheduler.spec_decode", scheduler.spec_decode is not None),
-        ("kv.prefix_cache.pin", bool(kv.pin_segments)),
+        ("kv.prefix_cache.pin or a kv.segments keep", bool(kv.pin_segments)),
         ("closed-loop agent sessions", workload.agent is not None and workload.agent.closed_loop),
         ("cluster.topology.sharing: fair", cluster.topology.sharing == "fair"),
         ("a measured cost_model.profile", cost_model.kind != "analytic"),
