@@ -4,7 +4,8 @@ Policies: ``round_robin``; ``least_outstanding_tokens`` (fewest tokens still to 
 prompts included: vLLM's router and Dynamo's KV router weigh load this way); ``least_outstanding_requests``
 (fewest requests running or waiting, as Vidur's and llm-d's simplest load balancers do);
 ``prefix_affinity`` (the replica whose prefix cache holds the longest leading run of the request's
-blocks; ties and no hit anywhere go to the least outstanding tokens); ``cache_aware`` (Mooncake's
+blocks; ties and no hit anywhere go to the least outstanding tokens; with a load guard,
+``cluster.router_balance``, an imbalanced cluster sends it to the fewest requests instead); ``cache_aware`` (Mooncake's
 conductor: the least outstanding tokens plus the tokens the request would still cost there, its
 prompt less its HBM hits, with the tokens it would load from a lower tier, local DRAM or the global
 pool, weighed at what loading costs against computing them, `ReplicaView.prefill_cost_tokens`).
@@ -62,12 +63,21 @@ _BY_LOAD = ("least_outstanding_tokens", "prefix_affinity")
 class Router:
     """Chooses a replica for each arriving request."""
 
-    def __init__(self, policy: str, replicas: list[R], touched: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        replicas: list[R],
+        touched: set[int] | None = None,
+        balance: tuple[int, float] | None = None,
+    ) -> None:
         """`touched`: the indices of the replicas whose load may have changed since the router last
-        read them, which the replicas add to where `indexes` (None: a set of its own)."""
+        read them, which the replicas add to where `indexes` (None: a set of its own). `balance`:
+        prefix affinity's load guard, (abs, rel) thresholds on requests (`cluster.router_balance`)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; expected one of {', '.join(POLICIES)}")
         self.policy = policy
+        self.balance = balance if policy == "prefix_affinity" else None
+        self.balanced = 0  # arrivals the guard sent to the fewest requests instead
         self.replicas: list[ReplicaView] = list(replicas)
         self._rr = 0
         n = len(self.replicas)
@@ -178,6 +188,10 @@ class Router:
         if policy == "least_outstanding_requests":
             return self._least_requests()
         if policy == "prefix_affinity" and req.keys:
+            if self.balance is not None:
+                fewest = self._imbalanced(list(range(len(reps))))
+                if fewest is not None:
+                    return reps[fewest]
             # The most hits; among equals the least loaded, then the lowest index (loads are read
             # only where they decide: a single best needs none).
             hits = [r.num_prefix_hits(req.keys) for r in reps]
@@ -193,6 +207,20 @@ class Router:
             score = [load[i] + reps[i].prefill_cost_tokens(req) for i in range(len(reps))]
             return reps[score.index(min(score))]  # the lowest index among equals
         return self._least_tokens(now)  # the least loaded, the lowest index among equals
+
+    def _imbalanced(self, among: list[int]) -> int | None:
+        """The load guard (`balance`): the replica of `among` with the fewest requests (the lowest
+        index among equals) when the busiest has more than `abs` requests more and more than `rel`
+        times as many (SGLang's router's test); None when balanced."""
+        assert self.balance is not None
+        abs_t, rel_t = self.balance
+        reps = self.replicas
+        counts = [reps[i].num_requests for i in among]
+        hi, lo = max(counts), min(counts)
+        if hi - lo > abs_t and hi > rel_t * lo:
+            self.balanced += 1
+            return among[counts.index(lo)]
+        return None
 
     def choose_among(self, req: Request, now: float, up: list[int]) -> ReplicaView:
         """`choose` over the replicas in `up` only (the others are down, `kvsim.sim.faults`): a scan
@@ -210,6 +238,10 @@ class Router:
         if self.policy == "least_outstanding_requests":
             return reps[min(up, key=lambda i: (reps[i].num_requests, i))]
         if self.policy == "prefix_affinity" and req.keys:
+            if self.balance is not None:
+                fewest = self._imbalanced(up)
+                if fewest is not None:
+                    return reps[fewest]
             hits = {i: reps[i].num_prefix_hits(req.keys) for i in up}
             most = max(hits.values())
             if most > 0:

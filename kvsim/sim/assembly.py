@@ -154,7 +154,7 @@ def assemble(
         )
         for i in range(n)
     ]
-    router = Router(sc.cluster.router, replicas, touched)
+    router = Router(sc.cluster.router, replicas, touched, _balance(sc))
     chooser: Router | FaultRouter = router
     if faults is not None:  # arrivals skip the replicas that are down
         chooser = FaultRouter(router, faults)
@@ -266,7 +266,7 @@ def assemble_disaggregated(
     ]
     handoff.prefill, handoff.decode = prefill, decode
     handoff.router = Router(decode_policy, decode, touched_d)
-    router = Router(policy, prefill, touched_p)
+    router = Router(policy, prefill, touched_p, _balance(sc))
     # A request not in `originals` (conditional disaggregation) is prefilled on the decode pool.
     arrivals = SplitRouter(router, handoff) if cfg.max_local_prefill_tokens else router
     env.process(arrival_process(env, wl.arrival_s, make_seq, arrivals))
@@ -310,6 +310,12 @@ def _prefill_request_maker(
         return Request(seq.id, seq.arrival_s, seq.prompt_len, 1, seq.keys, sizes)
 
     return make_seq
+
+
+def _balance(sc: Scenario) -> tuple[int, float] | None:
+    """``cluster.router_balance`` as the router takes it: (abs, rel) thresholds, or None."""
+    b = sc.cluster.router_balance
+    return None if b is None else (b.abs_threshold, b.rel_threshold)
 
 
 def _adder(touched: set[int], j: int) -> Callable[[int], None]:

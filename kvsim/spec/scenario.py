@@ -105,6 +105,18 @@ def _choice(s: Section, key: str, kind: type[_C], default: _C) -> _C:
 
 
 @dataclass(frozen=True)
+class RouterBalance:
+    """``cluster.router_balance``: prefix affinity's load guard, as SGLang's router (now SMG) runs
+    its cache-aware policy: when the busiest replica holds more than `abs_threshold` requests more
+    than the idlest and more than `rel_threshold` times as many, the request goes to the replica
+    with the fewest requests instead of the one with the longest cached prefix. Defaults: that
+    router's ``--balance-abs-threshold 64`` and ``--balance-rel-threshold 1.5``."""
+
+    abs_threshold: int = 64
+    rel_threshold: float = 1.5
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     gpu: GPUSpec
     nodes: int
@@ -120,6 +132,8 @@ class ClusterConfig:
     # cluster.parallel: a MoE replica's attention TP or DP and expert parallelism (None: every
     # weight split by TP, as before the section existed; `kvsim.spec.parallel`).
     parallel: ParallelLayout | None = None
+    # cluster.router_balance: prefix affinity's load guard (None: prefix hits decide alone)
+    router_balance: RouterBalance | None = None
 
     @property
     def host_dram_bytes(self) -> int:  # per node
@@ -536,10 +550,28 @@ def _read_cluster(root: Section) -> ClusterConfig:
     if reserve_raw != "auto":
         reserve = s.parsed("activation_reserve", lambda v: parse_size(v, allow_zero=True))
     router = _choice(s, "router", RouterPolicy, RouterPolicy.LEAST_OUTSTANDING_TOKENS)
+    balance = _read_router_balance(s, router)
     s.raw("disaggregation", None)  # read with the pricing (`_read_disaggregation`)
     s.raw("parallel", None)  # read with the model (`read_parallel`)
     s.done()
-    return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router)
+    return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router, router_balance=balance)
+
+
+def _read_router_balance(s: Section, router: RouterPolicy) -> RouterBalance | None:
+    """``cluster.router_balance`` (None when absent): prefix affinity's load guard."""
+    if not s.has("router_balance"):
+        return None
+    if router is not RouterPolicy.PREFIX_AFFINITY:
+        raise s.err(
+            "router_balance", f"guards the prefix_affinity router's choice; the router is {router.value}"
+        )
+    b = s.section("router_balance")
+    out = RouterBalance(
+        abs_threshold=b.int("abs_threshold", RouterBalance.abs_threshold, lo=0, hi=1_000_000),
+        rel_threshold=b.float("rel_threshold", RouterBalance.rel_threshold, lo=1.0, hi=1000.0),
+    )
+    b.done()
+    return out
 
 
 def _read_disaggregation(
