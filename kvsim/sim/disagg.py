@@ -111,14 +111,14 @@ class HandOff:
         link = self.topology.link(kind)
         first, tp = self.first_gpu[role]
         label = f"{role}{i}/{kind}/{way}"
-        if link.shared_by > 1:
-            link = dataclasses.replace(link, bw_bytes_per_s=link.bw_bytes_per_s / min(tp, link.shared_by))
-            if tp < link.shared_by:
-                gpu = first + i * tp
-                node, group = gpu // self.gpus_per_node, (gpu % self.gpus_per_node) // link.shared_by
-                label = f"node{node}/{kind}/{group}/{way}"
+        if tp < link.shared_by:
+            gpu = first + i * tp
+            node, group = gpu // self.gpus_per_node, (gpu % self.gpus_per_node) // link.shared_by
+            label = f"node{node}/{kind}/{group}/{way}"
         q = self.links.get(label)
-        if q is None:
+        if q is None:  # built once per queue: the link's rate for min(tp, shared_by) shards at once
+            if link.shared_by > 1:
+                link = dataclasses.replace(link, bw_bytes_per_s=link.bw_bytes_per_s / min(tp, link.shared_by))
             q = self.links[label] = LinkQueue(link, label=label)
         return q
 
