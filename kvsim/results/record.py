@@ -290,7 +290,7 @@ class AutoscaleRecord:
     """What ``cluster.autoscale`` did; absent from the summary without it. The run's GPU-hours
     are `replica_s` x GPUs per replica / 3,600."""
 
-    policy: str  # utilization | queue
+    policy: str  # kv_usage | queue
     target: float
     min_replicas: int
     max_replicas: int

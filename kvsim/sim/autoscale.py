@@ -59,7 +59,6 @@ class Autoscaler:
         self.down = [i >= n0 for i in range(num_replicas)]  # the gate: closed unless serving
         self.num_down = sum(self.down)
         self.queue = RouterQueue()  # unused while min_replicas >= 1 keeps one serving
-        self.serving_since = [0.0] * num_replicas
         self.drain_s = [0.0] * num_replicas
         self.changes: list[tuple[float, int]] = [(0.0, n0)]  # (instant, +-replicas up)
         # (tick, desired) within the cool-down; the initial replicas count as one at 0, so that no
@@ -69,8 +68,6 @@ class Autoscaler:
         self.scale_downs = 0
         self.ticks = 0
         self.next_t = cfg.interval_s  # the next tick: replicas do not run a window across it
-        self._busy = [0.0] * num_replicas  # each replica's busy_s at the last tick
-        self._last_tick = 0.0
         self.replicas: list[Replica] = []
 
     def start(self, replicas: list[Replica], router: FaultRouter) -> None:
@@ -89,10 +86,10 @@ class Autoscaler:
             self.next_t = t
             if t > env.now:
                 yield _ArrivalTimeout(env, t - env.now)
-            self._tick(t)
             if self.arrivals_left() == math.inf and not any(r.sched.num_requests for r in self.replicas):
-                self.next_t = math.inf
+                self.next_t = math.inf  # the work is over: no decision after it (the summary settles drains)
                 return
+            self._tick(t)
             k += 1
 
     # ---- one tick ------------------------------------------------------------------------------
@@ -102,8 +99,7 @@ class Autoscaler:
         st = self.state
         serving = [i for i, s in enumerate(st) if s is ReplicaState.SERVING]
         starting = sum(1 for s in st if s is ReplicaState.STARTING)
-        metric = self._metric(t, serving)
-        self._last_tick = t
+        metric = self._metric(serving)
         current = len(serving) + starting
         cfg = self.cfg
         ratio = metric / cfg.target
@@ -115,7 +111,7 @@ class Autoscaler:
         desired = max(cfg.min_replicas, min(cfg.max_replicas, desired))
         recs = self.recommendations
         recs.append((t, desired))
-        while recs and recs[0][0] <= t - cfg.cool_down_s:
+        while len(recs) > 1 and recs[0][0] <= t - cfg.cool_down_s:  # the current one stays
             recs.pop(0)
         stabilized = max(d for _, d in recs)  # HPA's scale-down stabilization window
         if desired > current:
@@ -123,20 +119,19 @@ class Autoscaler:
         elif stabilized < current:
             self._scale_down(t, min(current - stabilized, len(serving) - 1), serving)
 
-    def _metric(self, t: float, serving: list[int]) -> float:
-        """The policy's reading at `t`: the busy share of the replicas serving since the last tick
-        (their step in flight counted when it ends), or the requests in a serving replica."""
+    def _metric(self, serving: list[int]) -> float:
+        """The policy's reading at `t`, a mean over the replicas serving: the requests in one
+        (running and waiting), or its KV cache usage (blocks some request references, over its
+        pool's blocks, as vLLM's ``kv_cache_usage`` counts them: cached blocks no request holds are
+        free). A busy-time share would read 1 whenever anything decodes, so it is not offered."""
+        if not serving:
+            return 0.0
         reps = self.replicas
         if self.cfg.policy is AutoscalePolicy.QUEUE:
-            return sum(reps[i].sched.num_requests for i in serving) / len(serving) if serving else 0.0
-        busy = span = 0.0
-        for i, s in enumerate(self.state):
-            b = reps[i].stats.busy_s
-            if s is ReplicaState.SERVING or s is ReplicaState.DRAINING:
-                busy += b - self._busy[i]
-                span += t - max(self._last_tick, self.serving_since[i])
-            self._busy[i] = b
-        return busy / span if span > 0 else 0.0
+            return sum(reps[i].sched.num_requests for i in serving) / len(serving)
+        return math.fsum(
+            reps[i].sched.kv.pool.num_used / reps[i].sched.kv.pool.num_blocks for i in serving
+        ) / len(serving)
 
     def _scale_up(self, t: float, n: int) -> None:
         """Start `n` replicas that are off, lowest index first (fewer where none is off: one still
@@ -155,7 +150,6 @@ class Autoscaler:
         if at > self.env.now:
             yield _ArrivalTimeout(self.env, at - self.env.now)
         self.state[i] = ReplicaState.SERVING
-        self.serving_since[i] = at
         self.down[i] = False
         self.num_down -= 1
 

@@ -18,7 +18,9 @@ from kvsim.units import parse_duration
 
 
 class AutoscalePolicy(str, Enum):
-    UTILIZATION = "utilization"  # busy share of the active replicas over the last interval
+    # KV cache usage (vLLM's kv_cache_usage: blocks requests reference over the pool), mean over
+    # the replicas serving: the signal Dynamo's load planner scales decode/aggregated workers on
+    KV_USAGE = "kv_usage"
     QUEUE = "queue"  # requests in a replica (running + waiting), per active replica
 
     def __str__(self) -> str:
@@ -34,9 +36,6 @@ DEFAULT_COOL_DOWN_S = 300.0
 # HPA's tolerance (--horizontal-pod-autoscaler-tolerance, default 0.1): a metric within 10% of
 # its target changes nothing.
 TOLERANCE = 0.1
-# Knative's autoscaler aims pods at 70% of their capacity (container-concurrency-target-percentage,
-# default 70): the utilization target's default.
-DEFAULT_UTILIZATION_TARGET = 0.7
 # A started replica's engine start before its weights load: process and CUDA context, the
 # engine's profiling run and CUDA-graph capture. An estimate, no measurement on file: a scale-up
 # waits this plus the weights' load at faults' reload bandwidth (`kvsim.spec.faults.DEFAULT_RELOAD_BW`).
@@ -48,7 +47,7 @@ MAX_QUEUE_TARGET = 100_000.0
 @dataclass(frozen=True)
 class AutoscaleConfig:
     policy: AutoscalePolicy
-    target: float  # utilization in (0, 1]; queue: requests per replica, > 0
+    target: float  # kv_usage: a share in (0, 1]; queue: requests per replica, > 0
     min_replicas: int  # >= 1: no scale to zero
     max_replicas: int  # <= the cluster's replicas (the pool it scales within)
     initial_replicas: int  # up at the start, in [min, max]
@@ -63,9 +62,10 @@ def read_autoscale(c: Section, *, num_replicas: int) -> AutoscaleConfig | None:
         return None
     a = c.section("autoscale")
     policy = AutoscalePolicy(a.choice("policy", [p.value for p in AutoscalePolicy]))
-    if policy is AutoscalePolicy.UTILIZATION:
-        target = a.float("target", DEFAULT_UTILIZATION_TARGET, lo=0.0, hi=1.0, lo_open=True)
-    else:  # no default: what a replica should hold depends on its batch limits and the SLO
+    # No default target: what a replica should hold depends on its batch limits and the SLO.
+    if policy is AutoscalePolicy.KV_USAGE:
+        target = a.float("target", lo=0.0, hi=1.0, lo_open=True)
+    else:
         target = a.float("target", lo=0.0, hi=MAX_QUEUE_TARGET, lo_open=True)
     mx = a.int("max_replicas", num_replicas, lo=1, hi=1 << 20)
     if mx > num_replicas:
