@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.kvsize import GPUMemoryRow, KVSizeRow
-from kvsim.results.record import FaultsRecord, RunSummary
+from kvsim.results.record import AutoscaleRecord, FaultsRecord, RunSummary
 from kvsim.spec.hardware import GPUSpec
 from kvsim.spec.models import ModelSpec
 
@@ -149,6 +149,8 @@ def print_summary(summary: RunSummary) -> None:
     )
     if summary.faults is not None:
         con.print(faults_line(summary.faults))
+    if summary.autoscale is not None:
+        con.print(autoscale_line(summary.autoscale))
     busy = summary.replica_busy_fraction
     con.print(
         f"throughput {summary.throughput_tok_s:,.0f} tok/s (output {summary.output_throughput_tok_s:,.0f}); "
@@ -299,6 +301,16 @@ def print_plan(data: dict[str, Any]) -> None:
     )
     for e in data["runners_up"][:3]:
         print(f"  runner-up: {e['label']} (${e['usd_per_hour']:.2f}/h): {e['why']}")
+
+
+def autoscale_line(a: AutoscaleRecord) -> str:
+    """One line of what ``cluster.autoscale`` did: its rule, the replicas it ran, what they cost."""
+    u = a.replicas_up
+    return (
+        f"autoscale: {a.policy} at {a.target:g}; {a.scale_ups:,} started (serving {a.scale_up_delay_s:,.1f} s later), "
+        f"{a.scale_downs:,} drained; replicas up {u.min}-{u.max}, mean {u.mean:.2f} of {a.max_replicas}; "
+        f"billed {a.replica_s / 3600.0:,.3f} replica-hours"
+    )
 
 
 def faults_line(f: FaultsRecord) -> str:

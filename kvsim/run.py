@@ -260,6 +260,12 @@ def run_scenario(
             raise KvsimError(
                 "--kv-events is not written for a run with faults yet", source=sc.source, path="faults"
             )
+        if kv_events is not None and sc.cluster.autoscale is not None:
+            raise KvsimError(
+                "--kv-events is not written for an autoscaled run yet",
+                source=sc.source,
+                path="cluster.autoscale",
+            )
         plan = plan_memory(sc)
         if cost is None:  # a caller running many points may pass one it built (pricing is pure)
             cost = make_cost_model(sc)

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvsim.errors import KvsimError
 from kvsim.report import html as h
-from kvsim.report.charts import _charts_section
+from kvsim.report.charts import _charts_section, capacity_timeline
 from kvsim.report.data import _load_csv, _load_summary
 from kvsim.report.outputs import check_output_dir
 from kvsim.report.tables import (
@@ -54,6 +54,14 @@ from kvsim.results.record import RunSummary
 POINT_PLOTLY_SRC = f"../../{h.PLOTLY_JS}"
 
 
+def _capacity(
+    record: RunSummary, s: dict[str, Any]
+) -> tuple[tuple[list[float], list[int], str], float] | None:
+    cap = capacity_timeline(record)
+    end = s.get("simulated_s")
+    return None if cap is None else (cap, float(end) if isinstance(end, (int, float)) else cap[0][-1])
+
+
 def _page(record: RunSummary, run_dir: Path, plotly_src: str) -> tuple[str, bool]:
     """The page and whether it has charts (so needs plotly.js, loaded from `plotly_src`)."""
     s = record.to_dict()  # the sections below index the JSON form; new ones read the record
@@ -66,6 +74,7 @@ def _page(record: RunSummary, run_dir: Path, plotly_src: str) -> tuple[str, bool
         slo,
         _load_csv(run_dir / "tiers.csv"),
         _load_csv(run_dir / "links.csv"),
+        _capacity(record, s),
     )
     model, gpu = _get(s, "config", "model"), _get(s, "config", "gpu")
     n_gpu, reps = _get(s, "config", "num_gpus"), _get(s, "config", "replicas")

@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 from kvsim.report import html as h
 from kvsim.report.data import _Csv
 from kvsim.report.tables import _is_num, _note, _plural
+from kvsim.results.record import RunSummary
 
 # A CDF drawn with every sample of thousands looks the same as one at this many quantiles (each
 # step at most 1/1,000 of the requests, under a pixel of the chart's height).
@@ -176,6 +177,90 @@ def _latency_figures(r: _Csv, slo: dict[str, Any]) -> _Figures:
         )
         figs.append(("throughput", tput))
     return figs, []
+
+
+def capacity_timeline(record: RunSummary) -> tuple[list[float], list[int], str] | None:
+    """Replicas up from each instant on, with what changed them: the autoscaler's timeline, or,
+    with faults, the replicas less those down (overlapping outages counted once each); None when
+    every replica is up throughout."""
+    if record.autoscale is not None:
+        a = record.autoscale
+        return list(a.timeline_t_s), list(a.timeline_replicas), "autoscaler"
+    if record.faults is None or not record.faults.outages:
+        return None
+    n = record.config.replicas
+    deltas: dict[float, int] = {0.0: 0}
+    for o in record.faults.outages:
+        deltas[o.down_s] = deltas.get(o.down_s, 0) - 1
+        deltas[o.up_s] = deltas.get(o.up_s, 0) + 1
+    ts, ns, up = [], [], n
+    for t in sorted(deltas):
+        up += deltas[t]
+        ts.append(t)
+        ns.append(up)
+    return ts, ns, "faults"
+
+
+def _capacity_figures(cap: tuple[list[float], list[int], str], r: _Csv | None, end_s: float) -> _Figures:
+    """Replicas up over time above the latency and prefix hit rate of the requests arriving then
+    (per time bin: TTFT p50 and p99 of those completed, cached over prompt tokens of all)."""
+    ts, ns, why = cap
+    rows = (
+        3
+        if r is not None and r.has("arrival_s", "first_token_s", "status", "prompt_tokens", "cached_tokens")
+        else 1
+    )
+    titles = ("replicas up", "TTFT by arrival (p50, p99)", "prefix hit rate by arrival")[:rows]
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=titles)
+    end = max(end_s, ts[-1] if ts else 0.0)
+    fig.add_trace(
+        go.Scatter(
+            x=_f32(np.array([*ts, end])), y=[*ns, ns[-1]], mode="lines", line_shape="hv", name="replicas up"
+        ),
+        row=1,
+        col=1,
+    )
+    fig.update_yaxes(title_text="replicas", rangemode="tozero", row=1, col=1)
+    notes: list[str] = []
+    if rows == 3:
+        assert r is not None
+        arrival, first = r.num("arrival_s"), r.num("first_token_s")
+        prompt, cached = r.num("prompt_tokens"), r.num("cached_tokens")
+        ok = np.isfinite(arrival)
+        nbins = int(min(100, max(10, math.sqrt(max(int(ok.sum()), 1)))))
+        edges = np.linspace(0.0, max(end, 1e-9), nbins + 1)
+        mid = (edges[:-1] + edges[1:]) / 2
+        which = np.clip(np.searchsorted(edges, arrival[ok], side="right") - 1, 0, nbins - 1)
+        ttft = (first - arrival)[ok]
+        done = (r.text("status") == "completed")[ok] & np.isfinite(ttft)
+        p50 = np.full(nbins, np.nan)
+        p99 = np.full(nbins, np.nan)
+        hit = np.full(nbins, np.nan)
+        pr, ca = np.nan_to_num(prompt[ok]), np.nan_to_num(cached[ok])
+        for b in range(nbins):
+            m = which == b
+            d = ttft[m & done]
+            if d.size:
+                p50[b], p99[b] = np.percentile(d, 50), np.percentile(d, 99)
+            if pr[m].sum() > 0:
+                hit[b] = ca[m].sum() / pr[m].sum()
+        for y, name in ((p50, "TTFT p50"), (p99, "TTFT p99")):
+            fig.add_trace(go.Scatter(x=_f32(mid), y=_f32(y), mode="lines+markers", name=name), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=_f32(mid), y=_f32(hit), mode="lines+markers", name="hit rate"), row=3, col=1
+        )
+        fig.update_yaxes(title_text="seconds", type="log", row=2, col=1)
+        fig.update_yaxes(title_text="share", range=[0, 1.02], row=3, col=1)
+    else:
+        notes.append(
+            "requests.csv lacks the columns for latency and hit rate by arrival; capacity alone drawn."
+        )
+    fig.update_xaxes(title_text="simulated time (s)", row=rows, col=1)
+    src = "the autoscaler's replicas up" if why == "autoscaler" else "replicas up less those down (faults)"
+    fig.update_layout(
+        title=f"Capacity over time ({src}) beside latency and hit rate", height=220 + 180 * rows
+    )
+    return [("capacity", fig)], notes
 
 
 def _series_on_grid(t: np.ndarray, v: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -352,9 +437,10 @@ def _charts_section(
     slo: dict[str, Any],
     tiers: _Csv | None = None,
     links: _Csv | None = None,
+    capacity: tuple[tuple[list[float], list[int], str], float] | None = None,
 ) -> tuple[Markup, bool]:
     """HTML for the charts and whether any figure needs plotly.js (``tiers.csv`` only where the run
-    wrote one: memory tiers on)."""
+    wrote one: memory tiers on; `capacity`, where replicas were not all up throughout)."""
     out: list[Markup] = []
     any_fig = False
     sources: tuple[tuple[str, _Csv | None, Callable[[_Csv], _Figures]], ...] = (
@@ -365,6 +451,9 @@ def _charts_section(
         sources += (("tiers.csv", tiers, _tiers_figures),)
     if links is not None:
         sources += (("links.csv", links, _links_figures),)
+    if capacity is not None:  # (timeline, the run's end): an autoscaled run or one with faults
+        cap, end_s = capacity
+        sources += (("requests.csv", requests, lambda r: _capacity_figures(cap, r, end_s)),)
     for name, data, build in sources:
         if data is None:
             out.append(_note(f"{name} not found in the run directory; its charts are left out."))

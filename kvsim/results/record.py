@@ -275,6 +275,41 @@ class FaultsRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReplicasUp:
+    """Replicas up (starting, serving or draining: billed) over the run: the fewest, the most and
+    the time-weighted mean."""
+
+    min: int
+    max: int
+    mean: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscaleRecord:
+    """What ``cluster.autoscale`` did; absent from the summary without it. The run's GPU-hours
+    are `replica_s` x GPUs per replica / 3,600."""
+
+    policy: str  # kv_usage | queue
+    target: float
+    min_replicas: int
+    max_replicas: int
+    initial_replicas: int
+    interval_s: float
+    cool_down_s: float
+    scale_up_delay_s: float  # from a start to taking requests (billed from the start)
+    scale_up_delay_source: str
+    scale_ups: int  # replicas started
+    scale_downs: int  # replicas drained (each off once its last request finished)
+    replica_s: float  # integral of replicas up over the simulated time
+    replicas_up: ReplicasUp
+    # the capacity timeline: replicas up from each instant on (the first at 0), within the run
+    timeline_t_s: tuple[float, ...]
+    timeline_replicas: tuple[int, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RoleRecord:
     """One pool of a disaggregated cluster (``cluster.disaggregation``) over the run."""
 
@@ -574,6 +609,8 @@ class RunSummary:
     disaggregation: DisaggregationRecord | None = field(default=None, metadata={"omit_none": True})
     # faults: what replicas and nodes going down cost; absent from the file without them
     faults: FaultsRecord | None = field(default=None, metadata={"omit_none": True})
+    # cluster.autoscale: replicas started and drained, the capacity timeline; absent without it
+    autoscale: AutoscaleRecord | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict)
     read_notes: tuple[str, ...] = field(default=(), compare=False, metadata=_NO_JSON)
 

@@ -21,6 +21,7 @@ from kvsim.costs.base import CostModel
 from kvsim.results.record import (
     AccuracyEstimate,
     AccuracyNote,
+    AutoscaleRecord,
     BusyFraction,
     DisaggregationRecord,
     Distribution,
@@ -35,6 +36,7 @@ from kvsim.results.record import (
     PoolNodesRecord,
     RandomFaultsRecord,
     ReplicaRecord,
+    ReplicasUp,
     RequestCounts,
     RoleRecord,
     RunConfig,
@@ -48,6 +50,7 @@ from kvsim.results.record import (
 )
 from kvsim.results.summary import dist, summarize, weighted_dist
 from kvsim.sim.assembly import AssembledRun
+from kvsim.sim.autoscale import Autoscaler
 from kvsim.sim.faults import Faults
 from kvsim.sim.links import LinkQueue
 from kvsim.sim.offload_wiring import OffloadWiring
@@ -97,6 +100,11 @@ def run_summary(
     evictor, window, switch, spec = run.evictor, run.window, run.switch, run.spec
     end_s, agent, max_ctx = run.end_s, wl.agent, sc.model.max_context
     stats = [r.stats for r in replicas]
+    scaler = run.autoscaler
+    gpu_seconds = None
+    if scaler is not None:  # billed: the replicas up, each of its GPUs
+        scaler.settle_drains(simulated)
+        gpu_seconds = scaler.replica_seconds(simulated) * sc.cluster.replica_gpus
     parts = summarize(
         seqs,
         simulated_s=simulated,
@@ -109,6 +117,7 @@ def run_summary(
         other_usd_per_hour=sc.pool_nodes_usd_per_hour,
         percentiles=percentiles,
         count_failed=run.faults is not None,
+        gpu_seconds=gpu_seconds,
     )
     finished = [s for s in seqs if s.status is RequestStatus.FINISHED]
     finished_ids = {s.id for s in finished}
@@ -249,6 +258,34 @@ def run_summary(
         if run.handoff is None or role_plans is None
         else _disagg_record(sc, run, role_plans, simulated),
         faults=None if run.faults is None else _faults_record(run.faults, simulated),
+        autoscale=None if scaler is None else _autoscale_record(scaler, simulated),
+    )
+
+
+def _autoscale_record(a: Autoscaler, simulated: float) -> AutoscaleRecord:
+    """What the autoscaler did over [0, simulated]: its counts, the capacity timeline and the
+    replica-seconds the GPU-hours come from."""
+    ts, ns = a.timeline(simulated)
+    rs = a.replica_seconds(simulated)
+    c = a.cfg
+    return AutoscaleRecord(
+        policy=str(c.policy),
+        target=c.target,
+        min_replicas=c.min_replicas,
+        max_replicas=c.max_replicas,
+        initial_replicas=c.initial_replicas,
+        interval_s=c.interval_s,
+        cool_down_s=c.cool_down_s,
+        scale_up_delay_s=a.delay_s,
+        scale_up_delay_source=a.delay_source,
+        scale_ups=a.scale_ups,
+        scale_downs=a.scale_downs,
+        replica_s=rs,
+        replicas_up=ReplicasUp(
+            min=min(ns), max=max(ns), mean=rs / simulated if simulated > 0 else float(ns[0])
+        ),
+        timeline_t_s=tuple(ts),
+        timeline_replicas=tuple(ns),
     )
 
 

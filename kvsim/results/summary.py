@@ -11,7 +11,8 @@ Definitions (also in scenarios/README.md):
 - Throughput = (prompt + output tokens of completed requests) / simulated seconds.
 - Goodput = completed requests per second whose TTFT <= slo.ttft and TPOT <= slo.tpot.
 - Cost per million tokens = (GPUs x $/GPU-hour + the other machines' $/hour, dedicated pool nodes)
-  x simulated hours / (tokens / 1e6), for all tokens and for output tokens only.
+  x simulated hours / (tokens / 1e6), for all tokens and for output tokens only; autoscaled
+  (``cluster.autoscale``), the GPU-hours are those of the replicas up (starting, serving, draining).
 """
 
 from __future__ import annotations
@@ -119,11 +120,13 @@ def summarize(
     other_usd_per_hour: float = 0.0,
     percentiles: tuple[float, ...] = (),
     count_failed: bool = False,
+    gpu_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The fields of `RunSummary` that derive from the requests alone, by field name.
     `other_usd_per_hour`: what the run's machines besides its GPUs cost (dedicated pool nodes),
     in the cost figures too. `count_failed`: the run had faults, so the counts name the requests
-    that failed (past ``faults.max_retries``); else they have no such key."""
+    that failed (past ``faults.max_retries``); else they have no such key. `gpu_seconds`: the GPUs
+    billed, integrated over the run (an autoscaled run's replicas up); None: `num_gpus` throughout."""
     done = [s for s in seqs if s.status is RequestStatus.FINISHED]
     rejected = [s for s in seqs if s.status is RequestStatus.REJECTED]
     failed = sum(1 for s in seqs if s.status is RequestStatus.FAILED) if count_failed else 0
@@ -147,7 +150,7 @@ def summarize(
     admitted = [s for s in seqs if s.num_cached_tokens >= 0]
     hit_tokens = sum(s.num_cached_tokens for s in admitted)
     prompt_tokens = sum(s.prompt_len for s in admitted)
-    gpu_hours = num_gpus * simulated_s / 3600.0
+    gpu_hours = (num_gpus * simulated_s if gpu_seconds is None else gpu_seconds) / 3600.0
     cost = gpu_hours * gpu_hour_usd
     if other_usd_per_hour:
         cost += simulated_s / 3600.0 * other_usd_per_hour

@@ -31,13 +31,15 @@ from kvsim.costs.analytic import AnalyticCostModel
 from kvsim.costs.base import CostModel
 from kvsim.costs.draft import DraftCost
 from kvsim.errors import KvsimError
+from kvsim.sim.autoscale import Autoscaler
 from kvsim.sim.cluster import ClosedLoopArrivals, NextArrival, arrival_process
 from kvsim.sim.disagg import HandOff, SplitRouter
 from kvsim.sim.faults import FaultRouter, Faults, draw_faults, plan_outages
 from kvsim.sim.kv_events import KVEventLog
 from kvsim.sim.offload_wiring import OffloadWiring
 from kvsim.sim.replica import Replica, ReplicaParts
-from kvsim.spec.faults import FaultKind
+from kvsim.spec.autoscale import ENGINE_START_S, START_SOURCE
+from kvsim.spec.faults import DEFAULT_RELOAD_BW, FaultKind
 from kvsim.spec.scenario import PrefixCacheScope, Scenario
 from kvsim.spec.workload import Workload
 
@@ -62,6 +64,7 @@ class AssembledRun:
     # pool's in `replicas` (None: aggregated)
     handoff: HandOff | None = None
     faults: Faults | None = None  # the fault schedule (None: no faults section)
+    autoscaler: Autoscaler | None = None  # cluster.autoscale (None: every replica up throughout)
 
     @property
     def closed_loop(self) -> bool:
@@ -124,7 +127,11 @@ def assemble(
     pin = pin_keys(sc, wl) if sc.kv.pin_segments else None
     cuts = segment_cuts_of(sc, wl) if sc.kv.segments is not None and sc.kv.segments.drops else None
     faults = make_faults(sc, plan, env, min(span, end_s))
-    outside: Callable[[], float] = (lambda: end_s) if faults is None else _next_outside(end_s, faults)
+    scaler = make_autoscaler(sc, plan, env, next_arrival)
+    gate = faults if faults is not None else scaler  # what closes replicas to arrivals (None: nothing)
+    outside: Callable[[], float] = (
+        (lambda: end_s) if gate is None else _next_outside(end_s, gate.next_instant)
+    )
     parts = functools.partial(
         replica_parts,
         sc,
@@ -159,12 +166,28 @@ def assemble(
     if faults is not None:  # arrivals skip the replicas that are down
         chooser = FaultRouter(router, faults)
         faults.start(replicas, chooser)
+    elif scaler is not None:  # arrivals go to the replicas serving only
+        chooser = FaultRouter(router, scaler)
+        scaler.start(replicas, chooser)
     if agent is not None and loop is not None:
         loop.start([(float(wl.arrival_s[i]), int(i)) for i in np.flatnonzero(agent.turn == 0)], chooser)
     else:
         env.process(arrival_process(env, wl.arrival_s, make_seq, chooser, next_arrival))
     return AssembledRun(
-        env, wl, replicas, router, seqs, offload, evictor, window, switch, spec, end_s, span, faults=faults
+        env,
+        wl,
+        replicas,
+        router,
+        seqs,
+        offload,
+        evictor,
+        window,
+        switch,
+        spec,
+        end_s,
+        span,
+        faults=faults,
+        autoscaler=scaler,
     )
 
 
@@ -189,10 +212,26 @@ def make_faults(sc: Scenario, plan: MemoryPlan, env: simpy.Environment, span_s: 
     return Faults(env, cfg, sc.cluster.num_replicas, outages, drawn, span_s, n)
 
 
-def _next_outside(end_s: float, faults: Faults) -> Callable[[], float]:
-    """A replica's next outside event with faults: the end of the run or the next fault instant (a
-    replica down or back), so that no window or running ahead spans one."""
-    nxt = faults.next_instant
+def make_autoscaler(
+    sc: Scenario, plan: MemoryPlan, env: simpy.Environment, next_arrival: NextArrival | None
+) -> Autoscaler | None:
+    """The run's autoscaler (None without ``cluster.autoscale``): a started replica serves after
+    ``scale_up_delay``, by default an engine start (an estimate) plus its weights (the plan's bytes
+    per GPU, each GPU over its own path) at faults' default reload bandwidth."""
+    cfg = sc.cluster.autoscale
+    if cfg is None:
+        return None
+    assert next_arrival is not None  # open loop only (closed-loop sessions are refused)
+    if cfg.scale_up_delay_s is not None:
+        delay, source = cfg.scale_up_delay_s, f"cluster.autoscale.scale_up_delay ({sc.source})"
+    else:
+        delay, source = ENGINE_START_S + plan.weight_bytes_per_gpu / DEFAULT_RELOAD_BW, START_SOURCE
+    return Autoscaler(env, cfg, sc.cluster.num_replicas, delay, source, next_arrival)
+
+
+def _next_outside(end_s: float, nxt: Callable[[], float]) -> Callable[[], float]:
+    """A replica's next outside event with faults or an autoscaler: the end of the run or the next
+    fault instant (a replica down or back) or tick, so that no window or running ahead spans one."""
 
     def outside() -> float:
         return min(end_s, nxt())

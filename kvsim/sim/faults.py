@@ -115,11 +115,20 @@ class RouterQueue:
         self.submit(seq)
 
 
-class FaultRouter:
-    """The run's router, skipping the replicas that are down (`Router.choose_among`); while all
-    are up, the router itself decides (its heaps, no scan)."""
+class Gate(Protocol):
+    """Which replicas the router may not send to: those down (`Faults`) or off, starting or
+    draining (`kvsim.sim.autoscale.Autoscaler`); with none open, requests wait in `queue`."""
 
-    def __init__(self, router: Router, faults: Faults) -> None:
+    down: list[bool]
+    num_down: int
+    queue: RouterQueue
+
+
+class FaultRouter:
+    """The run's router, skipping the replicas its gate closes (`Router.choose_among`); while all
+    are open, the router itself decides (its heaps, no scan)."""
+
+    def __init__(self, router: Router, faults: Gate) -> None:
         self.router = router
         self.faults = faults
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from kvsim.errors import KvsimError
 from kvsim.spec import bounds as B
+from kvsim.spec.autoscale import AutoscaleConfig, read_autoscale
 from kvsim.spec.bench import BenchConfig, RandomConfig
 from kvsim.spec.bounds import bounded
 from kvsim.spec.faults import FaultsConfig, read_faults
@@ -134,6 +135,9 @@ class ClusterConfig:
     parallel: ParallelLayout | None = None
     # cluster.router_balance: prefix affinity's load guard (None: prefix hits decide alone)
     router_balance: RouterBalance | None = None
+    # cluster.autoscale: replicas added and removed by load within this cluster's (None: all up
+    # throughout; `kvsim.spec.autoscale`).
+    autoscale: AutoscaleConfig | None = None
 
     @property
     def host_dram_bytes(self) -> int:  # per node
@@ -553,6 +557,7 @@ def _read_cluster(root: Section) -> ClusterConfig:
     balance = _read_router_balance(s, router)
     s.raw("disaggregation", None)  # read with the pricing (`_read_disaggregation`)
     s.raw("parallel", None)  # read with the model (`read_parallel`)
+    s.raw("autoscale", None)  # read once the replicas are known (`read_autoscale`)
     s.done()
     return ClusterConfig(gpu, nodes, gpn, tp, topology, util, reserve, router, router_balance=balance)
 
@@ -1423,6 +1428,9 @@ def _scenario_from_dict(
         fast_forward=sm.bool("fast_forward", True),
     )
     sm.done()
+    autoscale = read_autoscale(root.section("cluster", required=True), num_replicas=cluster.num_replicas)
+    if autoscale is not None:
+        cluster = dataclasses.replace(cluster, autoscale=autoscale)
     faults = read_faults(
         root,
         num_replicas=cluster.num_replicas,
@@ -1489,6 +1497,8 @@ def _scenario_from_dict(
         )
     if faults is not None:  # a dropped replica's loads and swaps in flight are not unwound yet
         refuse_with_faults(source, cluster, kv, scheduler)
+    if autoscale is not None:
+        refuse_with_autoscale(source, cluster, kv, scheduler, workload, faults is not None)
     if not scheduler.chunked_prefill and scheduler.max_batched_tokens < model.max_context:
         # As vLLM requires: without chunking, a recomputed (preempted) sequence of up to the
         # model's context must fit one step, or it would block the queue forever.
@@ -1526,6 +1536,31 @@ def refuse_with_faults(source: str, cluster: ClusterConfig, kv: KVConfig, schedu
         ("scheduler.preemption: swap or auto", scheduler.preemption != "recompute"),
     )
     _refuse_first(on, "faults are", source, "faults", advice="turn one of them off")
+
+
+def refuse_with_autoscale(
+    source: str,
+    cluster: ClusterConfig,
+    kv: KVConfig,
+    scheduler: SchedulerConfig,
+    workload: WorkloadConfig,
+    faults: bool,
+) -> None:
+    """The options cluster.autoscale does not run with yet, refused in one line naming
+    ``cluster.autoscale``: disaggregated pools (one policy per pool, as Dynamo's planner scales
+    prefill and decode apart, is not built), faults (a replica down and a replica off are two
+    states of one router gate, not combined yet), the tiers below HBM, the global pool and swap
+    (a replica turned off would leave their transfers and shares behind) and closed-loop sessions
+    (the autoscaler stops ticking once the trace's arrivals are over, which they do not announce)."""
+    on = (
+        ("cluster.disaggregation", cluster.disaggregation is not None),
+        ("faults", faults),
+        ("kv.offload", kv.offload.enabled),
+        ("kv.prefix_cache.scope: global", kv.prefix_cache == "global"),
+        ("scheduler.preemption: swap or auto", scheduler.preemption != "recompute"),
+        ("closed-loop agent sessions", workload.agent is not None and workload.agent.closed_loop),
+    )
+    _refuse_first(on, "autoscaling is", source, "cluster.autoscale", advice="turn one of them off")
 
 
 def _refuse_with_disaggregation(
